@@ -1,0 +1,131 @@
+"""Per-architecture facts, as data.
+
+Each supported ``config.model_type`` has one small JSON file in this folder naming where
+its parts live (dotted module paths relative to the ``...ForConditionalGeneration``
+model), which config attribute holds the image token id, what its pixel inputs are
+called and how they are laid out. The files are loaded into a registry keyed by
+``model_type``; an unknown model type falls back to introspection
+(:mod:`hooks.adapters.introspect`).
+
+Adding an architecture = adding ``<model_type>.json`` here (or calling
+:func:`register_adapter` at run time) and one row in the parametrised tests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_DATA_DIR = Path(__file__).parent
+
+# Fields every adapter file must define. Module paths are dotted attribute paths from the
+# top-level model; ``self_attention`` is relative to one decoder layer.
+MODULE_FIELDS = (
+    "vision_encoder",
+    "projector",
+    "language_model",
+    "decoder_layers",
+    "lm_head",
+    "token_embeddings",
+)
+PIXEL_LAYOUTS = ("batch_chw", "batch_tiles_chw", "flat_patches", "batch_images_chw", "tiles_chw")
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """Where an architecture keeps its parts; see the JSON files beside this module."""
+
+    model_type: str
+    vision_encoder: str
+    projector: str
+    language_model: str
+    decoder_layers: str
+    self_attention: str
+    lm_head: str
+    token_embeddings: str
+    image_token_id: tuple[str, ...] = ("image_token_id", "image_token_index")
+    video_token_id: tuple[str, ...] = ()
+    pixel_inputs: tuple[str, ...] = ("pixel_values",)
+    image_inputs: tuple[str, ...] = ()
+    pixel_layout: str = "batch_chw"
+    multimodal_rope: bool = False
+    rope_state: str | None = None
+    packed_image_features: bool = False
+    image_newline: str | None = None
+    notes: str = ""
+    source: str = field(default="table", compare=False)
+
+    def __post_init__(self) -> None:
+        for name in (*MODULE_FIELDS, "self_attention"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"adapter {self.model_type!r}: field {name!r} must be a non-empty dotted path")
+        if self.pixel_layout not in PIXEL_LAYOUTS:
+            raise ValueError(
+                f"adapter {self.model_type!r}: pixel_layout {self.pixel_layout!r} is not one of {PIXEL_LAYOUTS}"
+            )
+        for name in ("image_token_id", "video_token_id", "pixel_inputs", "image_inputs"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        if not self.image_token_id:
+            raise ValueError(f"adapter {self.model_type!r}: image_token_id must name at least one config attribute")
+
+    @classmethod
+    def from_dict(cls, data: dict, source: str = "table") -> "Adapter":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"adapter {data.get('model_type')!r}: unknown field(s) {unknown}; known: {sorted(known)}")
+        if "model_type" not in data:
+            raise ValueError("adapter data needs a 'model_type'")
+        return cls(**{**data, "source": source})
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+_REGISTRY: dict[str, Adapter] = {}
+
+
+def register_adapter(adapter: Adapter | dict, *, overwrite: bool = False) -> Adapter:
+    """Add an architecture at run time (a dict with the JSON files' fields, or an :class:`Adapter`)."""
+    if isinstance(adapter, dict):
+        adapter = Adapter.from_dict(adapter, source="registered")
+    if adapter.model_type in _REGISTRY and not overwrite:
+        raise ValueError(f"an adapter for model_type {adapter.model_type!r} exists; pass overwrite=True to replace it")
+    _REGISTRY[adapter.model_type] = adapter
+    return adapter
+
+
+def get_adapter(model_type: str) -> Adapter:
+    """The table adapter for ``model_type``; ``KeyError`` with close matches if there is none."""
+    try:
+        return _REGISTRY[model_type]
+    except KeyError:
+        close = difflib.get_close_matches(model_type, list(_REGISTRY), n=3)
+        hint = f" Did you mean {close}?" if close else ""
+        raise KeyError(f"no adapter for model_type {model_type!r}.{hint} Known: {sorted(_REGISTRY)}") from None
+
+
+def supported_model_types() -> tuple[str, ...]:
+    """Model types with a table adapter (whether or not the installed transformers has them)."""
+    return tuple(sorted(_REGISTRY))
+
+
+def _load_tables() -> None:
+    for path in sorted(_DATA_DIR.glob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:  # a broken data file is a packaging bug: fail loudly
+            raise ValueError(f"{path}: invalid JSON: {exc}") from exc
+        adapter = Adapter.from_dict(data, source=f"table:{path.name}")
+        if adapter.model_type != path.stem:
+            raise ValueError(f"{path}: model_type {adapter.model_type!r} does not match the file name")
+        _REGISTRY[adapter.model_type] = adapter
+
+
+_load_tables()
+
+__all__ = ["Adapter", "register_adapter", "get_adapter", "supported_model_types", "PIXEL_LAYOUTS"]

@@ -1,0 +1,106 @@
+"""Fallback for model types without a table adapter: find the parts by looking.
+
+The search uses Hugging Face's own accessors first (``get_input_embeddings``,
+``get_output_embeddings``, ``get_decoder``) and then the attribute names the families we
+know use. It is a best effort: whatever it cannot find is reported by name, together with
+the model type, so the user can add a JSON adapter instead of guessing.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from . import Adapter
+
+# Candidate attribute names, in order of preference, searched on the top model and on its
+# inner ``model`` (the usual HF split into ``XModel`` + ``XForConditionalGeneration``).
+VISION_NAMES = ("vision_tower", "visual", "vision_model", "vision_encoder", "image_encoder", "vision")
+PROJECTOR_NAMES = ("multi_modal_projector", "connector", "mm_projector", "merger", "projector", "mlp1")
+LANGUAGE_NAMES = ("language_model", "text_model", "llm", "decoder")
+LAYER_LIST_NAMES = ("layers", "h", "blocks", "decoder_layers")
+ATTENTION_NAMES = ("self_attn", "attn", "self_attention", "attention")
+
+
+class HookPointError(ValueError):
+    """A hook point could not be resolved on a model."""
+
+
+def _path_of(model: nn.Module, target: nn.Module) -> str | None:
+    for name, module in model.named_modules():
+        if module is target:
+            return name
+    return None
+
+
+def _first_attr(model: nn.Module, roots: tuple[str, ...], names: tuple[str, ...]) -> str | None:
+    for root in roots:
+        base = model.get_submodule(root) if root else model
+        for name in names:
+            child = getattr(base, name, None)
+            if isinstance(child, nn.Module):
+                return f"{root}.{name}" if root else name
+    return None
+
+
+def _text_layers(model: nn.Module, language_model: str | None) -> str | None:
+    if language_model is None:
+        return None
+    config = getattr(model, "config", None)
+    text_config = getattr(config, "text_config", None) or config
+    expected = getattr(text_config, "num_hidden_layers", None)
+    base = model.get_submodule(language_model)
+    for name in LAYER_LIST_NAMES:
+        child = getattr(base, name, None)
+        if isinstance(child, nn.ModuleList) and (expected is None or len(child) == expected):
+            return f"{language_model}.{name}"
+    for name, child in base.named_modules():  # nested, e.g. language_model.model.layers
+        if isinstance(child, nn.ModuleList) and expected is not None and len(child) == expected and name:
+            return f"{language_model}.{name}"
+    return None
+
+
+def introspect_adapter(model: nn.Module) -> Adapter:
+    """Build an :class:`Adapter` for ``model`` by introspection, or raise :class:`HookPointError`."""
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", type(model).__name__)
+    roots = ("", "model") if isinstance(getattr(model, "model", None), nn.Module) else ("",)
+
+    found: dict[str, str | None] = {}
+    found["vision_encoder"] = _first_attr(model, roots, VISION_NAMES)
+    found["projector"] = _first_attr(model, roots, PROJECTOR_NAMES)
+    if found["projector"] is None and found["vision_encoder"] is not None:  # Qwen-style: merger inside the tower
+        found["projector"] = _first_attr(model, (found["vision_encoder"],), PROJECTOR_NAMES)
+
+    language = _first_attr(model, roots, LANGUAGE_NAMES)
+    if language is None and hasattr(model, "get_decoder"):
+        try:
+            language = _path_of(model, model.get_decoder())
+        except Exception:  # some models raise when they have no decoder
+            language = None
+    found["language_model"] = language
+    found["decoder_layers"] = _text_layers(model, language)
+
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    found["token_embeddings"] = _path_of(model, embeddings) if embeddings is not None else None
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    found["lm_head"] = _path_of(model, head) if head is not None else None
+
+    attention = None
+    if found["decoder_layers"] is not None:
+        layer0 = model.get_submodule(found["decoder_layers"])[0]
+        attention = next((n for n in ATTENTION_NAMES if isinstance(getattr(layer0, n, None), nn.Module)), None)
+    found["self_attention"] = attention
+
+    missing = sorted(k for k, v in found.items() if v is None)
+    if missing:
+        raise HookPointError(
+            f"model_type {model_type!r} ({type(model).__name__}) has no table adapter and introspection could not "
+            f"find: {', '.join(missing)}. "
+            + (
+                "It does not look like a vision-language model (no vision encoder). "
+                if "vision_encoder" in missing
+                else ""
+            )
+            + "Add an adapter with hooks.register_adapter({...}) naming these module paths."
+        )
+    return Adapter(model_type=model_type, source="introspection", **found)  # type: ignore[arg-type]

@@ -1,0 +1,195 @@
+"""An additive bias on decoder self-attention scores, for ``sdpa`` and ``eager`` alike.
+
+The bias is injected by a pre-forward hook on each chosen self-attention module: it
+rewrites the module's ``attention_mask`` argument into an additive float mask
+``mask + bias``, which both transformers' eager attention (``scores + mask``) and
+PyTorch's ``scaled_dot_product_attention`` (a float ``attn_mask`` is added to the scores)
+apply before the softmax. No eager attention is forced on the model.
+
+Two traps this handles (DESIGN.md §3):
+
+* Under ``sdpa`` transformers passes ``attention_mask=None`` when the 2-D mask is all
+  ones and relies on ``is_causal``; editing ``None`` would change nothing, silently. Here
+  the causal pattern is built explicitly from absolute positions in that case.
+* Under ``sdpa`` the mask is boolean (``True`` = attend), under ``eager`` it is an
+  additive float mask; both are converted to one additive float form.
+
+Positions are *sequence indices* (the column in ``input_ids`` for the prompt, then one
+per generated token), independent of rotary/M-RoPE positions, so a bias never moves
+positions. For a query at index ``i`` and a key at index ``j`` the score becomes
+``q_i·k_j/√d + mask_ij + bias_ij``; the sum is clamped at the dtype's minimum so a row
+that ends up fully masked (a padding row) stays finite, as transformers' own masks do.
+
+Flash-attention kernels take no additive mask: asking for a bias there is an error.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import torch
+from torch import nn
+
+from .group import HookGroup
+from .points import ModelPoints
+
+SUPPORTED_IMPLEMENTATIONS = ("sdpa", "eager")
+
+
+@dataclass(frozen=True)
+class BiasContext:
+    """What a bias function knows about one attention call.
+
+    ``query_positions`` (Q,) and ``key_positions`` (K,) are absolute sequence indices;
+    ``layer`` is the decoder layer index; ``dtype``/``device`` are those of the scores.
+    """
+
+    layer: int
+    batch_size: int
+    query_positions: torch.Tensor
+    key_positions: torch.Tensor
+    dtype: torch.dtype
+    device: torch.device
+
+
+BiasFn = Callable[[BiasContext], "torch.Tensor | None"]
+
+
+def key_bias(key_mask: torch.Tensor, value: float, *, query_from: torch.Tensor | int | None = None) -> BiasFn:
+    """A bias of ``value`` on the keys where ``key_mask`` (batch, seq) is True.
+
+    ``value=-inf`` removes those keys from attention (the same as a 0 in the 2-D attention
+    mask, but without moving any position); a finite negative value down-weights them.
+    With ``query_from`` (an int, or a (batch,) tensor of per-row indices) only queries at
+    sequence index ``>= query_from`` get the bias. Keys beyond ``key_mask``'s length
+    (generated tokens) get none.
+    """
+    if not isinstance(key_mask, torch.Tensor) or key_mask.dim() != 2 or key_mask.dtype != torch.bool:
+        raise ValueError("key_mask must be a boolean (batch, seq) tensor")
+    if not isinstance(value, (int, float)) or value != value or value > 0:
+        raise ValueError(f"value must be a non-positive number (or -inf), got {value!r}")
+
+    def bias(ctx: BiasContext) -> torch.Tensor | None:
+        if ctx.batch_size != key_mask.shape[0]:
+            raise ValueError(
+                f"key_bias was built for batch {key_mask.shape[0]} but the model ran batch {ctx.batch_size} "
+                "(beam search or contrast branches expand the batch; build the mask for the expanded batch)"
+            )
+        keys = ctx.key_positions
+        inside = keys < key_mask.shape[1]
+        cols = torch.where(inside, keys, torch.zeros_like(keys)).to(key_mask.device)
+        hit = key_mask[:, cols] & inside.to(key_mask.device)[None, :]  # (B, K)
+        if not bool(hit.any()):
+            return None
+        out = torch.zeros(ctx.batch_size, 1, len(ctx.query_positions), len(keys), dtype=ctx.dtype, device=ctx.device)
+        out = out.masked_fill(hit.to(ctx.device)[:, None, None, :], float(value))
+        if query_from is not None:
+            start = torch.as_tensor(query_from, device=ctx.device).reshape(-1, 1)  # (B|1, 1)
+            applies = ctx.query_positions.to(ctx.device)[None, :] >= start  # (B|1, Q)
+            out = torch.where(applies[:, None, :, None], out, torch.zeros((), dtype=ctx.dtype, device=ctx.device))
+        return out
+
+    return bias
+
+
+def add_attention_bias(
+    group: HookGroup,
+    points: ModelPoints,
+    bias_fn: BiasFn,
+    *,
+    layers: Iterable[int] | None = None,
+) -> list:
+    """Add ``bias_fn(ctx)`` to the attention scores of the chosen decoder layers.
+
+    ``bias_fn`` returns a tensor broadcastable to ``(batch, heads, Q, K)`` (use 1 for
+    heads), or ``None`` for no change on that call. The hooks belong to ``group``.
+    """
+    impl = points.attn_implementation
+    if impl not in SUPPORTED_IMPLEMENTATIONS:
+        raise ValueError(
+            f"an additive attention bias needs attention in {SUPPORTED_IMPLEMENTATIONS}; the model uses {impl!r} "
+            f"(load it with attn_implementation='sdpa')"
+        )
+    if not callable(bias_fn):
+        raise TypeError("bias_fn must be callable: bias_fn(BiasContext) -> tensor | None")
+
+    handles = []
+    for index in points.layer_indices(layers):
+        module = points.attention[index]
+        handles.append(group.add_forward_pre_hook(module, _BiasHook(index, module, bias_fn)))
+    return handles
+
+
+class _BiasHook:
+    """Pre-forward hook that folds a bias into one attention module's mask."""
+
+    def __init__(self, layer: int, module: nn.Module, bias_fn: BiasFn) -> None:
+        self.layer = layer
+        self.cache_layer = getattr(module, "layer_idx", layer)
+        self.bias_fn = bias_fn
+        self.is_causal = bool(getattr(module, "is_causal", True))
+        params = [p for p in inspect.signature(module.forward).parameters.values()]
+        names = [p.name for p in params]
+        self.mask_index = names.index("attention_mask") if "attention_mask" in names else None
+        self.cache_index = names.index("past_key_values") if "past_key_values" in names else None
+
+    def _arg(self, args: tuple, kwargs: dict, name: str, index: int | None):
+        if name in kwargs:
+            return kwargs[name]
+        if index is not None and index < len(args):
+            return args[index]
+        return None
+
+    def __call__(self, module: nn.Module, args: tuple, kwargs: dict):
+        hidden = kwargs.get("hidden_states", args[0] if args else None)
+        if not isinstance(hidden, torch.Tensor):
+            raise RuntimeError(f"attention bias: cannot find hidden_states in the call of layer {self.layer}")
+        batch, q_len = hidden.shape[0], hidden.shape[1]
+        mask = self._arg(args, kwargs, "attention_mask", self.mask_index)
+        cache = self._arg(args, kwargs, "past_key_values", self.cache_index)
+
+        if cache is not None:
+            q_start = int(cache.get_seq_length(self.cache_layer))
+            kv_len, kv_offset = cache.get_mask_sizes(q_len, self.cache_layer)
+        else:
+            q_start, kv_len, kv_offset = 0, q_len, 0
+        if mask is not None and not isinstance(mask, torch.Tensor):
+            raise TypeError(
+                f"attention bias: layer {self.layer} received an attention mask of type {type(mask).__name__}; "
+                "only tensor masks (sdpa/eager) can take an additive bias"
+            )
+        if isinstance(mask, torch.Tensor):
+            kv_len = mask.shape[-1]
+        device, dtype = hidden.device, hidden.dtype
+        q_pos = torch.arange(q_start, q_start + q_len, device=device)
+        k_pos = torch.arange(int(kv_offset), int(kv_offset) + int(kv_len), device=device)
+
+        ctx = BiasContext(self.layer, batch, q_pos, k_pos, dtype, device)
+        bias = self.bias_fn(ctx)
+        if bias is None:
+            return None
+        additive = _additive_mask(mask, q_pos, k_pos, self.is_causal, dtype)
+        new_mask = (additive + bias.to(dtype)).clamp(min=torch.finfo(dtype).min)
+
+        if "attention_mask" in kwargs or self.mask_index is None or self.mask_index >= len(args):
+            kwargs = {**kwargs, "attention_mask": new_mask}
+        else:
+            args = (*args[: self.mask_index], new_mask, *args[self.mask_index + 1 :])
+        return args, kwargs
+
+
+def _additive_mask(
+    mask: torch.Tensor | None, q_pos: torch.Tensor, k_pos: torch.Tensor, is_causal: bool, dtype: torch.dtype
+) -> torch.Tensor:
+    """The mask the attention would have applied, as an additive float tensor (1|B, 1, Q, K)."""
+    minimum = torch.finfo(dtype).min
+    if mask is None:
+        if is_causal and len(q_pos) > 1:
+            allowed = k_pos[None, :] <= q_pos[:, None]
+            return torch.where(allowed, 0.0, minimum).to(dtype)[None, None]
+        return torch.zeros(1, 1, len(q_pos), len(k_pos), dtype=dtype, device=q_pos.device)
+    if mask.dtype == torch.bool:
+        return torch.where(mask, 0.0, minimum).to(dtype)
+    return mask.to(dtype)

@@ -1,0 +1,134 @@
+"""A group of forward hooks whose handles it owns, and removes exactly.
+
+PyTorch's ``register_forward_hook`` returns a :class:`~torch.utils.hooks.RemovableHandle`;
+removing that handle removes that hook and nothing else. A :class:`HookGroup` keeps
+every handle it created and removes all of them when it is closed -- in a ``finally``
+block, so also when the code inside the ``with`` raises. It never clears hook
+dictionaries wholesale (unlike ``_forward_hooks.clear()``), so hooks registered by
+accelerate (``device_map="auto"``), by the user, or by another group keep firing.
+
+Example::
+
+    from hooks import HookGroup, resolve
+
+    points = resolve(model)
+    seen = []
+    with HookGroup() as group:
+        group.add_forward_hook(points.projector, lambda m, args, kwargs, out: seen.append(out.shape))
+        model(**inputs)
+    # every hook the group added is gone here, even if model(...) raised
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable
+
+import torch
+from torch import nn
+
+# The per-module dictionaries a hook registration may write to. Used by tests and by
+# :func:`hook_state` to prove that removal restores a model exactly.
+HOOK_DICTS = (
+    "_forward_hooks",
+    "_forward_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+    "_forward_pre_hooks",
+    "_forward_pre_hooks_with_kwargs",
+)
+
+
+def hook_state(model: nn.Module) -> dict[str, dict[str, tuple]]:
+    """Snapshot of every hook dictionary of every submodule (keys only, in order).
+
+    Two snapshots compare equal exactly when the same hooks are registered, in the same
+    order, on the same modules.
+    """
+    state: dict[str, dict[str, tuple]] = {}
+    for name, module in model.named_modules():
+        state[name] = {attr: tuple(getattr(module, attr, {}).keys()) for attr in HOOK_DICTS}
+    return state
+
+
+class HookGroup:
+    """Registers forward / pre-forward hooks and removes exactly the ones it created.
+
+    Use as a context manager (hooks are removed on exit, also on an exception), or call
+    :meth:`remove` explicitly. A removed group can be reused: new registrations start a
+    new set of handles.
+
+    Hook signatures are PyTorch's, always with keyword arguments:
+
+    * pre-forward: ``fn(module, args, kwargs) -> None | (new_args, new_kwargs)``
+    * forward: ``fn(module, args, kwargs, output) -> None | new_output``
+    """
+
+    def __init__(self, name: str = "hooks") -> None:
+        self.name = name
+        self._handles: list[torch.utils.hooks.RemovableHandle] = []
+
+    # -- registration -----------------------------------------------------------------
+    def add_forward_pre_hook(self, module: nn.Module, fn: Callable, *, prepend: bool = False):
+        """Run ``fn(module, args, kwargs)`` before ``module.forward``; it may return new ``(args, kwargs)``."""
+        _check_module(module, fn)
+        handle = module.register_forward_pre_hook(fn, with_kwargs=True, prepend=prepend)
+        self._handles.append(handle)
+        return handle
+
+    def add_forward_hook(
+        self, module: nn.Module, fn: Callable, *, prepend: bool = False, always_call: bool = False
+    ):
+        """Run ``fn(module, args, kwargs, output)`` after ``module.forward``; it may return a new output."""
+        _check_module(module, fn)
+        handle = module.register_forward_hook(
+            fn, with_kwargs=True, prepend=prepend, always_call=always_call
+        )
+        self._handles.append(handle)
+        return handle
+
+    def add_many(self, modules: Iterable[nn.Module], fn_for: Callable[[int, nn.Module], Callable], *, pre: bool):
+        """Register one hook per module; ``fn_for(index, module)`` builds each hook function."""
+        register = self.add_forward_pre_hook if pre else self.add_forward_hook
+        return [register(module, fn_for(i, module)) for i, module in enumerate(modules)]
+
+    # -- removal ----------------------------------------------------------------------
+    def remove(self) -> None:
+        """Remove every hook this group registered (idempotent). Hooks of others are untouched."""
+        handles, self._handles = self._handles, []
+        errors = []
+        for handle in reversed(handles):
+            try:
+                handle.remove()
+            except Exception as exc:  # pragma: no cover - RemovableHandle.remove does not raise today
+                errors.append(exc)
+        if errors:
+            raise RuntimeError(f"{self.name}: {len(errors)} hook(s) could not be removed: {errors!r}")
+
+    @property
+    def active(self) -> bool:
+        return bool(self._handles)
+
+    def __len__(self) -> int:
+        return len(self._handles)
+
+    def __enter__(self) -> "HookGroup":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.remove()
+
+    def run(self, fn: Callable, *args: Any, **kwargs: Any) -> Any:
+        """Call ``fn(*args, **kwargs)`` and remove this group's hooks afterwards, whatever happens."""
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self.remove()
+
+    def __repr__(self) -> str:
+        return f"HookGroup(name={self.name!r}, hooks={len(self._handles)})"
+
+
+def _check_module(module: Any, fn: Any) -> None:
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"expected a torch.nn.Module to hook, got {type(module).__name__}")
+    if not callable(fn):
+        raise TypeError(f"hook function must be callable, got {type(fn).__name__}")

@@ -1,0 +1,283 @@
+"""Abstract hook points, resolved on one model.
+
+:func:`resolve` turns a model into a :class:`ModelPoints`: the modules behind each
+abstract point (vision encoder, projector, decoder layers, their self-attention, LM head,
+token embeddings), the image token id, and the names of the pixel inputs. Mitigations ask
+for points by name and never by class name, so one mitigation runs on every architecture
+the adapter table (or introspection) covers.
+
+Abstract point names (``<part>.<input|output>``), see :data:`POINTS`:
+
+=========================  ===========================================================
+``vision_encoder.output``  what the vision tower returns (a ``ModelOutput`` or tensor)
+``projector.output``       image embeddings after the multimodal projector/merger
+``language_model.input``   the decoder stack's call; ``kwargs["inputs_embeds"]`` holds
+                           text and image embeddings merged, as the decoder receives them
+``token_embeddings.output`` the text token embeddings
+``decoder_layer.input``    each decoder layer's call (``args[0]``/``hidden_states``)
+``decoder_layer.output``   each decoder layer's output hidden states
+``attention.input``        each decoder layer's self-attention call (``attention_mask``
+                           among the kwargs); :mod:`hooks.attention` builds on this
+``attention.output``       each self-attention's output
+``lm_head.output``         next-token logits
+=========================  ===========================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import torch
+from torch import nn
+
+from .adapters import Adapter, get_adapter
+from .adapters.introspect import HookPointError, introspect_adapter
+from .group import HookGroup
+
+# abstract point -> (ModelPoints attribute, "input" | "output")
+POINTS: dict[str, tuple[str, str]] = {
+    "vision_encoder.output": ("vision_encoder", "output"),
+    "projector.output": ("projector", "output"),
+    "language_model.input": ("language_model", "input"),
+    "token_embeddings.output": ("token_embeddings", "output"),
+    "decoder_layer.input": ("decoder_layers", "input"),
+    "decoder_layer.output": ("decoder_layers", "output"),
+    "attention.input": ("attention", "input"),
+    "attention.output": ("attention", "output"),
+    "lm_head.output": ("lm_head", "output"),
+}
+PER_LAYER = {"decoder_layers", "attention"}
+
+
+@dataclass
+class ModelPoints:
+    """The resolved hook points of one model. Build it with :func:`resolve`."""
+
+    model: nn.Module = field(repr=False)
+    adapter: Adapter
+    vision_encoder: nn.Module = field(repr=False)
+    projector: nn.Module = field(repr=False)
+    language_model: nn.Module = field(repr=False)
+    decoder_layers: tuple[nn.Module, ...] = field(repr=False)
+    attention: tuple[nn.Module, ...] = field(repr=False)
+    lm_head: nn.Module = field(repr=False)
+    token_embeddings: nn.Module = field(repr=False)
+    image_token_id: int
+    video_token_id: int | None = None
+
+    # -- facts ------------------------------------------------------------------------
+    @property
+    def model_type(self) -> str:
+        return self.adapter.model_type
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.decoder_layers)
+
+    @property
+    def pixel_inputs(self) -> tuple[str, ...]:
+        """Names of the tensors that carry pixels (``pixel_values`` …)."""
+        return self.adapter.pixel_inputs
+
+    @property
+    def image_inputs(self) -> tuple[str, ...]:
+        """Names of the other per-image inputs (``image_grid_thw``, ``image_sizes`` …)."""
+        return self.adapter.image_inputs
+
+    def pixel_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The subset of a call's kwargs that are pixel or per-image inputs and not ``None``."""
+        names = (*self.pixel_inputs, *self.image_inputs)
+        return {k: kwargs[k] for k in names if kwargs.get(k) is not None}
+
+    @property
+    def attn_implementation(self) -> str:
+        """The attention implementation the decoder uses (``sdpa``, ``eager``, ``flash_attention_2`` …)."""
+        config = getattr(self.attention[0], "config", None) or getattr(self.language_model, "config", None)
+        impl = getattr(config, "_attn_implementation", None)
+        return impl or "eager"
+
+    # -- image-token positions ----------------------------------------------------------
+    def image_token_mask(self, input_ids: torch.Tensor, *, include_video: bool = False) -> torch.Tensor:
+        """Boolean ``(batch, seq)`` mask of the positions the model fills with image features.
+
+        Read from ``input_ids == config.image_token_id`` (never from a formula: the number
+        of tokens per image depends on the image size for several families).
+        """
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+            raise ValueError("input_ids must be a 2-D (batch, seq) tensor")
+        mask = input_ids == self.image_token_id
+        if include_video and self.video_token_id is not None:
+            mask = mask | (input_ids == self.video_token_id)
+        return mask
+
+    def image_token_positions(self, input_ids: torch.Tensor, *, include_video: bool = False) -> list[torch.Tensor]:
+        """Per batch row, the sorted indices of its image tokens (rows may differ in count)."""
+        mask = self.image_token_mask(input_ids, include_video=include_video)
+        return [row.nonzero(as_tuple=True)[0] for row in mask]
+
+    # -- hook registration by abstract name ----------------------------------------------
+    def modules_for(self, point: str, layers: Iterable[int] | None = None) -> list[nn.Module]:
+        """The modules behind an abstract point; ``layers`` selects decoder layers (negative ok)."""
+        attr, _ = _lookup(point)
+        target = getattr(self, attr)
+        if attr not in PER_LAYER:
+            if layers is not None:
+                raise ValueError(f"point {point!r} is not per-layer; do not pass layers")
+            return [target]
+        return [target[i] for i in self.layer_indices(layers)]
+
+    def layer_indices(self, layers: Iterable[int] | None) -> list[int]:
+        """Normalise a layer selection to sorted non-negative indices, with a clear error."""
+        n = self.num_layers
+        if layers is None:
+            return list(range(n))
+        out = []
+        for i in layers:
+            if not isinstance(i, int) or not -n <= i < n:
+                raise ValueError(f"layer index {i!r} out of range for a {n}-layer decoder ({self.model_type})")
+            out.append(i % n)
+        return sorted(set(out))
+
+    def add_hook(
+        self,
+        group: HookGroup,
+        point: str,
+        fn: Callable,
+        *,
+        layers: Iterable[int] | None = None,
+    ) -> list:
+        """Register ``fn`` at an abstract point through ``group`` (which owns the handles).
+
+        For per-layer points ``fn`` is called as ``fn(layer_index, module, args, kwargs[, output])``;
+        otherwise with PyTorch's hook signature ``fn(module, args, kwargs[, output])``.
+        """
+        attr, kind = _lookup(point)
+        modules = self.modules_for(point, layers)
+        indices = self.layer_indices(layers) if attr in PER_LAYER else [None]
+        register = group.add_forward_pre_hook if kind == "input" else group.add_forward_hook
+        handles = []
+        for index, module in zip(indices, modules):
+            hook = fn if index is None else _bind_layer(fn, index)
+            handles.append(register(module, hook))
+        return handles
+
+    def describe(self) -> dict[str, Any]:
+        """What every point resolved to: module paths and class names, ids and input names."""
+        paths = {id(m): name for name, m in self.model.named_modules()}
+
+        def where(module: nn.Module) -> str:
+            return f"{paths.get(id(module), '?')} ({type(module).__name__})"
+
+        return {
+            "model_type": self.model_type,
+            "model_class": type(self.model).__name__,
+            "adapter": self.adapter.source,
+            "vision_encoder": where(self.vision_encoder),
+            "projector": where(self.projector),
+            "language_model": where(self.language_model),
+            "token_embeddings": where(self.token_embeddings),
+            "decoder_layers": f"{self.adapter.decoder_layers}[0..{self.num_layers - 1}] "
+            f"({type(self.decoder_layers[0]).__name__})",
+            "attention": f"{self.adapter.decoder_layers}[i].{self.adapter.self_attention} "
+            f"({type(self.attention[0]).__name__}, {self.attn_implementation})",
+            "lm_head": where(self.lm_head),
+            "image_token_id": self.image_token_id,
+            "video_token_id": self.video_token_id,
+            "pixel_inputs": list(self.pixel_inputs),
+            "image_inputs": list(self.image_inputs),
+            "pixel_layout": self.adapter.pixel_layout,
+            "multimodal_rope": self.adapter.multimodal_rope,
+        }
+
+
+def _lookup(point: str) -> tuple[str, str]:
+    try:
+        return POINTS[point]
+    except KeyError:
+        import difflib
+
+        close = difflib.get_close_matches(point, list(POINTS), n=3)
+        hint = f" Did you mean {close}?" if close else ""
+        raise ValueError(f"unknown hook point {point!r}.{hint} Known: {sorted(POINTS)}") from None
+
+
+def _bind_layer(fn: Callable, index: int) -> Callable:
+    def hook(*args: Any) -> Any:
+        return fn(index, *args)
+
+    hook.__name__ = getattr(fn, "__name__", "hook")
+    return hook
+
+
+def _config_id(config: Any, names: tuple[str, ...]) -> int | None:
+    for cfg in (config, getattr(config, "text_config", None)):
+        if cfg is None:
+            continue
+        for name in names:
+            value = getattr(cfg, name, None)
+            if isinstance(value, int):
+                return value
+    return None
+
+
+def _get(model: nn.Module, path: str, what: str, missing: list[str]) -> Any:
+    try:
+        return model.get_submodule(path)
+    except AttributeError:
+        missing.append(f"{what} ({path})")
+        return None
+
+
+def resolve(model: nn.Module, adapter: Adapter | None = None) -> ModelPoints:
+    """Resolve every abstract hook point on ``model``.
+
+    Uses the table adapter for ``model.config.model_type`` when there is one, introspection
+    otherwise, or the ``adapter`` given. Raises :class:`HookPointError` (a ``ValueError``)
+    naming the model type and every point that could not be found.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"resolve() needs a torch.nn.Module, got {type(model).__name__}")
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if adapter is None:
+        try:
+            adapter = get_adapter(model_type) if model_type else introspect_adapter(model)
+        except KeyError:
+            adapter = introspect_adapter(model)
+
+    missing: list[str] = []
+    modules = {name: _get(model, getattr(adapter, name), name, missing) for name in (
+        "vision_encoder", "projector", "language_model", "decoder_layers", "lm_head", "token_embeddings")}
+    layers = modules["decoder_layers"]
+    attention: tuple[nn.Module, ...] = ()
+    if layers is not None:
+        if not isinstance(layers, (nn.ModuleList, nn.Sequential)) or len(layers) == 0:
+            missing.append(f"decoder_layers ({adapter.decoder_layers} is not a non-empty ModuleList)")
+        else:
+            found = [getattr(layer, adapter.self_attention, None) for layer in layers]
+            if any(not isinstance(a, nn.Module) for a in found):
+                missing.append(f"attention ({adapter.decoder_layers}[i].{adapter.self_attention})")
+            else:
+                attention = tuple(found)
+    image_token_id = _config_id(config, adapter.image_token_id)
+    if image_token_id is None:
+        missing.append(f"image_token_id (config attributes tried: {list(adapter.image_token_id)})")
+    if missing:
+        raise HookPointError(
+            f"cannot resolve hook points for model_type {adapter.model_type!r} ({type(model).__name__}, "
+            f"adapter from {adapter.source}): missing {', '.join(missing)}"
+        )
+    return ModelPoints(
+        model=model,
+        adapter=adapter,
+        vision_encoder=modules["vision_encoder"],
+        projector=modules["projector"],
+        language_model=modules["language_model"],
+        decoder_layers=tuple(layers),
+        attention=attention,
+        lm_head=modules["lm_head"],
+        token_embeddings=modules["token_embeddings"],
+        image_token_id=image_token_id,
+        video_token_id=_config_id(config, adapter.video_token_id) if adapter.video_token_id else None,
+    )
