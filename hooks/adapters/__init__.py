@@ -53,6 +53,9 @@ class Adapter:
     pixel_layout: str = "batch_chw"
     multimodal_rope: bool = False
     rope_state: str | None = None
+    # True when the rows the decoder receives at image positions are a rearrangement of the
+    # projector's output rows (anyres unpadding + newline rows, Qwen2.5's window order)
+    # rather than those rows in order.
     packed_image_features: bool = False
     image_newline: str | None = None
     notes: str = ""

@@ -1,0 +1,308 @@
+"""hooks/: every point resolves and fires on every supported architecture, hooks are owned
+and removed exactly, image positions are where the features land, and the attention-bias
+injection point is real under sdpa and eager."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import hooks
+from hooks import HookGroup, HookPointError, hook_state, resolve
+from hooks.describe import trace
+from hooks.testing import TINY_MODEL_TYPES, build_tiny_model, tiny_inputs
+
+ARCHS = list(TINY_MODEL_TYPES)
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def tiny(request):
+    model = build_tiny_model(request.param, attn_implementation="sdpa")
+    return model, tiny_inputs(model, batch_size=2, text_lengths=[7, 4], seed=1)
+
+
+def _text_config(model):
+    return getattr(model.config, "text_config", None) or model.config
+
+
+def test_table_covers_the_tiny_architectures():
+    assert set(ARCHS) <= set(hooks.supported_model_types())
+    assert len(ARCHS) >= 10, ARCHS
+
+
+def test_every_point_resolves(tiny):
+    model, _ = tiny
+    points = resolve(model)
+    assert points.adapter.source.startswith("table:")
+    assert points.num_layers == _text_config(model).num_hidden_layers
+    assert len(points.attention) == points.num_layers
+    assert points.image_token_id == model.config.image_token_id
+    assert points.lm_head is model.get_output_embeddings()
+    assert points.token_embeddings is model.get_input_embeddings()
+    assert points.attn_implementation == "sdpa"
+    info = hooks.inspect(model, file=None)
+    assert info["model_type"] == model.config.model_type
+
+
+def test_introspection_finds_the_same_modules(tiny):
+    """The fallback for unknown model types agrees with the table on every known family."""
+    model, _ = tiny
+    table = resolve(model)
+    guessed = resolve(model, adapter=hooks.introspect_adapter(model))
+    for name in ("vision_encoder", "projector", "language_model", "lm_head", "token_embeddings"):
+        assert getattr(guessed, name) is getattr(table, name), name
+    assert guessed.decoder_layers == table.decoder_layers
+    assert guessed.attention == table.attention
+
+
+def test_forward_fires_every_point_with_expected_shapes(tiny):
+    model, inputs = tiny
+    batch, seq = inputs["input_ids"].shape
+    hidden = _text_config(model).hidden_size
+    vocab = model.get_output_embeddings().out_features
+    n = resolve(model).num_layers
+    seen = trace(model, inputs)
+    assert seen["lm_head.output"] == [(batch, seq, vocab)]
+    assert seen["token_embeddings.output"][0] == (batch, seq, hidden)
+    assert seen["language_model.input"][0] == (batch, seq, hidden)
+    for point in ("decoder_layer.input", "decoder_layer.output", "attention.input", "attention.output"):
+        assert seen[point] == [(batch, seq, hidden)] * n, point
+    assert len(seen["vision_encoder.output"]) >= 1
+    assert len(seen["projector.output"]) >= 1
+    assert all(shape[-1] == hidden for shape in seen["projector.output"])
+
+
+def _capture(model, inputs):
+    """Projector outputs and the embeddings the decoder receives, from one forward pass."""
+    points = resolve(model)
+    got = {"proj": []}
+    with HookGroup() as group, torch.no_grad():
+        points.add_hook(group, "projector.output", lambda m, a, k, out: got["proj"].append(out))
+        points.add_hook(group, "language_model.input", lambda m, a, k: got.update(embeds=k["inputs_embeds"]))
+        model(**inputs)
+    proj = torch.cat([p.reshape(-1, p.shape[-1]) for p in got["proj"]])
+    return points, proj, got["embeds"]
+
+
+def test_image_positions_are_where_the_features_land(tiny):
+    model, inputs = tiny
+    points, proj, embeds = _capture(model, inputs)
+    ids = inputs["input_ids"]
+    mask = points.image_token_mask(ids)
+    assert mask.any(dim=1).all(), "every row has image tokens"
+    with torch.no_grad():
+        token_embeds = points.token_embeddings(ids)
+    # text positions carry the token embeddings unchanged
+    torch.testing.assert_close(embeds[~mask], token_embeds[~mask], rtol=0, atol=0)
+    rows = embeds[mask]
+    if points.adapter.packed_image_features:
+        # anyres / window order: rows are projector rows (a subset, reordered) or the newline vector
+        candidates = proj
+        if points.adapter.image_newline:
+            candidates = torch.cat([proj, model.get_parameter(points.adapter.image_newline).detach()[None]])
+        dist = torch.cdist(rows, candidates, compute_mode="donot_use_mm_for_euclid_dist").min(dim=1).values
+        assert dist.max() < 1e-5
+    else:
+        # in order, one row per image token -- up to one global scale (PaliGemma divides by sqrt(hidden))
+        assert rows.shape == proj.shape
+        scale = (rows * proj).sum() / (proj * proj).sum()
+        torch.testing.assert_close(rows, scale * proj, rtol=1e-5, atol=1e-6)
+    positions = points.image_token_positions(ids)
+    assert [len(p) for p in positions] == mask.sum(dim=1).tolist()
+
+
+def test_noop_hooks_leave_logits_bit_identical(tiny):
+    model, inputs = tiny
+    points = resolve(model)
+    with torch.no_grad():
+        base = model(**inputs).logits
+        with HookGroup() as group:
+            for name in hooks.POINTS:
+                points.add_hook(group, name, lambda *args: None)
+            hooked = model(**inputs).logits
+    assert torch.equal(base, hooked)
+
+
+def test_removal_restores_hook_state_even_on_error(tiny):
+    model, inputs = tiny
+    points = resolve(model)
+    calls = []
+    foreign = points.lm_head.register_forward_hook(lambda m, a, out: calls.append("foreign"))
+    try:
+        before = hook_state(model)
+        with pytest.raises(RuntimeError, match="boom"):
+            with HookGroup() as group:
+                for name in hooks.POINTS:
+                    points.add_hook(group, name, lambda *args: None)
+                assert hook_state(model) != before
+                raise RuntimeError("boom")
+        assert hook_state(model) == before
+        assert not group.active
+        with torch.no_grad():
+            model(**inputs)
+        assert calls == ["foreign"], "a hook registered by someone else still fires"
+    finally:
+        foreign.remove()
+
+
+def test_group_run_removes_when_the_call_raises(tiny):
+    model, inputs = tiny
+    points = resolve(model)
+    before = hook_state(model)
+    group = HookGroup()
+    points.add_hook(group, "lm_head.output", lambda *a: None)
+
+    def bad():
+        raise ValueError("inside")
+
+    with pytest.raises(ValueError, match="inside"):
+        group.run(bad)
+    assert hook_state(model) == before
+
+
+def _removable_positions(ids, image_mask, attention_mask):
+    """Per row, two text positions to drop: one early in the real tokens, one after the image."""
+    keys = torch.zeros_like(ids, dtype=torch.bool)
+    for row in range(ids.shape[0]):
+        real = attention_mask[row].nonzero().flatten().tolist()
+        text = [p for p in real[1:-1] if not image_mask[row, p]]
+        assert len(text) >= 2, "tiny_inputs should put text around the image"
+        keys[row, text[0]] = True
+        keys[row, text[-1]] = True
+    return keys
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("model_type", ARCHS)
+def test_attention_bias_of_minus_inf_equals_removing_keys_from_the_mask(model_type, attn, batch):
+    model = build_tiny_model(model_type, attn_implementation=attn)
+    lengths = None if batch == 1 else [7, 4]
+    inputs = tiny_inputs(model, batch_size=batch, text_lengths=lengths, seed=2)
+    points = resolve(model)
+    assert points.attn_implementation == attn
+    keys = _removable_positions(inputs["input_ids"], points.image_token_mask(inputs["input_ids"]), inputs["attention_mask"])
+
+    # Pin the decoder's position ids to the unmasked run's, so only attention differs
+    # (Qwen's M-RoPE positions are computed from the 2-D mask).
+    captured = {}
+    with HookGroup() as group, torch.no_grad():
+        points.add_hook(group, "language_model.input", lambda m, a, k: captured.update(pos=k.get("position_ids")))
+        plain = model(**inputs).logits
+
+    def pin(module, args, kwargs):
+        if captured["pos"] is not None:
+            return args, {**kwargs, "position_ids": captured["pos"]}
+
+    masked_inputs = {**inputs, "attention_mask": inputs["attention_mask"].masked_fill(keys, 0)}
+    with HookGroup() as group, torch.no_grad():
+        group.add_forward_pre_hook(points.language_model, pin)
+        reference = model(**masked_inputs).logits
+
+    with HookGroup() as group, torch.no_grad():
+        hooks.add_attention_bias(group, points, hooks.key_bias(keys, -math.inf))
+        assert len(group) == points.num_layers
+        biased = model(**inputs).logits
+
+    real = inputs["attention_mask"].bool()
+    assert not torch.allclose(plain[real], reference[real]), "removing the keys must matter"
+    torch.testing.assert_close(biased[real], reference[real], rtol=0, atol=1e-5)
+
+
+def test_finite_bias_changes_logits_and_zero_bias_does_not(tiny):
+    model, inputs = tiny
+    points = resolve(model)
+    keys = _removable_positions(inputs["input_ids"], points.image_token_mask(inputs["input_ids"]), inputs["attention_mask"])
+    real = inputs["attention_mask"].bool()
+    with torch.no_grad():
+        plain = model(**inputs).logits
+        with HookGroup() as group:
+            hooks.add_attention_bias(group, points, hooks.key_bias(keys, 0.0))
+            zero = model(**inputs).logits
+        with HookGroup() as group:
+            hooks.add_attention_bias(group, points, hooks.key_bias(keys, -2.0), layers=[-1])
+            mild = model(**inputs).logits
+    torch.testing.assert_close(zero[real], plain[real], rtol=0, atol=1e-5)
+    assert not torch.allclose(mild[real], plain[real], atol=1e-6)
+
+
+def test_bias_follows_generation_steps():
+    """During generate() the bias sees absolute positions growing by one per step."""
+    model = build_tiny_model("llava")
+    inputs = tiny_inputs(model, batch_size=1, seed=3)
+    points = resolve(model)
+    seen = []
+
+    def record(ctx):
+        if ctx.layer == 0:
+            seen.append((ctx.query_positions.tolist(), len(ctx.key_positions)))
+        return None
+
+    prompt = inputs["input_ids"].shape[1]
+    with HookGroup() as group, torch.no_grad():
+        hooks.add_attention_bias(group, points, record)
+        model.generate(**inputs, max_new_tokens=3, do_sample=False)
+    assert seen[0] == (list(range(prompt)), prompt)
+    assert seen[1:] == [([prompt], prompt + 1), ([prompt + 1], prompt + 2)]
+
+
+def test_bias_refuses_flash_attention():
+    model = build_tiny_model("llava")
+    points = resolve(model)
+    config = points.attention[0].config
+    old = config._attn_implementation
+    try:
+        config._attn_implementation = "flash_attention_2"
+        with pytest.raises(ValueError, match="flash_attention_2"):
+            hooks.add_attention_bias(HookGroup(), points, lambda ctx: None)
+    finally:
+        config._attn_implementation = old
+
+
+def test_key_bias_rejects_bad_input():
+    with pytest.raises(ValueError, match="key_mask"):
+        hooks.key_bias(torch.zeros(3), -1.0)
+    with pytest.raises(ValueError, match="value"):
+        hooks.key_bias(torch.zeros(1, 3, dtype=torch.bool), 1.0)
+
+
+def test_bad_point_and_layer_names_are_clear():
+    model = build_tiny_model("llava")
+    points = resolve(model)
+    with pytest.raises(ValueError, match="Did you mean"):
+        points.add_hook(HookGroup(), "lm_head.outptu", lambda *a: None)
+    with pytest.raises(ValueError, match="out of range"):
+        points.add_hook(HookGroup(), "decoder_layer.output", lambda *a: None, layers=[99])
+    with pytest.raises(ValueError, match="not per-layer"):
+        points.add_hook(HookGroup(), "lm_head.output", lambda *a: None, layers=[0])
+
+
+def test_a_text_only_model_gets_a_clear_error():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32,
+                                         num_hidden_layers=1, num_attention_heads=2))
+    with pytest.raises(HookPointError, match=r"'llama'.*vision_encoder"):
+        resolve(model)
+    with pytest.raises(HookPointError):
+        hooks.inspect(model, file=None)
+
+
+def test_register_adapter_for_a_new_model_type():
+    model = build_tiny_model("llava")
+    row = {**hooks.get_adapter("llava").to_dict(), "model_type": "my_llava"}
+    row.pop("source")
+    adapter = hooks.Adapter.from_dict(row)
+    points = resolve(model, adapter=adapter)
+    assert points.model_type == "my_llava"
+    with pytest.raises(ValueError, match="unknown field"):
+        hooks.Adapter.from_dict({**row, "vision_towr": "x"})
+    with pytest.raises(ValueError, match="pixel_layout"):
+        hooks.Adapter.from_dict({**row, "pixel_layout": "weird"})
+    bad = hooks.Adapter.from_dict({**row, "projector": "model.nope"})
+    with pytest.raises(HookPointError, match=r"projector \(model.nope\)"):
+        resolve(model, adapter=bad)
+    with pytest.raises(KeyError, match="Did you mean"):
+        hooks.get_adapter("lava")

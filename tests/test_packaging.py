@@ -1,0 +1,42 @@
+"""The README and the adapter table say the same thing as the tests."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import hooks
+from hooks.testing import TINY_MODEL_TYPES
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _readme_table() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    block = text.split("<!-- architectures -->")[1].split("<!-- /architectures -->")[0]
+    return re.findall(r"^\| `([a-z0-9_]+)` \|", block, flags=re.M)
+
+
+def test_readme_architecture_table_matches_the_tested_list():
+    assert sorted(_readme_table()) == sorted(TINY_MODEL_TYPES)
+
+
+def test_readme_table_rows_match_the_adapters():
+    text = (ROOT / "README.md").read_text()
+    for model_type in _readme_table():
+        adapter = hooks.get_adapter(model_type)
+        row = next(line for line in text.splitlines() if line.startswith(f"| `{model_type}` |"))
+        assert f"`{adapter.vision_encoder}`" in row and f"`{adapter.projector}`" in row, model_type
+        for name in adapter.pixel_inputs[:1] + tuple(n for n in adapter.image_inputs if "video" not in n):
+            assert f"`{name}`" in row, (model_type, name)
+
+
+def test_every_adapter_has_a_tiny_model():
+    assert sorted(hooks.supported_model_types()) == sorted(TINY_MODEL_TYPES)
+
+
+def test_readme_test_command_is_what_ci_runs():
+    text = (ROOT / "README.md").read_text()
+    after = text.split("<!-- test-command -->")[1].strip().splitlines()
+    assert after[0] == "```bash" and "pytest" in after[1]
+    assert "test-command" in (ROOT / ".ci" / "run").read_text()
