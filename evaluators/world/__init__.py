@@ -1,0 +1,25 @@
+"""A procedural, seeded counterfactual world: scenes whose every edit is exact.
+
+Scenes are data (:class:`Scene`: a context and objects with category, colour, position,
+size) rendered at a source resolution 4x the organism's input, so a crop carries real
+extra detail. The knobs of a real training set's statistics live in :class:`WorldConfig`
+(:data:`BIASED` trains the organism). Interventions (:mod:`.edits`), DO-Bench views
+(:mod:`.views`) and composite samples for the five benchmarks (:mod:`.sets`) build on it.
+"""
+
+from . import edits
+from .generator import BIASED, UNBIASED, World, WorldConfig, check_seed
+from .scene import Obj, Scene
+from .sets import (
+    CHANGE_KINDS, MIOH_CONDITIONS, ChangePair, ImageSet, SegmentationPair, Views, change_pair, do_views,
+    image_set, segmentation_pair,
+)
+from .views import MARGINS, cluster_box, crop_box, cut, grow
+from .vocab import CATEGORIES, COLOURS, CONTEXTS, RELATIONS, SYNONYMS
+
+__all__ = [
+    "BIASED", "CATEGORIES", "CHANGE_KINDS", "COLOURS", "CONTEXTS", "ChangePair", "ImageSet", "MARGINS",
+    "MIOH_CONDITIONS", "Obj", "RELATIONS", "SYNONYMS", "Scene", "SegmentationPair", "UNBIASED", "Views", "World",
+    "WorldConfig", "change_pair", "check_seed", "cluster_box", "crop_box", "cut", "do_views", "edits", "grow",
+    "image_set", "segmentation_pair",
+]

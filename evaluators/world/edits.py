@@ -1,0 +1,70 @@
+"""Exact interventions on a scene: each returns a new :class:`Scene` whose rendering and
+annotations follow from the edit, with nothing else changed (same seed, so the same
+background texture shows through where an object was)."""
+
+from __future__ import annotations
+
+from .scene import Obj, Scene
+from .vocab import check_category, check_colour
+
+
+def _require(scene: Scene, uid: int) -> Obj:
+    if not isinstance(scene, Scene):
+        raise ValueError(f"scene must be a Scene, got {type(scene).__name__}")
+    return scene.get(uid)  # raises ValueError naming the uid
+
+
+def remove(scene: Scene, uid: int) -> Scene:
+    """The scene without object ``uid``; the background shows through."""
+    _require(scene, uid)
+    return scene.with_objects(o for o in scene.objects if o.uid != uid)
+
+
+def remove_category(scene: Scene, category: str) -> Scene:
+    """The scene without any instance of ``category`` (which must be present)."""
+    check_category(category)
+    if not scene.present(category):
+        raise ValueError(f"category: {category!r} is not in the scene, nothing to remove")
+    return scene.with_objects(o for o in scene.objects if o.category != category)
+
+
+def replace(scene: Scene, uid: int, category: str, *, colour: str | None = None) -> Scene:
+    """Object ``uid`` becomes ``category`` in the same place and size (HalluSegBench's pair).
+
+    The colour is kept unless given. Replacing with the same category is an error.
+    """
+    obj = _require(scene, uid)
+    check_category(category)
+    if category == obj.category:
+        raise ValueError(f"category: object {uid} already is a {category!r}")
+    new = obj.replace(category=category, colour=check_colour(colour) if colour else obj.colour)
+    return scene.with_objects(new if o.uid == uid else o for o in scene.objects)
+
+
+def recolour(scene: Scene, uid: int, colour: str) -> Scene:
+    """Object ``uid`` in another colour (a counterfactual attribute)."""
+    obj = _require(scene, uid)
+    check_colour(colour)
+    if colour == obj.colour:
+        raise ValueError(f"colour: object {uid} already is {colour!r}")
+    return scene.with_objects(obj.replace(colour=colour) if o.uid == uid else o for o in scene.objects)
+
+
+def move(scene: Scene, uid: int, cx: float, cy: float) -> Scene:
+    """Object ``uid`` moved to centre ``(cx, cy)``; it must stay inside the image."""
+    obj = _require(scene, uid)
+    moved = obj.replace(cx=float(cx), cy=float(cy))
+    x0, y0, x1, y1 = moved.box
+    if x0 < 0 or y0 < 0 or x1 > scene.resolution or y1 > scene.resolution:
+        raise ValueError(f"cx, cy: ({cx}, {cy}) puts object {uid} outside the {scene.resolution}px image")
+    return scene.with_objects(moved if o.uid == uid else o for o in scene.objects)
+
+
+def add(scene: Scene, obj: Obj) -> Scene:
+    """The scene with ``obj`` added on top (its uid must be new)."""
+    if any(o.uid == obj.uid for o in scene.objects):
+        raise ValueError(f"obj: uid {obj.uid} already used in the scene")
+    x0, y0, x1, y1 = obj.box
+    if x0 < 0 or y0 < 0 or x1 > scene.resolution or y1 > scene.resolution:
+        raise ValueError(f"obj: box {obj.box} is outside the {scene.resolution}px image")
+    return scene.with_objects((*scene.objects, obj))

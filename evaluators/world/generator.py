@@ -1,0 +1,214 @@
+"""Seeded scene sampling with the statistics of a real training set as explicit knobs.
+
+A :class:`WorldConfig` states the biases: which objects each context favours, which
+objects travel together (co-occurrence), which categories nearly always have one colour
+(dominant attributes), and how often objects are small. :class:`World` samples scenes
+from it; ``World(config).scene(seed)`` is a pure function of ``(config, seed)``.
+
+The shipped organism is trained on :data:`BIASED` and probed on scenes from
+:data:`UNBIASED` (or on exact edits of biased scenes), so any hallucination it shows
+comes from the statistics below, not from code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .scene import Obj, Scene
+from .vocab import CATEGORIES, COLOURS, CONTEXTS, check_category, check_colour, check_context
+
+
+@dataclass(frozen=True)
+class WorldConfig:
+    """The knobs of a world. All probabilities are in [0, 1]; sizes are fractions of the side."""
+
+    resolution: int = 128
+    n_objects: tuple[int, int] = (2, 5)  # inclusive range of objects per scene
+    # context -> category -> sampling weight
+    context_weights: dict[str, dict[str, float]] = field(default_factory=dict)
+    # (cue, companion, p): when cue is present, companion is present with probability p
+    cooccurrence: tuple[tuple[str, str, float], ...] = ()
+    # category -> (colour, p): the category has that colour with probability p
+    dominant_colour: dict[str, tuple[str, float]] = field(default_factory=dict)
+    small_fraction: float = 0.3
+    large_size: tuple[float, float] = (0.16, 0.26)
+    small_size: tuple[float, float] = (0.055, 0.08)
+    min_gap: float = 2.0  # pixels between object boxes
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.resolution, int) or self.resolution < 32:
+            raise ValueError(f"resolution must be an int >= 32, got {self.resolution!r}")
+        lo, hi = self.n_objects
+        if not 1 <= lo <= hi <= 12:
+            raise ValueError(f"n_objects must satisfy 1 <= min <= max <= 12, got {self.n_objects}")
+        for context, weights in self.context_weights.items():
+            check_context(context, "context_weights")
+            for category, w in weights.items():
+                check_category(category, "context_weights")
+                if w < 0:
+                    raise ValueError(f"context_weights[{context!r}][{category!r}] must be >= 0")
+        for cue, companion, p in self.cooccurrence:
+            check_category(cue, "cooccurrence")
+            check_category(companion, "cooccurrence")
+            _check_prob(p, "cooccurrence")
+        for category, (colour, p) in self.dominant_colour.items():
+            check_category(category, "dominant_colour")
+            check_colour(colour, "dominant_colour")
+            _check_prob(p, "dominant_colour")
+        _check_prob(self.small_fraction, "small_fraction")
+        for name in ("large_size", "small_size"):
+            a, b = getattr(self, name)
+            if not 0 < a <= b < 0.5:
+                raise ValueError(f"{name} must satisfy 0 < min <= max < 0.5, got {(a, b)}")
+
+    def replace(self, **changes) -> "WorldConfig":
+        return dataclasses.replace(self, **changes)
+
+
+def _check_prob(p: float, argument: str) -> None:
+    if not (isinstance(p, (int, float)) and 0.0 <= p <= 1.0):
+        raise ValueError(f"{argument}: probability must be in [0, 1], got {p!r}")
+
+
+def check_seed(seed: int, argument: str = "seed") -> int:
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= int(seed) < 2**63:
+        raise ValueError(f"{argument} must be a non-negative integer, got {seed!r}")
+    return int(seed)
+
+
+_KITCHEN = ("cup", "plate", "fork", "knife", "banana")
+_PARK = ("tree", "dog", "ball", "bench", "bird")
+
+#: The biased world the organism is trained on. Each bias is a knob a probe can target:
+#: knife -> fork and bench -> tree co-occur; bananas are yellow, trees green, plates white;
+#: kitchens hold kitchen things and parks park things; 35% of objects are small.
+BIASED = WorldConfig(
+    context_weights={
+        "kitchen": {**{c: 1.0 for c in _KITCHEN}, **{c: 0.08 for c in _PARK}},
+        "park": {**{c: 1.0 for c in _PARK}, **{c: 0.08 for c in _KITCHEN}},
+    },
+    cooccurrence=(("knife", "fork", 0.92), ("bench", "tree", 0.92)),
+    dominant_colour={"banana": ("yellow", 0.95), "tree": ("green", 0.95), "plate": ("white", 0.9)},
+    small_fraction=0.35,
+)
+
+#: The same world without the biases: uniform categories, no co-occurrence, uniform colours.
+UNBIASED = WorldConfig(
+    context_weights={ctx: {c: 1.0 for c in CATEGORIES} for ctx in CONTEXTS},
+    small_fraction=0.35,
+)
+
+
+class World:
+    """Samples scenes from a :class:`WorldConfig`; every method is deterministic in its seed."""
+
+    def __init__(self, config: WorldConfig = BIASED) -> None:
+        if not isinstance(config, WorldConfig):
+            raise ValueError(f"config must be a WorldConfig, got {type(config).__name__}")
+        self.config = config
+
+    # -- sampling pieces ------------------------------------------------------------
+    def _weights(self, context: str) -> tuple[list[str], np.ndarray]:
+        weights = self.config.context_weights.get(context) or {c: 1.0 for c in CATEGORIES}
+        names = [c for c in CATEGORIES if weights.get(c, 0.0) > 0]
+        w = np.array([weights[c] for c in names], dtype=float)
+        return names, w / w.sum()
+
+    def sample_colour(self, rng: np.random.Generator, category: str) -> str:
+        dominant = self.config.dominant_colour.get(category)
+        if dominant is not None and rng.random() < dominant[1]:
+            return dominant[0]
+        others = [c for c in COLOURS if dominant is None or c != dominant[0]]
+        return others[int(rng.integers(len(others)))]
+
+    def sample_size(self, rng: np.random.Generator, small: bool | None = None) -> float:
+        if small is None:
+            small = rng.random() < self.config.small_fraction
+        lo, hi = self.config.small_size if small else self.config.large_size
+        return float(rng.uniform(lo, hi) * self.config.resolution)
+
+    def place(
+        self, rng: np.random.Generator, scene_objects: list[Obj], category: str, colour: str, size: float,
+        uid: int, tries: int = 200,
+    ) -> Obj | None:
+        """An object of ``category`` at a random free spot (no box overlap), or None."""
+        r = self.config.resolution
+        for _ in range(tries):
+            probe = Obj(uid, category, colour, 0.0, 0.0, size)
+            x0, y0, x1, y1 = probe.box
+            w, h = x1 - x0, y1 - y0
+            cx = float(rng.uniform(w / 2 + 1, r - w / 2 - 1))
+            cy = float(rng.uniform(h / 2 + 1, r - h / 2 - 1))
+            obj = probe.replace(cx=round(cx, 2), cy=round(cy, 2))
+            if all(_gap(obj.box, o.box) >= self.config.min_gap for o in scene_objects):
+                return obj
+        return None
+
+    # -- scenes ---------------------------------------------------------------------
+    def scene(self, seed: int, *, context: str | None = None, n_objects: int | None = None) -> Scene:
+        """A scene drawn with the world's statistics."""
+        seed = check_seed(seed)
+        rng = np.random.default_rng([seed, 1])
+        if context is None:
+            context = list(CONTEXTS)[int(rng.integers(len(CONTEXTS)))]
+        check_context(context)
+        lo, hi = self.config.n_objects
+        n = int(rng.integers(lo, hi + 1)) if n_objects is None else n_objects
+        if not 1 <= n <= 12:
+            raise ValueError(f"n_objects must be in [1, 12], got {n}")
+        names, probs = self._weights(context)
+        chosen = list(rng.choice(names, size=min(n, len(names)), replace=False, p=probs))
+        for cue, companion, p in self.config.cooccurrence:
+            if cue in chosen and companion not in chosen and rng.random() < p:
+                chosen.append(companion)  # one-directional: the companion may also appear alone
+        objects: list[Obj] = []
+        for category in chosen:
+            obj = self.place(rng, objects, str(category), self.sample_colour(rng, str(category)),
+                             self.sample_size(rng), uid=len(objects))
+            if obj is not None:
+                objects.append(obj)
+        return Scene(context, tuple(objects), seed, self.config.resolution)
+
+    def dense_scene(self, seed: int, category: str, count: int, *, context: str | None = None,
+                    distractors: int = 2, small: bool | None = True) -> Scene:
+        """Many instances of one category (dense counting), plus a few distractors."""
+        seed = check_seed(seed)
+        check_category(category)
+        if not isinstance(count, int) or not 0 <= count <= 12:
+            raise ValueError(f"count must be an int in [0, 12], got {count!r}")
+        if not isinstance(distractors, int) or distractors < 0:
+            raise ValueError(f"distractors must be a non-negative int, got {distractors!r}")
+        rng = np.random.default_rng([seed, 2])
+        context = context or list(CONTEXTS)[int(rng.integers(len(CONTEXTS)))]
+        check_context(context)
+        objects: list[Obj] = []
+        for _ in range(count):
+            obj = self.place(rng, objects, category, self.sample_colour(rng, category),
+                             self.sample_size(rng, small), uid=len(objects), tries=500)
+            if obj is None:
+                raise ValueError(f"count: cannot fit {count} instances of {category!r} without overlap")
+            objects.append(obj)
+        others = [c for c in CATEGORIES if c != category]
+        for _ in range(distractors):
+            other = others[int(rng.integers(len(others)))]
+            obj = self.place(rng, objects, other, self.sample_colour(rng, other), self.sample_size(rng, False),
+                             uid=len(objects))
+            if obj is not None:
+                objects.append(obj)
+        return Scene(context, tuple(objects), seed, self.config.resolution)
+
+
+def _gap(a, b) -> float:
+    """Distance between two boxes (0 if they touch or overlap; negative overlap reported as 0)."""
+    dx = max(b[0] - a[2], a[0] - b[2], 0.0)
+    dy = max(b[1] - a[3], a[1] - b[3], 0.0)
+    if dx == 0.0 and dy == 0.0:
+        return -1.0 if _overlap(a, b) else 0.0
+    return max(dx, dy)
+
+
+def _overlap(a, b) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]

@@ -1,0 +1,206 @@
+"""Composite samples built from scenes and exact edits: DO-Bench view triples,
+HalluSegBench factual/counterfactual pairs, ReactBench before/after pairs and MIOH
+multi-image sets. Each returns scenes (data) plus the ground truth needed to score it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image
+
+from . import edits
+from .generator import World, check_seed
+from .scene import Obj, Scene
+from .views import MARGINS, check_margin, cluster_box, crop_box, cut
+from .vocab import CATEGORIES, COLOURS, check_category
+
+CHANGE_KINDS = ("move", "add", "remove", "replace")
+MIOH_CONDITIONS = ("easy", "hard_positive", "hard_negative")
+
+
+# -- DO-Bench: Full / Cluster / Crop ---------------------------------------------------
+@dataclass(frozen=True)
+class Views:
+    """The three DO-Bench views of one target; boxes are in source pixels."""
+
+    full: Image.Image
+    cluster: Image.Image
+    crop: Image.Image
+    cluster_box: tuple[float, float, float, float]
+    crop_box: tuple[float, float, float, float]
+    margin: float
+
+    def as_dict(self) -> dict[str, Image.Image]:
+        return {"Full": self.full, "Cluster": self.cluster, "Crop": self.crop}
+
+
+def do_views(scene: Scene, uid: int, margin: float = 0.1) -> Views:
+    """Full, Cluster and Crop views of object ``uid``, cut from the source-resolution render."""
+    check_margin(margin)
+    boxes = scene.boxes()
+    if uid not in boxes:
+        scene.get(uid)  # raises for an unknown uid
+        raise ValueError(f"uid: object {uid} is fully occluded; it has no view")
+    image = scene.render()
+    r = scene.resolution
+    target = boxes[uid]
+    cbox = cluster_box(target, [b for u, b in boxes.items() if u != uid], r, r, margin)
+    kbox = crop_box(target, r, r, margin)
+    return Views(image, cut(image, cbox), cut(image, kbox), cbox, kbox, margin)
+
+
+# -- HalluSegBench: factual / counterfactual -------------------------------------------
+@dataclass(frozen=True)
+class SegmentationPair:
+    factual: Scene
+    counterfactual: Scene
+    uid: int
+    factual_label: str
+    counterfactual_label: str
+
+    @property
+    def factual_mask(self) -> np.ndarray:
+        return self.factual.masks()[self.uid]
+
+    @property
+    def counterfactual_mask(self) -> np.ndarray:
+        """Mask of the *factual* label in the counterfactual image: empty by construction."""
+        return self.counterfactual.mask_of(self.factual_label)
+
+    @property
+    def replacement_mask(self) -> np.ndarray:
+        """Mask of the replacing object (counterfactual label) in the counterfactual image."""
+        return self.counterfactual.masks()[self.uid]
+
+
+def segmentation_pair(world: World, seed: int) -> SegmentationPair:
+    """A scene and the same scene with one object replaced by another category in place."""
+    seed = check_seed(seed)
+    rng = np.random.default_rng([seed, 3])
+    for attempt in range(100):
+        scene = world.scene(seed * 101 + attempt)
+        singles = [o for o in scene.objects if scene.count(o.category) == 1 and o.size >= 0.12 * scene.resolution]
+        if singles:
+            break
+    else:  # pragma: no cover - the biased world nearly always has a large single object
+        raise ValueError(f"seed: no scene with a large single object found for seed {seed}")
+    obj = singles[int(rng.integers(len(singles)))]
+    absent = [c for c in CATEGORIES if not scene.present(c)]
+    new = absent[int(rng.integers(len(absent)))]
+    return SegmentationPair(scene, edits.replace(scene, obj.uid, new), obj.uid, obj.category, new)
+
+
+# -- ReactBench: before / after --------------------------------------------------------
+@dataclass(frozen=True)
+class ChangePair:
+    before: Scene
+    after: Scene
+    kind: str
+    category: str
+    detail: str  # e.g. the replacing category, or the direction of a move
+
+
+def change_pair(world: World, seed: int, kind: str) -> ChangePair:
+    """A scene and one exact alteration of it: ``move``, ``add``, ``remove`` or ``replace``."""
+    seed = check_seed(seed)
+    if kind not in CHANGE_KINDS:
+        raise ValueError(f"kind must be one of {CHANGE_KINDS}, got {kind!r}")
+    rng = np.random.default_rng([seed, 4])
+    for attempt in range(100):
+        before = world.scene(seed * 97 + attempt)
+        singles = [o for o in before.objects if before.count(o.category) == 1]
+        absent = [c for c in CATEGORIES if not before.present(c)]
+        if not singles or not absent:
+            continue
+        obj = singles[int(rng.integers(len(singles)))]
+        if kind == "remove":
+            return ChangePair(before, edits.remove(before, obj.uid), kind, obj.category, "")
+        if kind == "replace":
+            new = absent[int(rng.integers(len(absent)))]
+            return ChangePair(before, edits.replace(before, obj.uid, new), kind, obj.category, new)
+        if kind == "add":
+            new = absent[int(rng.integers(len(absent)))]
+            placed = world.place(rng, list(before.objects), new, world.sample_colour(rng, new),
+                                 world.sample_size(rng, False), uid=before.next_uid())
+            if placed is not None:
+                return ChangePair(before, edits.add(before, placed), kind, new, "")
+            continue
+        # move: to a free spot at least a third of the image away
+        others = [o for o in before.objects if o.uid != obj.uid]
+        spot = world.place(rng, others, obj.category, obj.colour, obj.size, uid=obj.uid)
+        if spot is not None and np.hypot(spot.cx - obj.cx, spot.cy - obj.cy) > before.resolution / 3:
+            after = edits.move(before, obj.uid, spot.cx, spot.cy)
+            dx, dy = spot.cx - obj.cx, spot.cy - obj.cy
+            direction = ("right" if dx > 0 else "left") if abs(dx) >= abs(dy) else ("down" if dy > 0 else "up")
+            return ChangePair(before, after, kind, obj.category, direction)
+    raise ValueError(f"seed: could not build a {kind!r} change for seed {seed}")  # pragma: no cover
+
+
+# -- MIOH: multi-image sets ------------------------------------------------------------
+@dataclass(frozen=True)
+class ImageSet:
+    scenes: tuple[Scene, ...]
+    target: str
+    condition: str
+    holders: tuple[int, ...]  # indices of the images that contain the target
+
+    @property
+    def answer_index(self) -> int | None:
+        """The single image holding the target, or None ("none of the above")."""
+        return self.holders[0] if len(self.holders) == 1 else None
+
+
+def image_set(world: World, seed: int, n_images: int, target: str, condition: str = "easy",
+              *, present: bool = True) -> ImageSet:
+    """``n_images`` scenes where the target is in exactly one image (``present``) or none.
+
+    * ``easy``: the target, when present, is large; other images have no cue for it.
+    * ``hard_positive``: the target is present and small.
+    * ``hard_negative``: the target is absent everywhere, but its co-occurrence cue (or its
+      usual context) is present in the images.
+    """
+    seed = check_seed(seed)
+    check_category(target, "target")
+    if condition not in MIOH_CONDITIONS:
+        raise ValueError(f"condition must be one of {MIOH_CONDITIONS}, got {condition!r}")
+    if not isinstance(n_images, int) or not 1 <= n_images <= 10:
+        raise ValueError(f"n_images must be an int in [1, 10], got {n_images!r}")
+    if condition == "hard_negative" and present:
+        raise ValueError("present: hard negatives have the target absent; pass present=False")
+    if condition == "hard_positive" and not present:
+        raise ValueError("present: hard positives have the target present; pass present=True")
+    rng = np.random.default_rng([seed, 5])
+    cue = next((c for c, comp, _ in world.config.cooccurrence if comp == target), None)
+    holder = int(rng.integers(n_images)) if present else None
+    scenes = []
+    for i in range(n_images):
+        scene = world.scene(seed * 1009 + i * 13 + 7)
+        scene = _without(scene, target)
+        if condition == "hard_negative" and cue is not None and not scene.present(cue):
+            scene = _with(world, rng, scene, cue, small=False)
+        if i == holder:
+            scene = _with(world, rng, scene, target, small=(condition == "hard_positive"))
+        scenes.append(scene)
+    holders = tuple(i for i, s in enumerate(scenes) if s.present(target))
+    return ImageSet(tuple(scenes), target, condition, holders)
+
+
+def _without(scene: Scene, category: str) -> Scene:
+    return edits.remove_category(scene, category) if scene.present(category) else scene
+
+
+def _with(world: World, rng: np.random.Generator, scene: Scene, category: str, *, small: bool) -> Scene:
+    for _ in range(20):
+        obj = world.place(rng, list(scene.objects), category, world.sample_colour(rng, category),
+                          world.sample_size(rng, small), uid=scene.next_uid())
+        if obj is not None:
+            return edits.add(scene, obj)
+        scene = edits.remove(scene, scene.objects[-1].uid)  # make room
+    raise ValueError(f"cannot place {category!r}")  # pragma: no cover
+
+
+__all__ = [
+    "CHANGE_KINDS", "ChangePair", "ImageSet", "MARGINS", "MIOH_CONDITIONS", "SegmentationPair", "Views",
+    "change_pair", "do_views", "image_set", "segmentation_pair", "COLOURS", "Obj",
+]

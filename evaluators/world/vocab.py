@@ -1,0 +1,70 @@
+"""The world's vocabulary: object categories (each drawn as its own shape), colours and
+scene contexts. Plain data; the knobs that bias a world live in :mod:`.generator`."""
+
+from __future__ import annotations
+
+# category -> shape drawn for it (see scene._draw_shape). Names read like COCO objects so
+# probes read naturally ("Is there a fork in the image?"); the shapes make them learnable
+# by a tiny vision encoder at 32x32 input.
+CATEGORIES: dict[str, str] = {
+    "cup": "square",
+    "plate": "ring",
+    "fork": "vbar",
+    "knife": "hbar",
+    "banana": "inv_triangle",
+    "tree": "triangle",
+    "dog": "diamond",
+    "ball": "circle",
+    "bench": "frame",
+    "bird": "plus",
+}
+
+COLOURS: dict[str, tuple[int, int, int]] = {
+    "red": (220, 40, 40),
+    "green": (40, 170, 60),
+    "blue": (40, 80, 220),
+    "yellow": (240, 210, 30),
+    "white": (250, 250, 250),
+    "purple": (150, 60, 190),
+    "black": (20, 20, 20),
+}
+
+# context -> background colour. The context is a scene-level prior: which objects are typical.
+CONTEXTS: dict[str, tuple[int, int, int]] = {
+    "kitchen": (205, 185, 150),
+    "park": (150, 190, 140),
+}
+
+# Synonyms, for answer parsing and CHAIR-style caption scoring.
+SYNONYMS: dict[str, tuple[str, ...]] = {
+    "cup": ("cup", "cups", "mug", "mugs"),
+    "plate": ("plate", "plates", "dish", "dishes"),
+    "fork": ("fork", "forks"),
+    "knife": ("knife", "knives"),
+    "banana": ("banana", "bananas"),
+    "tree": ("tree", "trees"),
+    "dog": ("dog", "dogs", "puppy"),
+    "ball": ("ball", "balls"),
+    "bench": ("bench", "benches"),
+    "bird": ("bird", "birds"),
+}
+
+RELATIONS = ("left of", "right of", "above", "below")
+
+
+def check_category(category: str, argument: str = "category") -> str:
+    if category not in CATEGORIES:
+        raise ValueError(f"{argument}: unknown category {category!r}; known: {sorted(CATEGORIES)}")
+    return category
+
+
+def check_colour(colour: str, argument: str = "colour") -> str:
+    if colour not in COLOURS:
+        raise ValueError(f"{argument}: unknown colour {colour!r}; known: {sorted(COLOURS)}")
+    return colour
+
+
+def check_context(context: str, argument: str = "context") -> str:
+    if context not in CONTEXTS:
+        raise ValueError(f"{argument}: unknown context {context!r}; known: {sorted(CONTEXTS)}")
+    return context

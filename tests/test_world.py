@@ -1,0 +1,177 @@
+"""The counterfactual world: seeded, exact edits, views, knobs that really bias, clear errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from evaluators.world import (
+    BIASED, CATEGORIES, CHANGE_KINDS, UNBIASED, Obj, Scene, World, WorldConfig, change_pair, cluster_box, crop_box,
+    do_views, edits, grow, image_set, segmentation_pair,
+)
+from evaluators.world.scene import NOISE_STD
+
+
+@pytest.fixture(scope="module")
+def world():
+    return World(BIASED)
+
+
+def test_scenes_are_reproducible(world):
+    a, b = world.scene(7), world.scene(7)
+    assert a == b
+    assert np.array_equal(np.asarray(a.render()), np.asarray(b.render()))
+    assert world.scene(8) != a
+
+
+def test_render_is_4x_the_model_input_and_masks_are_exact(world):
+    scene = world.scene(3)
+    img = np.asarray(scene.render()).astype(float)
+    assert img.shape == (128, 128, 3)
+    union = np.zeros((128, 128), dtype=bool)
+    for obj in scene.objects:
+        mask = scene.masks()[obj.uid]
+        assert mask.any() and not (mask & union).any(), "instance masks are disjoint"
+        union |= mask
+        # the object's pixels carry its colour (up to the sensor noise)
+        from evaluators.world import COLOURS
+
+        assert np.abs(img[mask].mean(0) - COLOURS[obj.colour]).max() < 3 * NOISE_STD
+        x0, y0, x1, y1 = scene.boxes()[obj.uid]
+        ys, xs = np.nonzero(mask)
+        assert (xs.min(), ys.min(), xs.max() + 1, ys.max() + 1) == (x0, y0, x1, y1)
+
+
+def test_remove_shows_the_background_and_changes_nothing_else(world):
+    scene = world.scene(11)
+    obj = scene.objects[0]
+    after = edits.remove(scene, obj.uid)
+    before_px, after_px = np.asarray(scene.render()), np.asarray(after.render())
+    changed = (before_px != after_px).any(-1)
+    mask = scene.masks()[obj.uid]
+    assert changed.any() and not (changed & ~mask).any(), "only the object's pixels change"
+    assert not after.present(obj.category) or scene.count(obj.category) > 1
+    # the background under the object equals an empty scene's background at those pixels
+    empty = scene.with_objects(())
+    assert np.array_equal(after_px[mask], np.asarray(empty.render())[mask])
+
+
+def test_replace_gives_halluseg_pair_with_both_masks(world):
+    pair = segmentation_pair(world, 4)
+    assert pair.factual.present(pair.factual_label)
+    assert not pair.counterfactual.present(pair.factual_label)
+    assert pair.counterfactual.present(pair.counterfactual_label)
+    assert pair.factual_mask.any() and pair.replacement_mask.any()
+    assert not pair.counterfactual_mask.any(), "the factual label has no pixels after replacement"
+    f, c = pair.factual.get(pair.uid), pair.counterfactual.get(pair.uid)
+    assert (f.cx, f.cy, f.size) == (c.cx, c.cy, c.size), "same place and size"
+
+
+def test_recolour_and_change_pairs(world):
+    scene = world.scene(5)
+    obj = scene.objects[0]
+    new = "blue" if obj.colour != "blue" else "red"
+    assert edits.recolour(scene, obj.uid, new).get(obj.uid).colour == new
+    for kind in CHANGE_KINDS:
+        pair = change_pair(world, 9, kind)
+        assert pair.before != pair.after
+        if kind == "remove":
+            assert pair.before.present(pair.category) and not pair.after.present(pair.category)
+        if kind == "add":
+            assert not pair.before.present(pair.category) and pair.after.present(pair.category)
+        if kind == "replace":
+            assert pair.after.present(pair.detail) and not pair.after.present(pair.category)
+        if kind == "move":
+            assert pair.detail in ("left", "right", "up", "down")
+
+
+def test_dense_scenes_count_exactly(world):
+    for count in (0, 3, 9):
+        assert world.dense_scene(2, "ball", count).count("ball") == count
+
+
+def test_multi_image_sets(world):
+    s = image_set(world, 3, 4, "fork", "hard_negative", present=False)
+    assert s.holders == () and s.answer_index is None
+    assert all(sc.present("knife") for sc in s.scenes), "the co-occurrence cue is in every image"
+    s = image_set(world, 3, 8, "dog", "hard_positive")
+    assert len(s.holders) == 1
+    dog = s.scenes[s.holders[0]].of("dog")[0]
+    assert dog.size <= BIASED.small_size[1] * 128
+
+
+def test_knobs_bias_the_statistics():
+    def rates(config):
+        w = World(config)
+        scenes = [w.scene(s) for s in range(600)]
+        knife = [s for s in scenes if s.present("knife")]
+        fork_given_knife = np.mean([s.present("fork") for s in knife])
+        bananas = [o for s in scenes for o in s.of("banana")]
+        yellow = np.mean([o.colour == "yellow" for o in bananas])
+        small = np.mean([o.size < 0.1 * 128 for s in scenes for o in s.objects])
+        return fork_given_knife, yellow, small
+
+    fk, yellow, small = rates(BIASED)
+    assert fk > 0.9 and yellow > 0.9 and 0.25 < small < 0.45
+    fk_u, yellow_u, _ = rates(UNBIASED)
+    assert fk_u < 0.7 and yellow_u < 0.3
+
+
+def test_crop_view_geometry_is_exact():
+    # a 10x20 box at (40, 40): 10% margin -> 12x24, squared to 24x24 around the centre
+    assert crop_box((40, 40, 50, 60), 128, 128, 0.1) == (33.0, 38.0, 57.0, 62.0)
+    assert crop_box((40, 40, 50, 60), 128, 128, 0.2) == (31.0, 36.0, 59.0, 64.0)
+    # at the border the square is shifted inside, not shrunk
+    assert crop_box((0, 0, 10, 10), 128, 128, 0.2) == (0.0, 0.0, 14.0, 14.0)
+    assert crop_box((118, 118, 128, 128), 128, 128, 0.2) == (114.0, 114.0, 128.0, 128.0)
+    # non-square image: a square larger than the short side is clipped on that side only
+    assert grow((10, 10, 90, 30), 0.0, 100, 40) == (10.0, 0.0, 90.0, 40.0)
+    assert grow((10, 10, 90, 30), 0.0, 100, 40, square=False) == (10.0, 10.0, 90.0, 30.0)
+
+
+def test_cluster_view_contains_target_and_neighbours():
+    target, near, far = (50, 50, 60, 60), (62, 50, 70, 58), (110, 110, 120, 120)
+    box = cluster_box(target, [near, far], 128, 128, 0.1)
+    assert box[0] <= 50 and box[2] >= 70 and box[2] < 110
+    lonely = cluster_box(target, [far], 128, 128, 0.1)
+    crop = crop_box(target, 128, 128, 0.1)
+    assert lonely[2] - lonely[0] > crop[2] - crop[0], "Cluster shows more context than Crop"
+
+
+def test_do_views_cut_from_the_source(world):
+    scene = world.scene(12)
+    small = min(scene.objects, key=lambda o: o.size)
+    views = do_views(scene, small.uid, 0.2)
+    assert views.full.size == (128, 128)
+    assert views.crop.size[0] < views.cluster.size[0] <= 128
+
+
+@pytest.mark.parametrize(
+    "call, argument",
+    [
+        (lambda w: w.scene(-1), "seed"),
+        (lambda w: w.scene(1.5), "seed"),
+        (lambda w: w.scene(1, context="moon"), "context"),
+        (lambda w: w.dense_scene(1, "unicorn", 3), "category"),
+        (lambda w: edits.remove(w.scene(1), 99), "uid"),
+        (lambda w: edits.remove_category(w.scene(1), next(c for c in CATEGORIES if not w.scene(1).present(c))), "category"),
+        (lambda w: edits.replace(w.scene(1), 0, "unicorn"), "category"),
+        (lambda w: edits.recolour(w.scene(1), 0, "mauve"), "colour"),
+        (lambda w: crop_box((1, 1, 5, 5), 128, 128, 1.5), "margin"),
+        (lambda w: crop_box((1, 1, 5, 5), 128, 128, -0.1), "margin"),
+        (lambda w: crop_box((1, 1, 500, 5), 128, 128, 0.1), "box"),
+        (lambda w: do_views(w.scene(1), 0, 2.0), "margin"),
+        (lambda w: image_set(w, 1, 11, "dog"), "n_images"),
+        (lambda w: WorldConfig(small_fraction=1.5), "small_fraction"),
+        (lambda w: WorldConfig(cooccurrence=(("knife", "spoon", 0.9),)), "cooccurrence"),
+        (lambda w: Obj(0, "cup", "red", 5, 5, -1), "size"),
+    ],
+)
+def test_bad_input_names_the_argument(world, call, argument):
+    with pytest.raises(ValueError, match=argument):
+        call(world)
+
+
+def test_scene_round_trips_through_dict(world):
+    scene = world.scene(21)
+    assert Scene.from_dict(scene.to_dict()) == scene
