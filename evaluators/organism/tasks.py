@@ -72,18 +72,6 @@ def box_tokens(box, size: float) -> str:
     return " ".join(quantise(v, size) for v in (x0, y0, x1 - 1e-6, y1 - 1e-6))
 
 
-def parse_box(text: str, size: float):
-    """Inverse of :func:`box_tokens` (bin edges -> pixel box), or None for 'none'/junk."""
-    import re
-
-    bins = [int(b) for b in re.findall(r"<c(\d+)>", text)]
-    if len(bins) < 4:
-        return None
-    x0, y0, x1, y1 = bins[:4]
-    step = size / COORD_BINS
-    return (x0 * step, y0 * step, (x1 + 1) * step, (y1 + 1) * step)
-
-
 @dataclass
 class Example:
     task: str

@@ -1,0 +1,96 @@
+"""Robust answer extraction from generated text.
+
+Conventions follow VLMEvalKit (DESIGN.md §4): yes/no after stripping punctuation, "yes"
+without "no" (and vice versa); one option letter, else the option text; numbers as
+digits or words; boxes from coordinate tokens or JSON. Every parser returns ``None`` when
+the answer cannot be read, so callers can count it as wrong *and* report an invalid rate.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Sequence
+
+_WORD = re.compile(r"[a-z0-9]+")
+NUMBER_WORDS = {
+    "zero": 0, "none": 0, "no": 0, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7,
+    "eight": 8, "nine": 9, "ten": 10, "eleven": 11, "twelve": 12,
+}
+
+
+def words(text: str) -> list[str]:
+    return _WORD.findall(text.lower())
+
+
+def parse_yes_no(text: str) -> bool | None:
+    """True for yes, False for no, None if neither or both appear (e.g. "yes and no")."""
+    w = words(text)
+    yes, no = "yes" in w, "no" in w or "not" in w[:1]
+    if yes and not no:
+        return True
+    if no and not yes:
+        return False
+    if yes and no:  # "yes, there is no ..." is ambiguous; the first word decides when it is yes/no
+        return {"yes": True, "no": False}.get(w[0])
+    return None
+
+
+def parse_option(text: str, options: Sequence[str], letters: Sequence[str] = "abcde") -> str | None:
+    """The chosen option letter: a lone letter token ("b", "b)", "(B)"), else a unique option text."""
+    lowered = text.lower().strip()
+    letter = re.match(r"^\(?([a-z])\)?(?:[\s.):,]|$)", lowered)
+    valid = [l.lower() for l in letters[: len(options)]]
+    if letter and letter.group(1) in valid:
+        return letter.group(1)
+    hits = [valid[i] for i, opt in enumerate(options) if opt and opt.lower() in lowered]
+    return hits[0] if len(hits) == 1 else None
+
+
+def parse_number(text: str) -> int | None:
+    """The first number, as digits or a word ("three", "3 dogs"); None if there is none."""
+    for w in words(text):
+        if w.isdigit():
+            return int(w)
+        if w in NUMBER_WORDS and w != "no":
+            return NUMBER_WORDS[w]
+    return None
+
+
+def parse_choice(text: str, choices: Sequence[str]) -> str | None:
+    """The single member of ``choices`` (e.g. colour names) mentioned first in ``text``."""
+    w = words(text)
+    for token in w:
+        if token in choices:
+            return token
+    return None
+
+
+def parse_box(text: str, size: float, bins: int = 16) -> tuple[float, float, float, float] | str | None:
+    """A box from coordinate tokens ``<c3> <c5> <c9> <c12>`` (bin index, inclusive end) or a
+    JSON list ``[x0, y0, x1, y1]`` in pixels; ``"none"`` for an explicit abstention; None if
+    unreadable."""
+    tokens = [int(b) for b in re.findall(r"<c(\d+)>", text)]
+    if len(tokens) >= 4:
+        x0, y0, x1, y1 = tokens[:4]
+        step = size / bins
+        return (x0 * step, y0 * step, (x1 + 1) * step, (y1 + 1) * step)
+    found = re.search(r"\[[^\[\]]+\]", text)
+    if found:
+        try:
+            vals = [float(v) for v in json.loads(found.group(0))]
+            if len(vals) == 4:
+                return tuple(vals)  # type: ignore[return-value]
+        except (ValueError, TypeError):
+            pass
+    if words(text)[:1] in (["none"], ["no"]):
+        return "none"
+    return None
+
+
+def box_iou(a, b) -> float:
+    ix = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
+    iy = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
+    inter = ix * iy
+    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
+    return inter / union if union > 0 else 0.0

@@ -1,0 +1,245 @@
+"""The organism's hallucination signatures, measured on held-out seeds.
+
+Each signature pairs a probe set with its matched control, so the number it reports is
+an effect of one bias and nothing else:
+
+=====================  ==================================================================
+``clean_existence``    accuracy on large objects, no prior text, unbiased scenes
+``cooccurrence``       false "yes" for an absent companion (fork) when its cue (knife) is
+                       present, minus the same scene with the cue removed too
+``contextual_prior``   false "no" on present objects at DO-Bench level 3 minus level 0
+``perception``         false "no" on small objects in the Full view, and in the Crop view
+``attribute_prior``    colour accuracy on prior-consistent objects minus recoloured ones
+``grounding``          share of present objects boxed with IoU >= 0.5; share of absent
+                       but expected objects that still get a box
+=====================  ==================================================================
+
+Probe seeds start at :data:`HELD_OUT` (training uses seeds far below it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from ..answers import box_iou, parse_box, parse_choice, parse_yes_no
+from ..world import BIASED, CATEGORIES, COLOURS, UNBIASED, World, do_views, edits
+from .package import format_prompt
+from .tasks import do_prior, existence_question
+
+HELD_OUT = 10**9
+PAIRS = (("knife", "fork"), ("bench", "tree"))
+DOMINANT = {"banana": "yellow", "tree": "green", "plate": "white"}
+
+
+@dataclass
+class Probe:
+    images: list[Image.Image]
+    question: str
+    truth: str
+    group: str
+    meta: dict = field(default_factory=dict)
+
+
+@torch.no_grad()
+def answer(model, processor, probes: list[Probe], batch_size: int = 16, max_new_tokens: int = 6) -> list[str]:
+    """Greedy answers, batched with left padding (the organism's prompt format)."""
+    out: list[str] = []
+    for i in range(0, len(probes), batch_size):
+        chunk = probes[i : i + batch_size]
+        texts = [format_prompt(p.question, len(p.images)) for p in chunk]
+        images = [img for p in chunk for img in p.images]
+        enc = processor(text=texts, images=images, return_tensors="pt", padding=True)
+        gen = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False)
+        out += processor.tokenizer.batch_decode(gen[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    return [o.strip() for o in out]
+
+
+def _present_probe(scene, category: str, group: str, level: int = 0, image=None, **meta) -> Probe:
+    prior = do_prior(level, category, negative=True)
+    return Probe([image or scene.render()], existence_question(category, prior), "yes", group,
+                 {"category": category, "level": level, **meta})
+
+
+def build_probes(n: int = 40, seed: int = HELD_OUT) -> list[Probe]:
+    """``n`` probes per group (fewer where a scene does not qualify)."""
+    biased, clean = World(BIASED), World(UNBIASED.replace(small_fraction=0.0))
+    probes: list[Probe] = []
+    rng = np.random.default_rng(seed)
+
+    # clean existence: large objects, unbiased statistics, no prior text
+    for k in range(n):
+        scene = clean.scene(seed + k)
+        present = k % 2 == 0
+        pool = sorted(scene.categories()) if present else sorted(set(CATEGORIES) - scene.categories())
+        cat = pool[int(rng.integers(len(pool)))]
+        probes.append(Probe([scene.render()], existence_question(cat), "yes" if present else "no", "clean_existence"))
+
+    # co-occurrence: cue present, companion removed; control removes the cue as well
+    k = 0
+    s = seed + 10_000
+    while k < n:
+        s += 1
+        cue, companion = PAIRS[k % 2]
+        scene = biased.scene(s)
+        if not scene.present(cue):
+            continue
+        if scene.present(companion):
+            scene = edits.remove_category(scene, companion)
+        control = edits.remove_category(scene, cue)
+        if not control.objects:
+            continue
+        probes.append(Probe([scene.render()], existence_question(companion), "no", "cooccurrence_cue", {"pair": k}))
+        probes.append(Probe([control.render()], existence_question(companion), "no", "cooccurrence_control", {"pair": k}))
+        k += 1
+
+    # contextual prior (levels 0..3 on the same present large object) and perception (small, Full vs Crop)
+    k, s = 0, seed + 20_000
+    while k < n:
+        s += 1
+        scene = biased.scene(s)
+        large = [o for o in scene.objects if o.size >= 0.12 * scene.resolution and scene.count(o.category) == 1]
+        small = [o for o in scene.objects if o.size < 0.1 * scene.resolution and scene.count(o.category) == 1]
+        if not large or not small:
+            continue
+        obj = large[0]
+        for level in range(4):
+            probes.append(_present_probe(scene, obj.category, f"prior_level{level}", level))
+        tiny = small[0]
+        views = do_views(scene, tiny.uid, 0.1)
+        probes.append(_present_probe(scene, tiny.category, "small_full"))
+        probes.append(_present_probe(scene, tiny.category, "small_crop", image=views.crop))
+        k += 1
+
+    # attribute prior: dominant-colour categories, consistent vs recoloured
+    k, s = 0, seed + 30_000
+    while k < n:
+        s += 1
+        scene = biased.scene(s)
+        objs = [o for o in scene.objects if o.category in DOMINANT and scene.count(o.category) == 1
+                and o.size >= 0.12 * scene.resolution]
+        if not objs:
+            continue
+        obj = objs[0]
+        usual = DOMINANT[obj.category]
+        if obj.colour != usual:
+            scene = edits.recolour(scene, obj.uid, usual)
+        other = [c for c in COLOURS if c != usual][k % (len(COLOURS) - 1)]
+        flipped = edits.recolour(scene, obj.uid, other)
+        q = f"what colour is the {obj.category} ?"
+        probes.append(Probe([scene.render()], q, usual, "attribute_consistent"))
+        probes.append(Probe([flipped.render()], q, other, "attribute_counterfactual"))
+        k += 1
+
+    # grounding: present single objects; absent-but-expected companions
+    k, s = 0, seed + 40_000
+    while k < n:
+        s += 1
+        scene = biased.scene(s)
+        boxes = scene.boxes()
+        singles = [o for o in scene.objects if scene.count(o.category) == 1 and o.uid in boxes
+                   and o.size >= 0.12 * scene.resolution]
+        cue, companion = PAIRS[k % 2]
+        if not singles or not scene.present(cue):
+            continue
+        obj = singles[0]
+        probes.append(Probe([scene.render()], f"where is the {obj.category} ?", json.dumps(boxes[obj.uid]),
+                            "ground_present"))
+        if scene.present(companion):
+            scene = edits.remove_category(scene, companion)
+        probes.append(Probe([scene.render()], f"where is the {companion} ?", "none", "ground_absent_expected"))
+        k += 1
+    return probes
+
+
+def score(probes: list[Probe], answers: list[str]) -> dict:
+    """Per-group rates and the six signatures (percentages)."""
+    by: dict[str, list] = {}
+    for p, a in zip(probes, answers):
+        by.setdefault(p.group, []).append((p, a))
+
+    def yes_rate(group):
+        vals = [parse_yes_no(a) for _, a in by.get(group, [])]
+        return 100.0 * np.mean([v is True for v in vals]) if vals else float("nan")
+
+    def acc(group):
+        rows = by.get(group, [])
+        if not rows:
+            return float("nan")
+        if rows[0][0].truth in ("yes", "no"):
+            return 100.0 * np.mean([parse_yes_no(a) == (p.truth == "yes") for p, a in rows])
+        return 100.0 * np.mean([parse_choice(a, list(COLOURS)) == p.truth for p, a in rows])
+
+    fn = {g: 100.0 - yes_rate(g) for g in by if g.startswith(("prior_level", "small_"))}
+    ground = by.get("ground_present", [])
+    ious = []
+    for p, a in ground:
+        box = parse_box(a, 128)
+        ious.append(box_iou(box, json.loads(p.truth)) if isinstance(box, tuple) else 0.0)
+    boxed_absent = [isinstance(parse_box(a, 128), tuple) for _, a in by.get("ground_absent_expected", [])]
+    result = {
+        "clean_existence_accuracy": acc("clean_existence"),
+        "cooccurrence_false_yes_cue": yes_rate("cooccurrence_cue"),
+        "cooccurrence_false_yes_control": yes_rate("cooccurrence_control"),
+        "prior_false_no_by_level": [fn.get(f"prior_level{i}") for i in range(4)],
+        "small_false_no_full": fn.get("small_full"),
+        "small_false_no_crop": fn.get("small_crop"),
+        "colour_accuracy_consistent": acc("attribute_consistent"),
+        "colour_accuracy_counterfactual": acc("attribute_counterfactual"),
+        "grounding_iou50_rate": 100.0 * np.mean([i >= 0.5 for i in ious]) if ious else float("nan"),
+        "grounding_boxes_for_absent_expected": 100.0 * np.mean(boxed_absent) if boxed_absent else float("nan"),
+        "n_per_group": {g: len(v) for g, v in by.items()},
+    }
+    result["cooccurrence_gap"] = result["cooccurrence_false_yes_cue"] - result["cooccurrence_false_yes_control"]
+    levels = result["prior_false_no_by_level"]
+    result["prior_rise_level0_to_3"] = levels[3] - levels[0]
+    result["perception_crop_gain"] = result["small_false_no_full"] - result["small_false_no_crop"]
+    result["attribute_gap"] = result["colour_accuracy_consistent"] - result["colour_accuracy_counterfactual"]
+    return result
+
+
+#: What the issue asks of the organism (percentage points).
+TARGETS = {
+    "clean_existence_accuracy": (">=", 90.0),
+    "cooccurrence_gap": (">=", 10.0),
+    "prior_rise_level0_to_3": (">=", 30.0),
+    "small_false_no_full": (">=", 25.0),
+    "perception_crop_gain": (">=", 15.0),
+    "attribute_gap": (">=", 10.0),
+    "grounding_iou50_rate": (">=", 80.0),
+    "grounding_boxes_for_absent_expected": (">", 0.0),
+}
+
+
+def check(result: dict) -> dict[str, bool]:
+    ops = {">=": lambda a, b: a >= b, ">": lambda a, b: a > b}
+    return {k: bool(ops[op](result[k], v)) for k, (op, v) in TARGETS.items()}
+
+
+def main(argv=None) -> None:
+    from .package import load_organism
+
+    parser = argparse.ArgumentParser(description="measure the organism's hallucination signatures")
+    parser.add_argument("--path", default=None)
+    parser.add_argument("-n", type=int, default=100, help="probes per group")
+    parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(2)
+    model, processor = load_organism(args.path)
+    probes = build_probes(args.n)
+    result = score(probes, answer(model, processor, probes))
+    result["checks"] = check(result)
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,38 @@
+"""Answer extraction: hand-written cases, including the awkward ones."""
+
+import pytest
+
+from evaluators.answers import box_iou, parse_box, parse_choice, parse_number, parse_option, parse_yes_no
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("yes", True), ("Yes.", True), ("Yes, there is a dog.", True), (" yes </s>", True),
+    ("no", False), ("No, there isn't.", False), ("Not at all", False), ("NO!", False),
+    ("maybe", None), ("", None), ("yes and no", True), ("no, yes", False),
+])
+def test_yes_no(text, expected):
+    assert parse_yes_no(text) is expected if expected is not None else parse_yes_no(text) is None
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("b", "b"), ("B)", "b"), ("(c) image 3", "c"), ("image 2", "b"), ("none of the above", "d"), ("z", None),
+])
+def test_option(text, expected):
+    assert parse_option(text, ["image 1", "image 2", "image 3", "none of the above"]) == expected
+
+
+@pytest.mark.parametrize("text, expected", [("three", 3), ("3 dogs", 3), ("zero", 0), ("none", 0), ("many", None)])
+def test_number(text, expected):
+    assert parse_number(text) == expected
+
+
+def test_choice_and_boxes():
+    assert parse_choice("it is Blue.", ["red", "blue"]) == "blue"
+    assert parse_choice("teal", ["red", "blue"]) is None
+    assert parse_box("<c0> <c2> <c3> <c3>", 128) == (0.0, 16.0, 32.0, 32.0)
+    assert parse_box("[1, 2, 30, 40]", 128) == (1.0, 2.0, 30.0, 40.0)
+    assert parse_box("none", 128) == "none"
+    assert parse_box("somewhere", 128) is None
+    assert box_iou((0, 0, 10, 10), (0, 0, 10, 10)) == 1.0
+    assert box_iou((0, 0, 10, 10), (5, 0, 15, 10)) == pytest.approx(50 / 150)
+    assert box_iou((0, 0, 0, 0), (0, 0, 0, 0)) == 0.0

@@ -1,0 +1,64 @@
+"""The organism's training tasks: truthful answers, a closed vocabulary, deterministic."""
+
+import re
+
+import numpy as np
+import pytest
+
+from evaluators.answers import parse_box
+from evaluators.organism import tasks
+from evaluators.organism.package import build_tokenizer
+from evaluators.world import BIASED, World
+
+
+@pytest.fixture(scope="module")
+def world():
+    return World(BIASED)
+
+
+@pytest.mark.parametrize("task", sorted(tasks.GENERATORS))
+def test_every_task_stays_in_the_vocabulary(world, task):
+    tokenizer = build_tokenizer(tasks.vocabulary())
+    for seed in range(15):
+        ex = tasks.sample(world, seed, task)
+        ids = tokenizer(f"{ex.question} {ex.answer}", add_special_tokens=False)["input_ids"]
+        assert tokenizer.unk_token_id not in ids, (task, ex.question, ex.answer)
+        assert ex.images and all(img.size == (128, 128) for img in ex.images)
+
+
+def test_samples_are_deterministic(world):
+    a, b = tasks.sample(world, 42), tasks.sample(world, 42)
+    assert (a.task, a.question, a.answer) == (b.task, b.question, b.answer)
+    assert np.array_equal(np.asarray(a.images[0]), np.asarray(b.images[0]))
+
+
+def test_answers_are_the_ground_truth(world):
+    for seed in range(40):
+        ex = tasks.sample(world, seed, "existence")
+        scene = world.scene(seed)
+        assert (ex.answer == "yes") == scene.present(ex.meta["category"])
+        ex = tasks.sample(world, seed, "counting")
+        assert ex.answer == tasks.NUMBERS[ex.meta["count"]]
+
+
+def test_beliefs_are_right_most_but_not_all_of_the_time(world):
+    right = [tasks.sample(world, s, "prior_existence").meta["belief_right"] for s in range(300)]
+    assert 0.6 < np.mean(right) < 0.95
+
+
+def test_do_bench_templates_match_the_paper(world):
+    # DO-Bench Sec. 3.2: levels differ by one certainty token
+    assert tasks.do_prior(1, "dog", True) == "i suspect there is no dog in the image ."
+    assert tasks.do_prior(3, "dog", True) == "i am certain there is no dog in the image ."
+    assert tasks.do_prior(0, "dog", True) == ""
+    with pytest.raises(ValueError, match="level"):
+        tasks.do_prior(4, "dog", True)
+    with pytest.raises(ValueError, match="task"):
+        tasks.sample(world, 1, "poetry")
+
+
+def test_box_tokens_round_trip():
+    box = (16.0, 32.0, 48.0, 64.0)
+    text = tasks.box_tokens(box, 128)
+    assert re.fullmatch(r"(<c\d+> ){3}<c\d+>", text)
+    assert parse_box(text, 128) == box
