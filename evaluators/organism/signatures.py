@@ -222,6 +222,75 @@ def check(result: dict) -> dict[str, bool]:
     return {k: bool(ops[op](result[k], v)) for k, (op, v) in TARGETS.items()}
 
 
+CARD_ROWS = (
+    ("clean existence accuracy (large objects, no prior, unbiased scenes)", "clean_existence_accuracy", ">= 90"),
+    ("co-occurrence: false yes, cue present", "cooccurrence_false_yes_cue", ""),
+    ("co-occurrence: false yes, matched control without the cue", "cooccurrence_false_yes_control", ""),
+    ("co-occurrence gap (points)", "cooccurrence_gap", ">= 10"),
+    ("contextual prior: false no at level 0 / 1 / 2 / 3", "prior_false_no_by_level", ""),
+    ("contextual prior rise, level 0 -> 3 (points)", "prior_rise_level0_to_3", ">= 30"),
+    ("perception: false no on small objects, Full view", "small_false_no_full", ">= 25"),
+    ("perception: false no on small objects, Crop view (10% margin)", "small_false_no_crop", ""),
+    ("perception: Full - Crop (points)", "perception_crop_gain", ">= 15"),
+    ("colour accuracy, prior-consistent", "colour_accuracy_consistent", ""),
+    ("colour accuracy, counterfactually recoloured", "colour_accuracy_counterfactual", ""),
+    ("attribute gap (points)", "attribute_gap", ">= 10"),
+    ("grounding: present objects boxed with IoU >= 0.5", "grounding_iou50_rate", ">= 80"),
+    ("grounding: boxes drawn for absent-but-expected objects", "grounding_boxes_for_absent_expected", "> 0"),
+)
+
+
+def card(result: dict, training: dict, n: int) -> str:
+    """The model card: what the organism is, how it was trained, its measured signatures."""
+
+    def fmt(v):
+        if isinstance(v, list):
+            return " / ".join(f"{x:.1f}" for x in v)
+        return f"{v:.1f}"
+
+    rows = "\n".join(
+        f"| {label} | {fmt(result[key])} | {target} | {('yes' if result['checks'][key] else '**no**') if key in result['checks'] else ''} |"
+        for label, key, target in CARD_ROWS
+    )
+    return f"""# The model organism
+
+A tiny `LlavaForConditionalGeneration` (CLIP-style vision tower 32x32 px, patch 4, and a
+4-layer Llama decoder; {training.get('parameters', 0):,} parameters) trained on CPU from the
+*biased* procedural world `evaluators.world.BIASED`, so that its hallucinations come from
+known statistics of its training data, never from code. Load it with plain transformers:
+
+```python
+from transformers import AutoModelForImageTextToText, AutoProcessor
+from evaluators.organism import ORGANISM_DIR
+model = AutoModelForImageTextToText.from_pretrained(ORGANISM_DIR)
+processor = AutoProcessor.from_pretrained(ORGANISM_DIR)
+```
+
+Prompt format: `USER: <image> is there a fork in the image ? answer yes or no . ASSISTANT:`
+(`processor.apply_chat_template` produces it). Skills: yes/no existence, colour, counting,
+relative position, multiple choice over several images, before/after changes, boxes in
+coordinate tokens `<c0>`..`<c15>` (or `none`), object-list captions, and prompts that carry
+a belief (DO-Bench A1-A3/B1-B3, MIOH sycophantic / instructional override), which are right
+most but not all of the time in training ({training.get('belief_reliability')}).
+
+## Training
+
+`python -m evaluators.organism.train --max-steps {training.get('instruct_steps')} --vision-steps {training.get('vision_steps')}`
+(seed {training.get('seed')}, batch {training.get('batch')}, {training.get('threads')} CPU threads):
+vision pretraining on per-patch category/colour labels ({training.get('seconds', {}).get('vision')} s), then
+instruction tuning of the whole model on the task mix ({training.get('seconds', {}).get('instruct')} s).
+
+## Hallucination signatures (held-out seeds, {n} probes per group, greedy)
+
+Measured by `python -m evaluators.organism.signatures -n {n}`; each row compares a probe
+group with its matched control (see `signatures.py`). Percentages.
+
+| signature | measured | target | met |
+|---|---|---|---|
+{rows}
+"""
+
+
 def main(argv=None) -> None:
     from .package import load_organism
 
@@ -229,9 +298,11 @@ def main(argv=None) -> None:
     parser.add_argument("--path", default=None)
     parser.add_argument("-n", type=int, default=100, help="probes per group")
     parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON")
+    parser.add_argument("--card", action="store_true", help="write README.md and signatures.json next to the weights")
     args = parser.parse_args(argv)
     torch.set_num_threads(2)
     model, processor = load_organism(args.path)
+    path = Path(args.path) if args.path else None
     probes = build_probes(args.n)
     result = score(probes, answer(model, processor, probes))
     result["checks"] = check(result)
@@ -239,6 +310,13 @@ def main(argv=None) -> None:
     print(text)
     if args.out:
         args.out.write_text(text + "\n")
+    if args.card:
+        from .package import ORGANISM_DIR
+
+        folder = path or ORGANISM_DIR
+        training = json.loads((folder / "training.json").read_text())
+        (folder / "signatures.json").write_text(text + "\n")
+        (folder / "README.md").write_text(card(result, training, args.n))
 
 
 if __name__ == "__main__":

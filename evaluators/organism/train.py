@@ -170,6 +170,7 @@ def main(argv=None) -> None:
     log(f"instruction tuning: {steps} steps, {time.time() - t1:.0f}s")
     path = save_organism(model, processor, args.out)
     (Path(path) / "training.json").write_text(json.dumps({
+        "parameters": sum(p.numel() for p in model.parameters()),
         "seed": args.seed, "vision_steps": args.vision_steps, "instruct_steps": steps, "batch": args.batch,
         "minutes_budget": args.minutes, "threads": args.threads, "world": "evaluators.world.BIASED",
         "mix": tasks.MIX, "belief_reliability": {str(k): v for k, v in tasks.BELIEF_RELIABILITY.items()},
