@@ -1,5 +1,19 @@
-"""Decoding-time hallucination mitigations attached to unmodified HF VLMs through :mod:`hooks`.
+"""Decoding-time hallucination mitigations, attached with hooks to an unmodified HF VLM.
 
-Planned (issues 4-6): visual contrastive decoding, prior-token suppression, crop-and-verify.
-Nothing here is implemented yet.
+    from mitigate import attach, VCD
+    with attach(model, VCD(alpha=1.0, beta=0.1)):
+        out = model.generate(**inputs)        # plain generate(), pipelines too
+
+Available: :class:`VCD` (visual contrastive decoding), :class:`Plausibility` (VCD's
+plausibility constraint alone, a control). Planned: prior-token suppression,
+crop-and-verify (issues 5-6).
 """
+
+from .base import MITIGATIONS, Mitigation, MitigationHandle, attach, get_mitigation, register
+from .branches import Branch, ContrastBranches
+from .vcd import VCD, Plausibility, plausibility_mask
+
+__all__ = [
+    "Branch", "ContrastBranches", "MITIGATIONS", "Mitigation", "MitigationHandle", "Plausibility", "VCD", "attach",
+    "get_mitigation", "plausibility_mask", "register",
+]

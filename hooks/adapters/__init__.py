@@ -58,6 +58,11 @@ class Adapter:
     # rather than those rows in order.
     packed_image_features: bool = False
     image_newline: str | None = None
+    # Where a distorted-image contrast branch can be added inside generate() (which encodes
+    # images before decoding): "vision_tower" when the tower's output is consumed image by
+    # image, so appending distorted images to its input is exact; None when the family's
+    # feature post-processing is per image (split by image_sizes / grid sizes).
+    contrast_encoder: str | None = None
     notes: str = ""
     source: str = field(default="table", compare=False)
 

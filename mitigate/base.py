@@ -1,0 +1,138 @@
+"""One way to use every mitigation: ``attach(model, *mitigations)``.
+
+    handle = attach(model, VCD(alpha=1.0))
+    out = model.generate(**inputs)          # mitigated
+    handle.detach()                         # the model is exactly as before
+
+    with attach(model, VCD()) as handle:    # or as a context manager
+        out = model.generate(**inputs)
+
+A mitigation is a validated config plus the hooks it registers. Mitigations that need
+contrast branches declare them (:meth:`Mitigation.branches`) and a logits combination
+(:meth:`Mitigation.combine`); :func:`attach` runs all declared branches in one batch
+expansion and applies the combinations in the order the mitigations were given.
+Everything is registered through one :class:`hooks.HookGroup`, so ``detach()`` removes
+exactly what was added.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from hooks import HookGroup, ModelPoints, resolve
+
+from .branches import Branch, ContrastBranches
+
+MITIGATIONS: dict[str, type["Mitigation"]] = {}
+
+
+def register(cls: type["Mitigation"]) -> type["Mitigation"]:
+    """Class decorator: make a mitigation available by name (``get_mitigation("vcd")``)."""
+    if cls.name in MITIGATIONS and MITIGATIONS[cls.name] is not cls:
+        raise ValueError(f"a mitigation named {cls.name!r} is registered already")
+    MITIGATIONS[cls.name] = cls
+    return cls
+
+
+def get_mitigation(name: str) -> type["Mitigation"]:
+    try:
+        return MITIGATIONS[name]
+    except KeyError:
+        close = difflib.get_close_matches(name, list(MITIGATIONS), n=3)
+        hint = f" Did you mean {close}?" if close else ""
+        raise KeyError(f"no mitigation {name!r}.{hint} Known: {sorted(MITIGATIONS)}") from None
+
+
+class Mitigation:
+    """Base class. Subclasses set ``name`` and override the hooks they need."""
+
+    name = "mitigation"
+    #: extra forward rows per original row (for cost reports): the number of branches
+    extra_rows = 0
+
+    def branches(self, points: ModelPoints) -> list[Branch]:
+        return []
+
+    def combine(self, logits: torch.Tensor, branch_logits: Sequence[torch.Tensor]) -> torch.Tensor:
+        return logits
+
+    def attach_hooks(self, points: ModelPoints, group: HookGroup) -> None:
+        """Register hooks that are not contrast branches (attention biases, ...)."""
+
+    def validate(self, points: ModelPoints) -> None:
+        """Raise a clear error if this mitigation cannot run on this model."""
+
+
+class MitigationHandle:
+    """What :func:`attach` returns; ``detach()`` (or leaving the ``with``) removes everything."""
+
+    def __init__(self, model: nn.Module, mitigations: Sequence[Mitigation], points: ModelPoints) -> None:
+        self.model = model
+        self.mitigations = tuple(mitigations)
+        self.points = points
+        self.group = HookGroup("mitigations")
+        self.branches: ContrastBranches | None = None
+
+    def _attach(self) -> None:
+        try:
+            for m in self.mitigations:
+                m.validate(self.points)
+            declared = [(m, m.branches(self.points)) for m in self.mitigations]
+            all_branches = [b for _, bs in declared for b in bs]
+            if all_branches:
+                spans, start = [], 0
+                for m, bs in declared:
+                    spans.append((m, start, start + len(bs)))
+                    start += len(bs)
+
+                def combine(logits, branch_logits):
+                    for m, lo, hi in spans:
+                        if hi > lo:
+                            logits = m.combine(logits, branch_logits[lo:hi])
+                    return logits
+
+                self.branches = ContrastBranches(self.points, all_branches, combine)
+                self.branches.attach(self.group)
+            for m in self.mitigations:
+                m.attach_hooks(self.points, self.group)
+        except BaseException:
+            self.group.remove()
+            raise
+
+    @property
+    def attached(self) -> bool:
+        return self.group.active
+
+    @property
+    def rows_per_sample(self) -> int:
+        """Forward rows computed per original row: 1 + the number of contrast branches."""
+        return 1 + (self.branches.k if self.branches else 0)
+
+    def detach(self) -> None:
+        self.group.remove()
+
+    def __enter__(self) -> "MitigationHandle":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.detach()
+
+    def __repr__(self) -> str:
+        names = ", ".join(m.name for m in self.mitigations)
+        return f"MitigationHandle([{names}], attached={self.attached})"
+
+
+def attach(model: nn.Module, *mitigations: Mitigation) -> MitigationHandle:
+    """Attach ``mitigations`` to an unmodified HF VLM; returns a handle (also a context manager)."""
+    if not mitigations:
+        raise ValueError("attach() needs at least one mitigation")
+    for m in mitigations:
+        if not isinstance(m, Mitigation):
+            raise TypeError(f"expected Mitigation instances, got {type(m).__name__}")
+    handle = MitigationHandle(model, mitigations, resolve(model))
+    handle._attach()
+    return handle

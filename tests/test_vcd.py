@@ -1,0 +1,238 @@
+"""Visual contrastive decoding as hooks: exact against a naive two-pass reference, every
+decoding mode, batch invariance, every architecture, exact removal, clear errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hooks import hook_state, resolve
+from hooks.testing import TINY_MODEL_TYPES, build_tiny_model, tiny_inputs
+from mitigate import VCD, Plausibility, attach
+from mitigate.vcd import plausibility_mask
+
+NEW = 5
+
+
+@pytest.fixture(scope="module")
+def llava():
+    return build_tiny_model("llava")
+
+
+def _gen(model, inputs, **kw):
+    with torch.no_grad():
+        return model.generate(**inputs, max_new_tokens=NEW, pad_token_id=0, **kw)
+
+
+def _naive_vcd_greedy(model, inputs, vcd: VCD, steps: int):
+    """Two full forwards per token (no cache): the reference VCD loop, written plainly."""
+    points = resolve(model)
+    ids, mask = inputs["input_ids"], inputs["attention_mask"]
+    extra = {k: v for k, v in inputs.items() if k not in ("input_ids", "attention_mask")}
+    if vcd.distortion == "no_image":
+        contrast_extra = extra
+    else:
+        contrast_extra = {**extra, "pixel_values": vcd._distort(inputs["pixel_values"])}
+    image = points.image_token_mask(ids)
+    per_step = []
+    for _ in range(steps):
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        with torch.no_grad():
+            a = model(input_ids=ids, attention_mask=mask, position_ids=pos, **extra).logits[:, -1]
+            cmask = mask.clone()
+            if vcd.distortion == "no_image":
+                cmask[:, : image.shape[1]] = cmask[:, : image.shape[1]].masked_fill(image, 0)
+            b = model(input_ids=ids, attention_mask=cmask, position_ids=pos, **contrast_extra).logits[:, -1]
+        combined = vcd.combine(a, [b])
+        per_step.append(combined)
+        nxt = combined.argmax(-1, keepdim=True)
+        ids = torch.cat([ids, nxt], 1)
+        mask = torch.cat([mask, torch.ones_like(nxt)], 1)
+    return ids, per_step
+
+
+@pytest.mark.parametrize("distortion", ["diffusion_noise", "no_image", "gaussian_blur", "patch_mask"])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_batched_vcd_matches_naive_two_pass_reference(llava, distortion, batch):
+    inputs = tiny_inputs(llava, batch_size=batch, text_lengths=[6, 3, 5][:batch], seed=4)
+    vcd = VCD(alpha=1.0, beta=0.1, distortion=distortion, seed=3)
+    ref_ids, ref_logits = _naive_vcd_greedy(llava, inputs, vcd, NEW)
+    with attach(llava, vcd):
+        out = _gen(llava, inputs, do_sample=False, output_logits=True, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, ref_ids)
+    for step, (ours, ref) in enumerate(zip(out.logits, ref_logits)):
+        finite = torch.isfinite(ref)
+        assert torch.equal(finite, torch.isfinite(ours)), f"plausible set differs at step {step}"
+        torch.testing.assert_close(ours[finite], ref[finite], rtol=0, atol=1e-5)
+
+
+def test_vcd_changes_the_output(llava):
+    inputs = tiny_inputs(llava, batch_size=3, text_lengths=[6, 3, 5], seed=1)
+    with attach(llava, VCD(alpha=3.0, beta=0.01)):
+        mitigated = _gen(llava, inputs, do_sample=False)
+    assert not torch.equal(mitigated, _gen(llava, inputs, do_sample=False))
+
+
+@pytest.mark.parametrize("distortion", ["diffusion_noise", "no_image"])
+@pytest.mark.parametrize("batch", [1, 4])
+def test_alpha_zero_reproduces_the_unmitigated_model(llava, distortion, batch):
+    inputs = tiny_inputs(llava, batch_size=batch, text_lengths=[6, 2, 5, 4][:batch], seed=5)
+    greedy = _gen(llava, inputs, do_sample=False)
+    torch.manual_seed(7)
+    sampled = _gen(llava, inputs, do_sample=True, top_k=20, temperature=0.9)
+    with attach(llava, VCD(alpha=0.0, distortion=distortion)):
+        assert torch.equal(_gen(llava, inputs, do_sample=False), greedy)
+        torch.manual_seed(7)
+        assert torch.equal(_gen(llava, inputs, do_sample=True, top_k=20, temperature=0.9), sampled)
+
+
+def test_alpha_zero_with_beam_search_and_branch_caches_follow_the_beams(llava):
+    inputs = tiny_inputs(llava, batch_size=2, text_lengths=[6, 3], seed=6)
+    beams = _gen(llava, inputs, do_sample=False, num_beams=3)
+    with attach(llava, VCD(alpha=0.0, distortion="no_image")):
+        assert torch.equal(_gen(llava, inputs, do_sample=False, num_beams=3), beams)
+    # with a real contrast the branch rows must be reordered with the beams: compare
+    # against the same beam search where the branch rows are recomputed from scratch
+    with attach(llava, VCD(alpha=1.0, distortion="no_image")):
+        cached = _gen(llava, inputs, do_sample=False, num_beams=3)
+        fresh = _gen(llava, inputs, do_sample=False, num_beams=3, use_cache=False)
+    assert torch.equal(cached, fresh)
+
+
+def test_distorted_branch_refuses_beam_search_clearly(llava):
+    inputs = tiny_inputs(llava, batch_size=1, seed=6)
+    with attach(llava, VCD()), pytest.raises(ValueError, match="beam search"):
+        _gen(llava, inputs, num_beams=3)
+
+
+@pytest.mark.parametrize("distortion", ["diffusion_noise", "no_image"])
+def test_batch_size_never_changes_greedy_outputs(llava, distortion):
+    lengths = [6, 2, 5, 4]
+    inputs = tiny_inputs(llava, batch_size=4, text_lengths=lengths, seed=8)
+    with attach(llava, VCD(alpha=1.0, distortion=distortion)):
+        together = _gen(llava, inputs, do_sample=False)
+        for row in range(4):
+            real = inputs["attention_mask"][row].bool()
+            single = {k: (v[row : row + 1, real] if k in ("input_ids", "attention_mask") else v[row : row + 1])
+                      for k, v in inputs.items()}
+            alone = _gen(llava, single, do_sample=False)
+            assert torch.equal(alone[0, -NEW:], together[row, -NEW:]), row
+
+
+def test_sampling_and_streamer_work(llava):
+    from transformers import TextStreamer
+
+    class Collect(TextStreamer):
+        def __init__(self):
+            self.chunks = []
+
+        def put(self, value):
+            self.chunks.append(value)
+
+        def end(self):
+            pass
+
+    inputs = tiny_inputs(llava, batch_size=1, seed=9)
+    streamer = Collect()
+    with attach(llava, VCD(seed=1)):
+        torch.manual_seed(0)
+        a = _gen(llava, inputs, do_sample=True, top_p=0.9, streamer=streamer)
+        torch.manual_seed(0)
+        b = _gen(llava, inputs, do_sample=True, top_p=0.9)
+    assert torch.equal(a, b), "seeded sampling is reproducible"
+    assert len(streamer.chunks) == NEW + 1
+
+
+@pytest.mark.parametrize("model_type", TINY_MODEL_TYPES)
+def test_every_architecture(model_type):
+    model = build_tiny_model(model_type)
+    inputs = tiny_inputs(model, batch_size=2, text_lengths=[6, 3], seed=2)
+    points = resolve(model)
+    before = hook_state(model)
+    plain = _gen(model, inputs, do_sample=False)
+    with attach(model, VCD(alpha=0.0, distortion="no_image")):
+        assert torch.equal(_gen(model, inputs, do_sample=False), plain)
+    with attach(model, VCD(alpha=1.0, distortion="no_image")):
+        out = _gen(model, inputs, do_sample=False)
+        assert out.shape == plain.shape
+        with torch.no_grad():
+            logits = model(**inputs).logits
+        assert logits.shape[0] == 2
+    with attach(model, VCD(alpha=1.0)):
+        with torch.no_grad():
+            assert model(**inputs).logits.shape[0] == 2  # distorted branch in a direct forward
+        if points.adapter.contrast_encoder == "vision_tower":
+            assert _gen(model, inputs, do_sample=False).shape == plain.shape
+        else:
+            with pytest.raises(ValueError, match="cannot run inside generate"):
+                _gen(model, inputs, do_sample=False)
+    assert hook_state(model) == before
+    rope = points.adapter.rope_state
+    if rope:
+        owner, _, attr = rope.rpartition(".")
+        assert getattr(model.get_submodule(owner), attr).shape[0] == 2, "M-RoPE state restored to the batch"
+    assert torch.equal(_gen(model, inputs, do_sample=False), plain), "detached: outputs as before"
+
+
+def test_detach_restores_hooks_and_outputs_exactly(llava):
+    inputs = tiny_inputs(llava, batch_size=2, text_lengths=[6, 3], seed=3)
+    before = hook_state(llava)
+    with torch.no_grad():
+        plain = llava(**inputs).logits
+    handle = attach(llava, VCD())
+    assert handle.attached and handle.rows_per_sample == 2
+    handle.detach()
+    assert hook_state(llava) == before and not handle.attached
+    with torch.no_grad():
+        assert torch.equal(llava(**inputs).logits, plain)
+    with pytest.raises(RuntimeError, match="boom"), attach(llava, VCD()):
+        raise RuntimeError("boom")
+    assert hook_state(llava) == before
+
+
+@pytest.mark.parametrize("kwargs, argument", [
+    ({"alpha": -0.5}, "alpha"), ({"alpha": float("inf")}, "alpha"), ({"beta": 0.0}, "beta"), ({"beta": 1.5}, "beta"),
+    ({"distortion": "jpeg"}, "distortion"), ({"noise_step": 1000}, "noise_step"), ({"mask_ratio": 0}, "mask_ratio"),
+    ({"distortion": "gaussian_blur", "blur_sigma": -1}, "blur_sigma"),
+])
+def test_bad_config_names_the_argument(kwargs, argument):
+    with pytest.raises(ValueError, match=argument):
+        VCD(**kwargs)
+
+
+def test_call_without_pixels_is_a_clear_error(llava):
+    inputs = tiny_inputs(llava, batch_size=1, seed=1, images_per_sample=0)
+    with attach(llava, VCD()), pytest.raises(ValueError, match="no pixel inputs"):
+        _gen(llava, inputs)
+    with attach(llava, VCD(distortion="no_image")), pytest.raises(ValueError, match="image tokens"):
+        _gen(llava, inputs)
+
+
+def test_plausibility_alone_masks_implausible_tokens(llava):
+    inputs = tiny_inputs(llava, batch_size=2, text_lengths=[6, 3], seed=3)
+    with torch.no_grad():
+        plain = llava(**inputs).logits
+        with attach(llava, Plausibility(beta=0.5)):
+            cut = llava(**inputs).logits
+    keep = plausibility_mask(plain, 0.5)
+    assert torch.equal(torch.isfinite(cut), keep)
+    assert torch.equal(cut[keep], plain[keep])
+    with pytest.raises(ValueError, match="beta"):
+        Plausibility(beta=2)
+
+
+def test_pipeline_image_text_to_text_works_with_vcd():
+    from evaluators.organism.package import build_model_config, build_processor, build_tokenizer
+    from PIL import Image
+    from transformers import LlavaForConditionalGeneration, pipeline
+
+    tokenizer = build_tokenizer(["is", "there", "a", "dog", "?", "yes", "no"])
+    processor = build_processor(tokenizer)
+    torch.manual_seed(0)
+    model = LlavaForConditionalGeneration(build_model_config(len(tokenizer))).eval()
+    pipe = pipeline("image-text-to-text", model=model, processor=processor)
+    message = [{"role": "user", "content": [{"type": "image", "image": Image.new("RGB", (64, 64), "red")},
+                                             {"type": "text", "text": "is there a dog?"}]}]
+    with attach(model, VCD()):
+        out = pipe(text=message, max_new_tokens=3, return_full_text=False)
+    assert isinstance(out[0]["generated_text"], str)
