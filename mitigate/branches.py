@@ -77,6 +77,8 @@ class ContrastBranches:
         self.state: _CallState | None = None
         self._inside_forward = False
         self._pending_encoder_expansion = False
+        self._captured: list[dict] = []
+        self._reencoding = False
         self.forward_calls = 0  # forwards that ran with branches (for cost accounting)
 
     @property
@@ -87,8 +89,11 @@ class ContrastBranches:
         model = self.points.model
         group.add_forward_pre_hook(model, self._pre_forward)
         group.add_forward_hook(model, self._post_forward, always_call=True)
-        if any(b.needs_pixels for b in self.branches) and self.points.adapter.contrast_encoder == "vision_tower":
+        mode = self.points.adapter.contrast_encoder
+        if any(b.needs_pixels for b in self.branches) and mode == "vision_tower":
             group.add_forward_pre_hook(self.points.vision_encoder, self._pre_vision)
+        elif any(b.needs_pixels for b in self.branches) and mode == "reencode":
+            group.add_forward_pre_hook(self.points.vision_encoder, self._capture_vision)
 
     # -- helpers ------------------------------------------------------------------------
     def _expand_rows(self, name: str, x: torch.Tensor) -> torch.Tensor:
@@ -129,6 +134,37 @@ class ContrastBranches:
             kwargs = {k: (self._expand_pixels(v, True) if k == key else self._dup_if(v, n)) for k, v in kwargs.items()}
         self._pending_encoder_expansion = True
         return args, kwargs
+
+    def _capture_vision(self, module: nn.Module, args: tuple, kwargs: dict):
+        """generate() pre-encoding on a "reencode" family: remember get_image_features' inputs."""
+        if self._inside_forward or self._reencoding:
+            return None
+        captured = {}
+        for source, target in self.points.adapter.encoder_inputs.items():
+            value = args[int(source)] if source.isdigit() and int(source) < len(args) else kwargs.get(source)
+            if value is not None:
+                captured[target] = value
+        self._captured.append(captured)
+        return None
+
+    def _reencode(self, encoded: dict) -> dict:
+        """Encode the branches' distorted images with the model's own get_image_features."""
+        if set(encoded) - {"image"} or len(self._captured) != 1:
+            raise ValueError("a distorted-image branch supports image inputs only (no video) inside generate()")
+        captured = self._captured[0]
+        pixel_name = self.points.pixel_inputs[0]
+        outputs = [encoded["image"]]
+        self._reencoding = True
+        try:
+            for branch in self.branches:
+                if branch.needs_pixels:
+                    kw = {**captured, pixel_name: branch.pixels(captured[pixel_name])}
+                    outputs.append(self.points.model.base_model.get_image_features(**kw, return_dict=True))
+                else:
+                    outputs.append(encoded["image"])
+        finally:
+            self._reencoding = False
+        return {"image": _concat_outputs(outputs)}
 
     def _dup_if(self, value: Any, n: int) -> Any:
         if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == n:
@@ -196,9 +232,12 @@ class ContrastBranches:
         return args, new
 
     def _expand_encoded(self, encoded: dict, prefill: bool, ids: torch.Tensor | None) -> dict:
-        if self.state.encoder_expanded:
-            # the vision tower hook appended the branches' images; beam search would have
-            # dropped them when it expanded the encoded images per beam
+        if self.state.encoder_expanded or (self._captured and any(b.needs_pixels for b in self.branches)):
+            if not self.state.encoder_expanded:
+                encoded = self._reencode(encoded)
+                self._captured = []
+            # beam search expands the encoded images per beam before the branches exist, which
+            # drops (vision_tower) or misaligns (reencode) the branches' images: refuse it
             image = encoded.get("image")
             if ids is not None and image is not None and getattr(image, "pooler_output", None) is not None:
                 tokens = int((ids == self.points.image_token_id).sum()) * (self.k + 1)
@@ -259,6 +298,26 @@ def _count_vectors(value: Any) -> int:
     if isinstance(value, torch.Tensor):
         return value.numel() // value.shape[-1]
     return sum(_count_vectors(v) for v in value)
+
+
+def _concat_outputs(outputs: list) -> Any:
+    """Concatenate encoded image outputs of several row blocks, in order."""
+
+    def cat(values: list) -> Any:
+        first = values[0]
+        if isinstance(first, torch.Tensor):
+            return torch.cat(values, dim=0)
+        if all(isinstance(v, torch.Tensor) for v in first):
+            joined = [t for v in values for t in v]
+            return joined if isinstance(first, list) else tuple(joined)
+        return type(first)(cat([v[i] for v in values]) for i in range(len(first)))
+
+    base = outputs[0]
+    copy = type(base)(**{k: v for k, v in base.items()})
+    for key in ("pooler_output", "deepstack_features"):
+        if getattr(base, key, None) is not None:
+            setattr(copy, key, cat([getattr(o, key) for o in outputs]))
+    return copy
 
 
 def _duplicate_output(out: Any, times: int) -> Any:

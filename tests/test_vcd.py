@@ -160,9 +160,11 @@ def test_every_architecture(model_type):
         assert logits.shape[0] == 2
     with attach(model, VCD(alpha=1.0)):
         with torch.no_grad():
-            assert model(**inputs).logits.shape[0] == 2  # distorted branch in a direct forward
-        if points.adapter.contrast_encoder == "vision_tower":
-            assert _gen(model, inputs, do_sample=False).shape == plain.shape
+            direct = model(**inputs).logits[:, -1]  # distorted branch, pixels expanded at the forward
+        if points.adapter.contrast_encoder:
+            out = _gen(model, inputs, do_sample=False, output_logits=True, return_dict_in_generate=True)
+            # generate() pre-encodes images: its first step must equal the direct forward
+            torch.testing.assert_close(out.logits[0], direct, rtol=0, atol=1e-5)
         else:
             with pytest.raises(ValueError, match="cannot run inside generate"):
                 _gen(model, inputs, do_sample=False)

@@ -122,7 +122,9 @@ def colour(world: World, rng: np.random.Generator, seed: int) -> Example:
 def counting(world: World, rng: np.random.Generator, seed: int) -> Example:
     category = _pick(rng, CATEGORIES)
     count = int(rng.integers(0, 8))
-    scene = world.dense_scene(seed, category, count, distractors=int(rng.integers(0, 3)), small=None)
+    # many instances only fit when they are small; a few may be any size
+    scene = world.dense_scene(seed, category, count, distractors=int(rng.integers(0, 3)),
+                              small=True if count > 3 else None)
     return Example("counting", [scene.render()], f"how many {category} are there ?", NUMBERS[scene.count(category)],
                    {"category": category, "count": scene.count(category)})
 

@@ -1,0 +1,44 @@
+"""Benchmarks report ratios against a baseline timed in the same run.
+
+Run deliberately: ``python -m pytest benchmarks --benchmark-enable``. Each benchmark
+names its ``group`` (the comparison) and sets ``extra_info["role"]``; the baseline of a
+group has role ``"baseline"``. At the end the ratios (mean time / baseline mean time) and
+tokens/s are printed and written to ``benchmarks/results/<group>.json``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    session = getattr(config, "_benchmarksession", None)
+    if session is None or not session.benchmarks:
+        return
+    groups: dict[str, list] = {}
+    for bench in session.benchmarks:
+        if bench.stats is None:
+            continue
+        groups.setdefault(bench.group or "", []).append(bench)
+    RESULTS.mkdir(exist_ok=True)
+    write = terminalreporter.write_line
+    for group, benches in sorted(groups.items()):
+        base = next((b for b in benches if b.extra_info.get("role") == "baseline"), None)
+        if base is None:
+            continue
+        rows = []
+        write(f"\n{group}: ratios against {base.name.split('[')[0]} measured in the same run")
+        for b in benches:
+            mean = b.stats.mean
+            tokens = b.extra_info.get("tokens", 0)
+            row = {
+                "name": b.name, "role": b.extra_info.get("role"), "mean_s": mean,
+                "ratio_to_baseline": mean / base.stats.mean, "tokens_per_s": tokens / mean if tokens else None,
+            }
+            rows.append(row)
+            write(f"  {b.name:<48} {mean:8.3f} s  x{row['ratio_to_baseline']:.2f}  "
+                  f"{row['tokens_per_s'] or 0:8.1f} tok/s")
+        (RESULTS / f"{group}.json").write_text(json.dumps(rows, indent=2) + "\n")

@@ -1,0 +1,93 @@
+"""VCD cost on the organism: plain generate(), a naive two-pass VCD, ours (batch expansion).
+
+    python -m pytest benchmarks/test_vcd_speed.py --benchmark-enable
+
+Batch 1 and 8, 32 new tokens (forced with min_new_tokens). The naive reference runs the
+original and the distorted-image branch as two separate cached forwards per token, as the
+reference implementation does.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from evaluators.organism import ORGANISM_DIR
+from evaluators.organism.package import format_prompt
+from evaluators.world import BIASED, World
+from mitigate import VCD, attach
+
+NEW_TOKENS = 32
+
+pytestmark = pytest.mark.skipif(not (ORGANISM_DIR / "config.json").exists(), reason="organism not trained")
+
+
+@pytest.fixture(scope="module")
+def organism():
+    from evaluators.organism import load_organism
+
+    torch.set_num_threads(2)
+    return load_organism()
+
+
+def _inputs(processor, batch):
+    world = World(BIASED)
+    images = [world.scene(10**9 + i).render() for i in range(batch)]
+    texts = [format_prompt("describe the image .") for _ in range(batch)]
+    return processor(text=texts, images=images, return_tensors="pt", padding=True)
+
+
+def _plain(model, inputs):
+    with torch.no_grad():
+        return model.generate(**inputs, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
+
+
+def _ours(model, inputs):
+    with attach(model, VCD()):
+        return _plain(model, inputs)
+
+
+def _naive(model, inputs):
+    """Two forwards per token, each branch with its own cache (the reference VCD's cost)."""
+    vcd = VCD()
+    ids, mask = inputs["input_ids"], inputs["attention_mask"]
+    pix = inputs["pixel_values"]
+    branches = [pix, vcd._distort(pix)]
+    caches = [None, None]
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    step_ids, out = ids, []
+    with torch.no_grad():
+        for step in range(NEW_TOKENS):
+            logits = []
+            for b, pixels in enumerate(branches):
+                kw = {"pixel_values": pixels} if step == 0 else {}
+                res = model(input_ids=step_ids, attention_mask=mask, position_ids=pos, past_key_values=caches[b],
+                            use_cache=True, **kw)
+                caches[b] = res.past_key_values
+                logits.append(res.logits[:, -1])
+            combined = vcd.combine(logits[0], logits[1:])
+            combined[:, model.generation_config.eos_token_id] = float("-inf")  # as min_new_tokens does
+            nxt = combined.argmax(-1, keepdim=True)
+            out.append(nxt)
+            step_ids = nxt
+            mask = torch.cat([mask, torch.ones_like(nxt)], 1)
+            pos = pos[:, -1:] + 1
+    return torch.cat(out, 1)
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+@pytest.mark.parametrize("impl, role", [(_plain, "baseline"), (_naive, "naive"), (_ours, "ours")])
+def test_vcd_speed(benchmark, organism, batch, impl, role):
+    model, processor = organism
+    inputs = _inputs(processor, batch)
+    benchmark.group = f"vcd_batch{batch}"
+    benchmark.extra_info.update(role=role, tokens=batch * NEW_TOKENS)
+    out = benchmark.pedantic(impl, args=(model, inputs), rounds=3, warmup_rounds=1)
+    assert out.shape[0] == batch
+
+
+def test_naive_reference_agrees_with_ours(organism):
+    model, processor = organism
+    inputs = _inputs(processor, 2)
+    ours = _ours(model, inputs)[:, inputs["input_ids"].shape[1]:]
+    assert torch.equal(_naive(model, inputs), ours)

@@ -1,0 +1,151 @@
+"""Prior-token suppression: keep the prompt's and the language model's priors from
+overriding the pixels.
+
+Two kinds of prior tokens cause the failures DO-Bench (PriorRobust, A1-A3/B1-B3), MIOH
+(LC-S sycophantic pressure, LC-I instructional override) and ReactBench (Counterfactual
+Attribute) measure:
+
+* **context mode** -- tokens *in the prompt* that carry a belief or an assertion about the
+  image. Their influence is cut by an additive bias on the attention scores to the span's
+  key positions in chosen decoder layers (:mod:`hooks.attention`, sdpa and eager alike;
+  positions unchanged): ``bias = log(1 - strength)``, so ``strength = 0`` is the
+  unmitigated model and ``strength = 1`` removes the span from attention exactly as a 0 in
+  the attention mask would. Spans come from :func:`mitigate.spans.find_prior_spans` on the
+  decoded prompt, or from the caller.
+* **output mode** -- *output* tokens the language model favours whatever the image shows.
+  An image-free contrast branch (the image tokens hidden from attention) gives the
+  language prior ``l(y|x)``, and the logits become ``l(y|v,x) - gamma * l(y|x)`` on the
+  plausible set ``p(y|v,x) >= beta * max p`` (VCD Eq. 4), as in VDD, M3ID and PAI. Default
+  ``gamma = 0.1``: PAI (Liu et al., ECCV 2024) uses ``1.1 * l(y|v,x) - 0.1 * l(y|x)``, which
+  has the same argmax and, up to its temperature of 1.1, the same distribution; ``beta =
+  0.1`` as in VCD/PAI.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+from hooks import BiasContext, HookGroup, ModelPoints, add_attention_bias
+
+from .base import Mitigation, register
+from .branches import Branch
+from .spans import Span, decode_with_offsets, find_prior_spans, spans_to_mask, user_spans
+from .vcd import _check_beta, plausibility_mask
+
+MODES = ("context", "output", "both")
+
+
+@register
+@dataclass
+class PriorSuppression(Mitigation):
+    """``PriorSuppression(tokenizer, mode="context", strength=1.0, layers=None, gamma=0.1, beta=0.1)``.
+
+    ``tokenizer`` decodes the prompt to find spans (context mode). ``spans``: None to detect
+    them, or per batch row a list of substrings / ``(start, end)`` character offsets into
+    the decoded prompt. ``layers``: decoder layers that get the bias (None = all).
+    """
+
+    tokenizer: Any = None
+    mode: str = "context"
+    strength: float = 1.0
+    layers: Sequence[int] | None = None
+    gamma: float = 0.1
+    beta: float = 0.1
+    spans: Sequence[Sequence[str | tuple[int, int]]] | None = None
+    found: list[list[Span]] = field(default_factory=list, init=False, repr=False)
+
+    name = "prior_suppression"
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if not isinstance(self.strength, (int, float)) or not 0.0 <= self.strength <= 1.0:
+            raise ValueError(f"strength must be in [0, 1] (0 = off, 1 = full masking), got {self.strength!r}")
+        if not isinstance(self.gamma, (int, float)) or not 0.0 <= self.gamma or math.isinf(self.gamma):
+            raise ValueError(f"gamma must be a finite number >= 0, got {self.gamma!r}")
+        _check_beta(self.beta)
+        if self.mode in ("context", "both") and self.tokenizer is None:
+            raise ValueError("tokenizer is needed in context mode (to find the prior spans in the prompt)")
+
+    @property
+    def uses_context(self) -> bool:
+        return self.mode in ("context", "both")
+
+    @property
+    def uses_output(self) -> bool:
+        return self.mode in ("output", "both")
+
+    # -- output mode: an image-free branch -------------------------------------------------
+    def branches(self, points: ModelPoints) -> list[Branch]:
+        return [Branch("prior:no_image", hide_image=True)] if self.uses_output else []
+
+    def combine(self, logits: torch.Tensor, branch_logits: Sequence[torch.Tensor]) -> torch.Tensor:
+        if self.gamma == 0:
+            return logits
+        (prior,) = branch_logits
+        out = logits - self.gamma * prior
+        return out.masked_fill(~plausibility_mask(logits, self.beta), float("-inf"))
+
+    # -- context mode: attention bias on the spans ---------------------------------------------
+    def span_mask(self, points: ModelPoints, input_ids: torch.Tensor) -> torch.Tensor:
+        """``(batch, seq)`` mask of the prior-span tokens; records the spans in ``self.found``."""
+        tok = self.tokenizer
+        skip = {i for i in (points.image_token_id, points.video_token_id) if i is not None}
+        skip |= set(getattr(tok, "all_special_ids", []) or [])
+        image = points.image_token_mask(input_ids, include_video=True)
+        rows = input_ids.shape[0]
+        if self.spans is not None and (not self.spans or rows % len(self.spans)):
+            raise ValueError(f"spans: given for {len(self.spans)} rows, the batch has {rows}")
+        # generate() repeats each row for its beams / return sequences (repeat_interleave)
+        per_row = None if self.spans is None else [self.spans[r // (rows // len(self.spans))] for r in range(rows)]
+        mask = torch.zeros_like(input_ids, dtype=torch.bool)
+        self.found = []
+        for row in range(input_ids.shape[0]):
+            text, offsets = decode_with_offsets(tok, input_ids[row].tolist(), skip)
+            spans = find_prior_spans(text) if per_row is None else user_spans(text, per_row[row])
+            row_mask = spans_to_mask(offsets, spans, input_ids.shape[1])
+            if row_mask.any():
+                idx = row_mask.nonzero().flatten()
+                if bool(image[row, int(idx.min()) : int(idx.max()) + 1].any()):
+                    raise ValueError(f"spans: a span in row {row} overlaps the image tokens")
+            mask[row] = row_mask
+            self.found.append(spans)
+        return mask
+
+    def attach_hooks(self, points: ModelPoints, group: HookGroup) -> None:
+        if not self.uses_context or self.strength == 0:
+            return
+        value = -math.inf if self.strength >= 1.0 else math.log1p(-self.strength)
+        state: dict[str, torch.Tensor] = {}
+
+        def capture(module, args, kwargs):
+            ids = kwargs.get("input_ids")
+            cache = kwargs.get("past_key_values")
+            if ids is not None and (cache is None or cache.get_seq_length() == 0):
+                state["keys"] = self.span_mask(points, ids)
+
+        def bias(ctx: BiasContext) -> torch.Tensor | None:
+            keys = state.get("keys")
+            if keys is None or not bool(keys.any()):
+                return None
+            rows = ctx.batch_size
+            # contrast branches append their rows in blocks after the original rows (beams
+            # are expanded by generate() before the first forward, so spans are per beam)
+            if rows % keys.shape[0]:
+                raise RuntimeError(f"prior spans were found for {keys.shape[0]} rows, attention saw {rows}")
+            keys_full = keys.repeat(rows // keys.shape[0], 1)
+            k = ctx.key_positions
+            inside = k < keys_full.shape[1]
+            hit = keys_full[:, k.clamp(max=keys_full.shape[1] - 1)] & inside[None, :]
+            out = torch.zeros(rows, 1, len(ctx.query_positions), len(k), dtype=ctx.dtype, device=ctx.device)
+            return out.masked_fill(hit[:, None, None, :].to(ctx.device), value)
+
+        group.add_forward_pre_hook(points.model, capture, prepend=True)
+        add_attention_bias(group, points, bias, layers=self.layers)
+
+
+__all__ = ["MODES", "PriorSuppression"]

@@ -1,0 +1,144 @@
+"""Find the prompt spans that carry a prior about the image, and map them to tokens.
+
+A *prior span* is a statement of belief or an assertion about what the image contains,
+placed before the question: DO-Bench's graded templates ("I suspect / believe / am
+certain there is no dog in the image.", Sec. 3.2) and MIOH's linguistic pressure
+(sycophantic: "I looked carefully but don't see what I'm looking for", "I thought I saw
+more than one backpack, but I'm not certain"; instructional override: "Analysis confirms
+the target is not in these images", Sec. 4.3 and App. Fig. I-II).
+
+:func:`find_prior_spans` splits the prompt into sentences and keeps a sentence when it
+*asserts or believes something about the visual content* (a belief/assertion cue plus an
+existence, seeing or finding cue) and is not itself a question or a plain instruction.
+It deliberately errs on the side of leaving text alone: the question, "Answer Yes or
+No.", "Based on the image, ..." are never suppressed. Users with other phrasings pass
+spans explicitly (character offsets or a marked substring).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import torch
+
+# belief (hedged) and assertion (authoritative) openers, first person or impersonal
+_BELIEF = (
+    r"\b(i|we)\s+(?:strongly\s+|really\s+|honestly\s+)?(suspect|believe|think|thought|guess|feel|assume|"
+    r"reckon|doubt|am\s+(?:fairly\s+|quite\s+|absolutely\s+|very\s+|pretty\s+)?(?:certain|sure|confident|convinced|positive)|"
+    r"looked|searched|checked|saw|see|could\s*n[o']?t|can\s*n[o']?t|cannot|was\s*n[o']?t\s+able|"
+    r"was\s+unable|do\s*n[o']?t|did\s*n[o']?t|have\s*n[o']?t)\b"
+)
+_ASSERT = (
+    r"\b(analysis|inspection|detection|the\s+(?:system|detector|annotation|metadata|caption|label)s?|"
+    r"experts?|it\s+is|it's|this\s+is)\s+(?:has\s+been\s+|have\s+|has\s+)?"
+    r"(confirm(?:s|ed)?|verif(?:y|ies|ied)|show(?:s|ed|n)?|establish(?:es|ed)|prove(?:s|d|n)?|"
+    r"indicate(?:s|d)?|report(?:s|ed)?|state(?:s|d)?|certain|confirmed|known|clear|obvious)\b"
+    r"|\b(definitely|certainly|clearly|obviously|undoubtedly)\b\s+(?:there\s+is|there\s+are|is|are|contains?|shows?)"
+)
+# the statement is about the visual content
+_CONTENT = (
+    r"\b(there\s+(?:is|are|was|were|isn't|aren't)|there's|in\s+(?:the|this|these|any)\s+(?:image|images|photo|picture|scene)s?|"
+    r"(?:image|images|photo|picture|scene)s?\s+(?:contains?|shows?|has|have|includes?|depicts?)|"
+    r"\bsee\b|\bsaw\b|\bfind\b|\bfound\b|\bspot(?:ted)?\b|\bpresent\b|\babsent\b|\bmissing\b|\btarget\b|"
+    r"looking\s+for|anywhere)"
+)
+_QUESTION = re.compile(
+    r"^\s*(is|are|was|were|do|does|did|can|could|how|what|which|where|who|in\s+which|based\s+on)\b", re.I
+)
+_INSTRUCTION = re.compile(r"^\s*(answer|please|respond|reply|choose|select|pick|output|describe|give|tell)\b", re.I)
+_SENTENCE = re.compile(r"[^.?!\n]+(?:[.?!]+|$|(?=\n))")
+# chat-role labels that can start a "sentence" of a templated prompt ("USER: i suspect ...")
+_ROLE = re.compile(r"^\s*(?:user|assistant|human|system|gpt|question)\s*:\s*", re.I)
+
+
+@dataclass(frozen=True)
+class Span:
+    """A character span ``[start, end)`` of the prompt, with the sentence it covers."""
+
+    start: int
+    end: int
+    text: str
+    kind: str  # "belief" | "assertion" | "user"
+
+
+def _classify(sentence: str) -> str | None:
+    s = _ROLE.sub("", sentence).strip()
+    if not s or s.endswith("?") or _QUESTION.match(s) or _INSTRUCTION.match(s):
+        return None
+    lowered = s.lower().replace("\u2019", "'")
+    if not re.search(_CONTENT, lowered):
+        return None
+    if re.search(_ASSERT, lowered):
+        return "assertion"
+    if re.search(_BELIEF, lowered):
+        return "belief"
+    return None
+
+
+def find_prior_spans(prompt: str) -> list[Span]:
+    """Belief and assertion sentences about the image in ``prompt`` (character spans).
+
+    A sentence that also contains the question after a comma ("I'm not sure. Based on the
+    image, is there ...?") is split at the question: only the statement is returned.
+    """
+    if not isinstance(prompt, str):
+        raise ValueError(f"prompt must be a string, got {type(prompt).__name__}")
+    spans = []
+    for match in _SENTENCE.finditer(prompt):
+        text = match.group(0)
+        kind = _classify(text)
+        if kind is None:
+            continue
+        role = _ROLE.match(text)
+        lead = role.end() if role else len(text) - len(text.lstrip())
+        tail = len(text.rstrip())
+        spans.append(Span(match.start() + lead, match.start() + tail, text[lead:tail], kind))
+    return spans
+
+
+def user_spans(prompt: str, spans: Iterable[tuple[int, int] | str]) -> list[Span]:
+    """Spans given by the caller: ``(start, end)`` character offsets into ``prompt`` (the text
+    the model sees, without image tokens) or a substring of it to mark."""
+    out = []
+    for span in spans:
+        if isinstance(span, str):
+            at = prompt.find(span)
+            if not span or at < 0:
+                raise ValueError(f"spans: {span!r} does not occur in the prompt")
+            start, end = at, at + len(span)
+        else:
+            start, end = span
+            if not (isinstance(start, int) and isinstance(end, int) and 0 <= start < end <= len(prompt)):
+                raise ValueError(f"spans: ({start}, {end}) is outside the prompt (length {len(prompt)})")
+        out.append(Span(start, end, prompt[start:end], "user"))
+    return out
+
+
+def decode_with_offsets(tokenizer, ids: Sequence[int], skip: set[int]) -> tuple[str, list[tuple[int, int]]]:
+    """Text of ``ids`` and each token's ``(start, end)`` character range in it.
+
+    Incremental decoding (text of the first k tokens) keeps each tokenizer's own spacing
+    rules; tokens in ``skip`` (image and special tokens) get an empty range.
+    """
+    text, offsets, kept = "", [], []
+    for tok in ids:
+        if tok in skip:
+            offsets.append((len(text), len(text)))
+            continue
+        kept.append(int(tok))
+        new = tokenizer.decode(kept, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        start = len(text) if new.startswith(text) else len(new)
+        offsets.append((start, len(new)))
+        text = new
+    return text, offsets
+
+
+def spans_to_mask(offsets: list[tuple[int, int]], spans: Sequence[Span], length: int) -> torch.Tensor:
+    """Tokens whose characters overlap a span (a ``(length,)`` boolean mask)."""
+    mask = torch.zeros(length, dtype=torch.bool)
+    for i, (a, b) in enumerate(offsets):
+        if b > a and any(a < s.end and s.start < b for s in spans):
+            mask[i] = True
+    return mask

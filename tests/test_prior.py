@@ -1,0 +1,191 @@
+"""Prior-token suppression: the span detector on the papers' templates, context mode exact
+against removing the span from the attention mask (sdpa and eager, every architecture),
+output mode against its formula, composition, clear errors."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from hooks import HookGroup, resolve
+from hooks.testing import TINY_MODEL_TYPES, build_tiny_model, tiny_inputs
+from mitigate import VCD, PriorSuppression, attach, find_prior_spans
+from mitigate.vcd import plausibility_mask
+
+
+class WordIds:
+    """A real (if plain) tokenizer for id-only tiny models: token i decodes to 'w<i>'."""
+
+    all_special_ids = [0, 1, 2]
+
+    def decode(self, ids, skip_special_tokens=True, clean_up_tokenization_spaces=False):
+        return " ".join(f"w{i}" for i in ids)
+
+
+# -- the detector ------------------------------------------------------------------------
+DO_BENCH = [f"I {c} there is no dog in the image." for c in ("suspect", "believe", "am certain")]
+DO_BENCH_B = [f"I {c} there is a dog in the image." for c in ("suspect", "believe", "am certain")]
+MIOH = [  # MIOH Sec. 4.3 and App. Fig. I-II
+    "I looked carefully but don't see what I'm looking for.",
+    "Analysis confirms the target is not in these images.",
+    "I wasn't able to find the thing I'm looking for, but I'm not sure.",
+    "I thought I saw more than one backpack, but I'm not certain.",
+    "I looked closely but I don't think there's black cup anywhere, though not certain.",
+]
+LEAVE_ALONE = [
+    "Is there a dog in the image?", "Answer Yes or No.", "Based on the image, is there at least one banana?",
+    "In which image can you find exactly 3 'zebra'(s)?", "Describe the image.", "Look at the picture carefully.",
+    "Please answer with a single word.", "Which of the following objects appears in all of these images?",
+]
+
+
+@pytest.mark.parametrize("statement", DO_BENCH + DO_BENCH_B + MIOH)
+def test_detector_finds_beliefs_and_assertions(statement):
+    prompt = f"{statement} Is there a dog in the image? Answer Yes or No."
+    spans = find_prior_spans(prompt)
+    assert [prompt[s.start : s.end] for s in spans] == [statement]
+
+
+@pytest.mark.parametrize("sentence", LEAVE_ALONE)
+def test_detector_leaves_questions_and_instructions_alone(sentence):
+    assert find_prior_spans(sentence) == []
+    assert find_prior_spans(" ".join(LEAVE_ALONE)) == []
+
+
+def test_detector_skips_chat_role_labels():
+    prompt = "USER: i am certain there is no fork in the image . is there a fork ? ASSISTANT:"
+    (span,) = find_prior_spans(prompt)
+    assert prompt[span.start : span.end] == "i am certain there is no fork in the image ."
+
+
+# -- context mode --------------------------------------------------------------------------
+def _span_rows(inputs, points):
+    """Per row, two adjacent text tokens after the first real token, as 'wA wB' strings."""
+    ids, image = inputs["input_ids"], points.image_token_mask(inputs["input_ids"])
+    keys = torch.zeros_like(ids, dtype=torch.bool)
+    strings = []
+    for row in range(ids.shape[0]):
+        real = inputs["attention_mask"][row].nonzero().flatten().tolist()
+        ok = lambda q: q in real and not image[row, q] and int(ids[row, q]) not in WordIds.all_special_ids  # noqa: E731
+        text = [p for p in real[1:] if ok(p) and ok(p + 1)]
+        p = text[row % len(text)]
+        keys[row, p : p + 2] = True
+        strings.append([f"w{int(ids[row, p])} w{int(ids[row, p + 1])}"])
+    return keys, strings
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("model_type", TINY_MODEL_TYPES)
+def test_full_suppression_equals_removing_the_span_from_the_mask(model_type, attn):
+    model = build_tiny_model(model_type, attn_implementation=attn)
+    inputs = tiny_inputs(model, batch_size=2, text_lengths=[7, 5], seed=3)
+    points = resolve(model)
+    keys, strings = _span_rows(inputs, points)
+    captured = {}
+    with HookGroup() as group, torch.no_grad():
+        points.add_hook(group, "language_model.input", lambda m, a, k: captured.update(pos=k.get("position_ids")))
+        plain = model(**inputs).logits
+
+    def pin(module, args, kwargs):  # keep positions: only attention may differ
+        if captured["pos"] is not None:
+            return args, {**kwargs, "position_ids": captured["pos"]}
+
+    with HookGroup() as group, torch.no_grad():
+        group.add_forward_pre_hook(points.language_model, pin)
+        reference = model(**{**inputs, "attention_mask": inputs["attention_mask"].masked_fill(keys, 0)}).logits
+    mitigation = PriorSuppression(WordIds(), strength=1.0, spans=strings)
+    with attach(model, mitigation), torch.no_grad():
+        ours = model(**inputs).logits
+    assert [len(s) for s in mitigation.found] == [1, 1]
+    real = inputs["attention_mask"].bool()
+    assert not torch.allclose(plain[real], reference[real])
+    torch.testing.assert_close(ours[real], reference[real], rtol=0, atol=1e-5)
+
+
+def test_zero_strength_is_the_unmitigated_model():
+    model = build_tiny_model("llava")
+    inputs = tiny_inputs(model, batch_size=2, text_lengths=[7, 5], seed=3)
+    _, strings = _span_rows(inputs, resolve(model))
+    with torch.no_grad():
+        plain = model(**inputs).logits
+        with attach(model, PriorSuppression(WordIds(), strength=0.0, spans=strings)):
+            assert torch.equal(model(**inputs).logits, plain)
+        with attach(model, PriorSuppression(WordIds(), strength=0.5, spans=strings, layers=[-1])):
+            mild = model(**inputs).logits
+    assert not torch.equal(mild, plain)
+
+
+@pytest.mark.parametrize("mode", ["context", "output", "both"])
+def test_every_decoding_mode_runs_with_spans_differing_per_row(mode):
+    model = build_tiny_model("qwen2_vl")  # M-RoPE: the branch rows must keep their positions
+    inputs = tiny_inputs(model, batch_size=2, text_lengths=[7, 5], seed=4)
+    _, strings = _span_rows(inputs, resolve(model))
+    with attach(model, PriorSuppression(WordIds(), mode=mode, spans=strings)), torch.no_grad():
+        greedy = model.generate(**inputs, max_new_tokens=4, do_sample=False)
+        torch.manual_seed(0)
+        sampled = model.generate(**inputs, max_new_tokens=4, do_sample=True, top_k=10)
+        beams = model.generate(**inputs, max_new_tokens=4, num_beams=3, do_sample=False)
+        fresh = model.generate(**inputs, max_new_tokens=4, num_beams=3, do_sample=False, use_cache=False)
+    assert greedy.shape == sampled.shape == beams.shape
+    assert torch.equal(beams, fresh), "cached beams (bias rows and branch rows reordered) = recomputed"
+
+
+def test_output_mode_is_logit_minus_gamma_prior_on_the_plausible_set():
+    model = build_tiny_model("llava")
+    inputs = tiny_inputs(model, batch_size=2, text_lengths=[7, 5], seed=5)
+    points = resolve(model)
+    image = points.image_token_mask(inputs["input_ids"])
+    with torch.no_grad():
+        with_image = model(**inputs).logits
+        pos = (inputs["attention_mask"].cumsum(-1) - 1).clamp(min=0)
+        hidden = {**inputs, "attention_mask": inputs["attention_mask"].masked_fill(image, 0), "position_ids": pos}
+        prior = model(**hidden).logits
+        with attach(model, PriorSuppression(mode="output", gamma=0.5, beta=0.2)):
+            ours = model(**inputs).logits
+    expected = (with_image - 0.5 * prior).masked_fill(~plausibility_mask(with_image, 0.2), -math.inf)
+    real = inputs["attention_mask"].bool()
+    finite = torch.isfinite(expected[real])
+    assert torch.equal(finite, torch.isfinite(ours[real]))
+    torch.testing.assert_close(ours[real][finite], expected[real][finite], rtol=0, atol=1e-5)
+
+
+def test_composes_with_vcd():
+    model = build_tiny_model("llava")
+    inputs = tiny_inputs(model, batch_size=2, text_lengths=[7, 5], seed=6)
+    _, strings = _span_rows(inputs, resolve(model))
+    with attach(model, VCD(), PriorSuppression(WordIds(), mode="both", spans=strings)) as handle, torch.no_grad():
+        assert handle.rows_per_sample == 3
+        out = model.generate(**inputs, max_new_tokens=3, do_sample=False)
+    assert out.shape[0] == 2
+
+
+def test_bad_input_is_a_clear_error():
+    model = build_tiny_model("llava")
+    inputs = tiny_inputs(model, batch_size=2, text_lengths=[7, 5], seed=3)
+    with pytest.raises(ValueError, match="strength"):
+        PriorSuppression(WordIds(), strength=-0.1)
+    with pytest.raises(ValueError, match="mode"):
+        PriorSuppression(WordIds(), mode="everything")
+    with pytest.raises(ValueError, match="tokenizer"):
+        PriorSuppression(mode="context")
+    with pytest.raises(ValueError, match="outside the prompt"), attach(
+        model, PriorSuppression(WordIds(), spans=[[(0, 10_000)], [(0, 2)]])
+    ):
+        model(**inputs)
+    with pytest.raises(ValueError, match="does not occur"), attach(
+        model, PriorSuppression(WordIds(), spans=[["w9999"], ["w9999"]])
+    ):
+        model(**inputs)
+    ids = inputs["input_ids"][0]
+    image = resolve(model).image_token_mask(inputs["input_ids"])[0].nonzero().flatten()
+    across = f"w{int(ids[image.min() - 1])} w{int(ids[image.max() + 1])}"
+    text = " ".join(f"w{int(i)}" for i in ids if int(i) not in (0, 1, 2, resolve(model).image_token_id))
+    assert across in text, "tiny llava inputs have text on both sides of the image"
+    with pytest.raises(ValueError, match="overlaps the image"), attach(
+        model, PriorSuppression(WordIds(), spans=[[across], []])
+    ):
+        model(**inputs)
+    with pytest.raises(ValueError, match="rows"), attach(model, PriorSuppression(WordIds(), spans=[[], [], []])):
+        model(**inputs)
