@@ -11,7 +11,22 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 RESULTS = Path(__file__).parent / "results"
+
+
+@pytest.fixture(scope="session")
+def organism():
+    """The shipped organism (model, processor); benchmarks that need it skip without it."""
+    import torch
+
+    from evaluators.organism import ORGANISM_DIR, load_organism
+
+    if not (ORGANISM_DIR / "config.json").exists():
+        pytest.skip("organism not trained: python -m evaluators.organism.train")
+    torch.set_num_threads(2)
+    return load_organism()
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

@@ -12,22 +12,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from evaluators.organism import ORGANISM_DIR
 from evaluators.organism.package import format_prompt
 from evaluators.world import BIASED, World
 from mitigate import VCD, attach
 
 NEW_TOKENS = 32
 
-pytestmark = pytest.mark.skipif(not (ORGANISM_DIR / "config.json").exists(), reason="organism not trained")
 
-
-@pytest.fixture(scope="module")
-def organism():
-    from evaluators.organism import load_organism
-
-    torch.set_num_threads(2)
-    return load_organism()
 
 
 def _inputs(processor, batch):

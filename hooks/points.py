@@ -33,6 +33,7 @@ from torch import nn
 
 from .adapters import Adapter, get_adapter
 from .adapters.introspect import HookPointError, introspect_adapter
+from .errors import unknown
 from .group import HookGroup
 
 # abstract point -> (ModelPoints attribute, "input" | "output")
@@ -195,11 +196,7 @@ def _lookup(point: str) -> tuple[str, str]:
     try:
         return POINTS[point]
     except KeyError:
-        import difflib
-
-        close = difflib.get_close_matches(point, list(POINTS), n=3)
-        hint = f" Did you mean {close}?" if close else ""
-        raise ValueError(f"unknown hook point {point!r}.{hint} Known: {sorted(POINTS)}") from None
+        raise ValueError(unknown("hook point", point, POINTS)) from None
 
 
 def _bind_layer(fn: Callable, index: int) -> Callable:

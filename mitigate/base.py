@@ -17,13 +17,13 @@ exactly what was added.
 
 from __future__ import annotations
 
-import difflib
 from typing import Sequence
 
 import torch
 from torch import nn
 
 from hooks import HookGroup, ModelPoints, resolve
+from hooks.errors import unknown
 
 from .branches import Branch, ContrastBranches
 
@@ -42,9 +42,7 @@ def get_mitigation(name: str) -> type["Mitigation"]:
     try:
         return MITIGATIONS[name]
     except KeyError:
-        close = difflib.get_close_matches(name, list(MITIGATIONS), n=3)
-        hint = f" Did you mean {close}?" if close else ""
-        raise KeyError(f"no mitigation {name!r}.{hint} Known: {sorted(MITIGATIONS)}") from None
+        raise KeyError(unknown("mitigation", name, MITIGATIONS)) from None
 
 
 class Mitigation:

@@ -48,15 +48,18 @@ class Probe:
 
 
 @torch.no_grad()
-def answer(model, processor, probes: list[Probe], batch_size: int = 16, max_new_tokens: int = 6) -> list[str]:
-    """Greedy answers, batched with left padding (the organism's prompt format)."""
+def answer(model, processor, probes: list[Probe], batch_size: int = 16, max_new_tokens: int = 6,
+           **generate_kwargs) -> list[str]:
+    """Answers, batched with left padding (the organism's prompt format); greedy unless
+    ``generate_kwargs`` say otherwise."""
+    generate_kwargs.setdefault("do_sample", False)
     out: list[str] = []
     for i in range(0, len(probes), batch_size):
         chunk = probes[i : i + batch_size]
         texts = [format_prompt(p.question, len(p.images)) for p in chunk]
         images = [img for p in chunk for img in p.images]
         enc = processor(text=texts, images=images, return_tensors="pt", padding=True)
-        gen = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False)
+        gen = model.generate(**enc, max_new_tokens=max_new_tokens, **generate_kwargs)
         out += processor.tokenizer.batch_decode(gen[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
     return [o.strip() for o in out]
 
@@ -183,7 +186,10 @@ def score(probes: list[Probe], answers: list[str]) -> dict:
         box = parse_box(a, 128)
         ious.append(box_iou(box, json.loads(p.truth)) if isinstance(box, tuple) else 0.0)
     boxed_absent = [isinstance(parse_box(a, 128), tuple) for _, a in by.get("ground_absent_expected", [])]
+    yn = [parse_yes_no(a) for p, a in zip(probes, answers) if p.truth in ("yes", "no")]
     result = {
+        "yes_ratio": 100.0 * np.mean([v is True for v in yn]) if yn else float("nan"),
+        "yes_no_invalid_rate": 100.0 * np.mean([v is None for v in yn]) if yn else float("nan"),
         "clean_existence_accuracy": acc("clean_existence"),
         "cooccurrence_false_yes_cue": yes_rate("cooccurrence_cue"),
         "cooccurrence_false_yes_control": yes_rate("cooccurrence_control"),

@@ -14,10 +14,11 @@ Adding an architecture = adding ``<model_type>.json`` here (or calling
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from ..errors import unknown
 
 _DATA_DIR = Path(__file__).parent
 
@@ -121,9 +122,7 @@ def get_adapter(model_type: str) -> Adapter:
     try:
         return _REGISTRY[model_type]
     except KeyError:
-        close = difflib.get_close_matches(model_type, list(_REGISTRY), n=3)
-        hint = f" Did you mean {close}?" if close else ""
-        raise KeyError(f"no adapter for model_type {model_type!r}.{hint} Known: {sorted(_REGISTRY)}") from None
+        raise KeyError(unknown("model_type (no adapter)", model_type, _REGISTRY)) from None
 
 
 def supported_model_types() -> tuple[str, ...]:
