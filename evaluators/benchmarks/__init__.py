@@ -1,0 +1,2 @@
+"""One folder per benchmark: its loader for the native data format (and, as they land, its
+protocol and scorer)."""

@@ -1,0 +1,5 @@
+"""Causal-HalBench (co-occurrence / spurious-correlation hallucination)."""
+
+from .loader import QAItem, load, pairs
+
+__all__ = ["QAItem", "load", "pairs"]

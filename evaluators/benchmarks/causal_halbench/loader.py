@@ -1,0 +1,79 @@
+"""Causal-HalBench's native ``qa.json`` (DESIGN.md §4).
+
+Items: ``image_name``, ``q``, ``type`` (target | absent | inpaint), ``tag`` (origin |
+inpainted), ``id``, ``answer`` (yes | no). A counterfactual image's name is its base
+image's name plus a 3-digit suffix (``000123.jpg`` -> ``000123001.jpg``), which is how
+base/counterfactual pairs are formed (for CPR and the paired metrics).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ...data import DataError, ImageRef, field, read_json_list
+
+TYPES = ("target", "absent", "inpaint")
+TAGS = ("origin", "inpainted")
+
+
+@dataclass(frozen=True)
+class QAItem:
+    id: str
+    image: ImageRef
+    question: str
+    type: str
+    tag: str
+    answer: str
+    base_name: str  # the origin image this item's image derives from (itself for origin)
+
+    @property
+    def problem(self) -> str | None:
+        return self.image.problem
+
+
+def _base_name(image_name: str, tag: str, file: Path, line: int) -> str:
+    stem, suffix = Path(image_name).stem, Path(image_name).suffix
+    if tag == "origin":
+        return image_name
+    if len(stem) <= 3 or not stem[-3:].isdigit():
+        raise DataError(file, line, "image_name", f"an inpainted image needs a 3-digit suffix, got {image_name!r}")
+    return stem[:-3] + suffix
+
+
+def load(path: str | Path, image_dir: str | Path | None = None) -> list[QAItem]:
+    """Items from ``qa.json`` (or a folder holding it); images are looked up in
+    ``image_dir`` (default: an ``images`` folder beside the file, else the file's folder)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "qa.json"
+    if image_dir is None:
+        image_dir = path.parent / "images" if (path.parent / "images").is_dir() else path.parent
+    image_dir = Path(image_dir)
+    items = []
+    for i, raw in read_json_list(path):
+        name = field(raw, "image_name", str, path, i)
+        tag = field(raw, "tag", str, path, i, choices=TAGS)
+        items.append(QAItem(
+            id=str(field(raw, "id", (str, int), path, i)),
+            image=ImageRef(image_dir / name),
+            question=field(raw, "q", str, path, i),
+            type=field(raw, "type", str, path, i, choices=TYPES),
+            tag=tag,
+            answer=field(raw, "answer", str, path, i, choices=("yes", "no")),
+            base_name=_base_name(name, tag, path, i),
+        ))
+    return items
+
+
+def pairs(items: list[QAItem]) -> list[tuple[QAItem, QAItem]]:
+    """(origin item, counterfactual item) pairs asking the same question type about the
+    same base image -- the unit of CPR (both answers right)."""
+    origin = {(it.base_name, it.type, it.question): it for it in items if it.tag == "origin"}
+    out = []
+    for it in items:
+        if it.tag == "inpainted":
+            match = origin.get((it.base_name, it.type, it.question))
+            if match is not None:
+                out.append((match, it))
+    return out

@@ -1,0 +1,71 @@
+"""HalluSegBench's native ``data.json`` (DESIGN.md §4).
+
+Each entry: ``factual_image_path``, ``factual_mask_path``, ``counterfactual_image_path``,
+``counterfactual_mask_path``, ``factual_label``, ``counterfactual_label``; reasoning
+entries also carry ``question`` and ``counterfactual_question``. Paths are relative to the
+folder of ``data.json`` unless absolute. An entry with a question belongs to the
+``reasoning`` split, otherwise to ``referring`` (the paper reports them apart).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ...data import DataError, ImageRef, field, read_json_list
+
+PATH_FIELDS = ("factual_image_path", "factual_mask_path", "counterfactual_image_path", "counterfactual_mask_path")
+
+
+@dataclass(frozen=True)
+class SegSample:
+    id: str
+    split: str  # "referring" | "reasoning"
+    factual_image: ImageRef
+    factual_mask: ImageRef
+    counterfactual_image: ImageRef
+    counterfactual_mask: ImageRef
+    factual_label: str
+    counterfactual_label: str
+    question: str | None = None
+    counterfactual_question: str | None = None
+
+    @property
+    def problem(self) -> str | None:
+        """Why the sample cannot be scored (a missing or corrupt file), or None."""
+        for ref in (self.factual_image, self.factual_mask, self.counterfactual_image, self.counterfactual_mask):
+            if (issue := ref.problem) is not None:
+                return issue
+        return None
+
+
+def load(path: str | Path) -> list[SegSample]:
+    """Samples from ``data.json`` (or a folder holding it). Malformed entries raise
+    :class:`DataError` naming file, item and field; file problems are left to
+    :attr:`SegSample.problem` so a run can count them and go on."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "data.json"
+    root = path.parent
+    samples = []
+    for i, item in read_json_list(path):
+        paths = {name: field(item, name, str, path, i) for name in PATH_FIELDS}
+        question = field(item, "question", str, path, i, optional=True)
+        cf_question = field(item, "counterfactual_question", str, path, i, optional=True)
+        if (question is None) != (cf_question is None):
+            raise DataError(path, i, "counterfactual_question", "reasoning entries need both questions")
+        ref = {name: ImageRef(p if Path(p).is_absolute() else root / p) for name, p in
+               ((n, Path(v)) for n, v in paths.items())}
+        samples.append(SegSample(
+            id=str(item.get("id", i)),
+            split="reasoning" if question is not None else "referring",
+            factual_image=ref["factual_image_path"],
+            factual_mask=ref["factual_mask_path"],
+            counterfactual_image=ref["counterfactual_image_path"],
+            counterfactual_mask=ref["counterfactual_mask_path"],
+            factual_label=field(item, "factual_label", str, path, i),
+            counterfactual_label=field(item, "counterfactual_label", str, path, i),
+            question=question,
+            counterfactual_question=cf_question,
+        ))
+    return samples

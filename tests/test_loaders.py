@@ -1,0 +1,82 @@
+"""Native-format loaders: good files load, malformed ones name file/line/field, missing or
+corrupt images mark a sample invalid instead of stopping anything."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from evaluators.benchmarks import causal_halbench, hallusegbench
+from evaluators.data import DataError, read_jsonl
+
+
+def _png(path, size=(8, 8)):
+    Image.fromarray(np.zeros((*size, 3), dtype=np.uint8)).save(path)
+
+
+def test_hallusegbench_data_json(tmp_path):
+    for name in ("f.png", "fm.png", "c.png", "cm.png"):
+        _png(tmp_path / name)
+    (tmp_path / "bad.png").write_bytes(b"not an image")
+    entries = [
+        {"factual_image_path": "f.png", "factual_mask_path": "fm.png", "counterfactual_image_path": "c.png",
+         "counterfactual_mask_path": "cm.png", "factual_label": "dog", "counterfactual_label": "cat"},
+        {"factual_image_path": "f.png", "factual_mask_path": "fm.png", "counterfactual_image_path": "missing.png",
+         "counterfactual_mask_path": "cm.png", "factual_label": "dog", "counterfactual_label": "cat",
+         "question": "what guards the house?", "counterfactual_question": "what purrs?"},
+        {"factual_image_path": "bad.png", "factual_mask_path": "fm.png", "counterfactual_image_path": "c.png",
+         "counterfactual_mask_path": "cm.png", "factual_label": "dog", "counterfactual_label": "cat"},
+    ]
+    (tmp_path / "data.json").write_text(json.dumps(entries))
+    samples = hallusegbench.load(tmp_path)
+    assert [s.split for s in samples] == ["referring", "reasoning", "referring"]
+    assert samples[0].problem is None
+    assert "missing image" in samples[1].problem
+    assert "corrupt image" in samples[2].problem
+    assert samples[0].factual_image.open().size == (8, 8)
+
+
+def test_hallusegbench_malformed_entry_names_file_item_and_field(tmp_path):
+    (tmp_path / "data.json").write_text(json.dumps([{"factual_image_path": "f.png"}]))
+    with pytest.raises(DataError, match=r"data.json, line 1, field 'factual_mask_path': missing"):
+        hallusegbench.load(tmp_path)
+    (tmp_path / "data.json").write_text("[{")
+    with pytest.raises(DataError, match="invalid JSON"):
+        hallusegbench.load(tmp_path)
+
+
+def test_causal_halbench_qa_json_and_pairs(tmp_path):
+    (tmp_path / "images").mkdir()
+    _png(tmp_path / "images" / "000123.jpg")
+    items = [
+        {"image_name": "000123.jpg", "q": "Is there a fork?", "type": "target", "tag": "origin", "id": 1, "answer": "yes"},
+        {"image_name": "000123001.jpg", "q": "Is there a fork?", "type": "target", "tag": "inpainted", "id": 2,
+         "answer": "no"},
+    ]
+    (tmp_path / "qa.json").write_text(json.dumps(items))
+    loaded = causal_halbench.load(tmp_path)
+    assert loaded[1].base_name == "000123.jpg"
+    assert loaded[0].problem is None and "missing" in loaded[1].problem
+    ((a, b),) = causal_halbench.pairs(loaded)
+    assert (a.id, b.id) == ("1", "2")
+
+
+@pytest.mark.parametrize("bad, fieldname", [
+    ({"tag": "edited"}, "tag"), ({"answer": "maybe"}, "answer"), ({"type": "other"}, "type"), ({"q": 3}, "q"),
+    ({"tag": "inpainted", "image_name": "x.jpg"}, "image_name"),
+])
+def test_causal_halbench_bad_values(tmp_path, bad, fieldname):
+    item = {"image_name": "a.jpg", "q": "Is there a cat?", "type": "target", "tag": "origin", "id": 1, "answer": "no"}
+    (tmp_path / "qa.json").write_text(json.dumps([item, {**item, **bad}]))
+    with pytest.raises(DataError, match=rf"line 2, field '{fieldname}'"):
+        causal_halbench.load(tmp_path)
+
+
+def test_jsonl_errors_name_the_line(tmp_path):
+    path = tmp_path / "x.jsonl"
+    path.write_text('{"a": 1}\n\n{"a": \n')
+    with pytest.raises(DataError, match="x.jsonl, line 3: invalid JSON"):
+        list(read_jsonl(path))
