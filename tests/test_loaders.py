@@ -80,3 +80,32 @@ def test_jsonl_errors_name_the_line(tmp_path):
     path.write_text('{"a": 1}\n\n{"a": \n')
     with pytest.raises(DataError, match="x.jsonl, line 3: invalid JSON"):
         list(read_jsonl(path))
+
+
+@pytest.mark.parametrize("name", ["dobench", "reactbench", "mioh"])
+def test_schema_docs_are_in_step_with_the_code(name):
+    import importlib
+    from pathlib import Path
+
+    from evaluators.schema import schema_markdown
+
+    module = importlib.import_module(f"evaluators.benchmarks.{name}")
+    text = (Path(module.__file__).parent / "schema.md").read_text()
+    table = schema_markdown("x", module.SCHEMA).split("\n", 2)[2]
+    assert table in text
+
+
+def test_dobench_jsonl_loader(tmp_path):
+    from evaluators.benchmarks import dobench
+
+    _png(tmp_path / "s1.png")
+    good = {"id": 1, "scene_id": "s1", "image": "s1.png", "series": "A", "level": 3, "view": "Full", "object": "dog",
+            "question": "I am certain there is no dog in the image. Is there a dog?", "answer": "yes", "source": "x"}
+    missing = {**good, "id": 2, "image": "nope.png"}
+    (tmp_path / "d.jsonl").write_text(json.dumps(good) + "\n" + json.dumps(missing) + "\n")
+    rows = dobench.load(tmp_path / "d.jsonl")
+    assert rows[0]["_problem"] is None and rows[0]["source"] == "x" and rows[0]["_line"] == 1
+    assert "missing image" in rows[1]["_problem"]
+    (tmp_path / "d.jsonl").write_text(json.dumps({**good, "level": 4}) + "\n")
+    with pytest.raises(DataError, match=r"d.jsonl, line 1, field 'level'"):
+        dobench.load(tmp_path / "d.jsonl")

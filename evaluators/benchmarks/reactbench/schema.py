@@ -1,0 +1,26 @@
+"""ReactBench has no public release: one JSON Lines record per question (Sec. 3; four
+tasks, three question types, inducing dimensions for RE/CA, tracing hints for AT, exact or
+interval queries for DC)."""
+
+from ...schema import Field, load_jsonl
+
+TASKS = ("relational_erasure", "counterfactual_attribute", "alteration_tracing", "dense_counting")
+SCHEMA = (
+    Field("id", (str, int), doc="unique question id"),
+    Field("task", str, choices=TASKS, doc="the cause-driven task"),
+    Field("images", list, images=True, doc="one image, or [before, after] for alteration tracing"),
+    Field("question", str, doc="the question text"),
+    Field("question_type", str, choices=("MC", "SA", "YN"), doc="multiple choice, short answer, yes/no"),
+    Field("options", list, optional=True, doc="MC options, in letter order"),
+    Field("answer", (str, int), doc="option letter (MC), yes/no (YN), or the short answer (SA); a count for DC"),
+    Field("inducing", str, optional=True, choices=("direct", "commonsense", "premise", "absurd"),
+          doc="inducing dimension (relational erasure, counterfactual attribute)"),
+    Field("hint", str, optional=True, choices=("none", "location", "operation"), doc="alteration tracing hint"),
+    Field("count_query", str, optional=True, choices=("exact", "interval"), doc="dense counting setting"),
+    Field("interval", list, optional=True, doc="[low, high] bounds of an interval count answer"),
+    Field("synonyms", list, optional=True, doc="accepted short-answer variants"),
+)
+
+
+def load(path, image_root=None):
+    return load_jsonl(path, SCHEMA, image_root)
