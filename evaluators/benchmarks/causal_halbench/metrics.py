@@ -1,0 +1,319 @@
+"""Causal-HalBench metrics: paper §4.3, Eqs. 4-6; CPR from the authors' ``metric.py``; CHAIR
+(Rohrbach et al. 2018) as used in §5.2 / Table 4.
+
+Question types (§4.3): contextual ``Q_c`` (object ``o_c``, GT yes), counterfactual ``Q_cf``
+(object ``o_cf``, GT yes, counterfactual images only) and absent ``Q_a`` (object ``o_a``,
+GT no). ``Acc(X, Q)`` is the accuracy on the image set ``X`` (original) or ``X_cf``
+(counterfactual) and question set ``Q``. All values are percentages, as in Table 2.
+
+::
+
+    CAC = Acc(X, Q_c) - Acc(X_cf, Q_c)        (Eq. 4)   lower is better
+    AAC = Acc(X_cf, Q_a) - Acc(X, Q_a)        (Eq. 5)   lower is better
+    CHR = 100 - Acc(X_cf, Q_cf)               (Eq. 6)   lower is better  (1 - Acc, in %)
+    Acc = accuracy over every image-question pair (Table 2 "Acc", Table 3)
+    CPR = share of (original, counterfactual) pairs asking the same question type whose
+          answers are both right (authors' ``calculate_cpr``; not in the paper)
+
+Record fields: ``image_type`` ("original" | "counterfactual"; aliases "origin", "inpainted",
+"cf"), ``question_type`` ("contextual" | "counterfactual" | "absent"; the authors' code
+calls them "target", "inpaint", "absent"), ``correct`` (bool), optional ``invalid`` (an
+unparseable answer: counted wrong and reported in ``invalid_rate``) and, for CPR,
+``pair_id``.
+
+Choices:
+
+* **Overall Acc** is pooled over all pairs (the §4.3 definition of ``Acc(X, Q)`` applied to
+  the whole benchmark). Table 2's Acc column cannot be rebuilt from its other columns with
+  Table 1's counts (e.g. Gemini1.5-pro: pooling gives 83.5, the table says 86.1), so there
+  is no published number to match more closely.
+* **CPR pairing.** Records sharing ``pair_id`` and ``question_type`` form pairs: every
+  original-image record with every counterfactual-image record of the group (the authors
+  pair a base image with each of its numbered counterfactual images). Groups lacking one
+  side are skipped, as in the authors' code, and counted in ``cpr_unpaired``. We report
+  ``cpr_contextual`` and ``cpr_absent`` (the authors' ``cpr_target`` / ``cpr_absent``) and,
+  as our addition, ``cpr`` pooled over both.
+* **Empty selections** give NaN (the authors' code returns 0, which would read as a real
+  accuracy); a NaN propagates into CAC/AAC/CHR.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import defaultdict
+from typing import Any, Iterable, Mapping, Sequence
+
+from ...metrics.registry import metric
+
+IMAGE_TYPES = ("original", "counterfactual")
+QUESTION_TYPES = ("contextual", "counterfactual", "absent")
+_IMAGE_ALIASES = {"original": "original", "origin": "original", "orig": "original", "x": "original",
+                  "counterfactual": "counterfactual", "inpainted": "counterfactual", "cf": "counterfactual",
+                  "x_cf": "counterfactual"}
+_QUESTION_ALIASES = {"contextual": "contextual", "context": "contextual", "target": "contextual", "q_c": "contextual",
+                     "counterfactual": "counterfactual", "inpaint": "counterfactual", "cf": "counterfactual",
+                     "q_cf": "counterfactual", "absent": "absent", "q_a": "absent"}
+
+
+def _pct(num: float, den: int) -> float:
+    return 100.0 * num / den if den else math.nan
+
+
+def _is_correct(r: Mapping[str, Any]) -> bool:
+    """Right only when marked correct and not invalid (an unreadable answer is wrong)."""
+    if "correct" not in r:
+        raise KeyError("record lacks the field 'correct'")
+    return bool(r["correct"]) and not r.get("invalid", False)
+
+
+def _kind(r: Mapping[str, Any]) -> tuple[str, str]:
+    try:
+        image = _IMAGE_ALIASES[str(r["image_type"]).lower()]
+        question = _QUESTION_ALIASES[str(r["question_type"]).lower()]
+    except KeyError as err:
+        raise ValueError(f"record needs image_type in {IMAGE_TYPES} and question_type in {QUESTION_TYPES}; "
+                         f"got {r.get('image_type')!r}, {r.get('question_type')!r}") from err
+    if image == "original" and question == "counterfactual":
+        raise ValueError("counterfactual questions (Q_cf) exist only on counterfactual images")
+    return image, question
+
+
+def accuracy(records: Iterable[Mapping[str, Any]], image_type: str | None = None,
+             question_type: str | None = None) -> float:
+    """Acc(X, Q) in %: pooled accuracy of the records of that image and question type
+    (``None`` = any). NaN when none match."""
+    if image_type is not None or question_type is not None:
+        probe = {"image_type": image_type or "counterfactual", "question_type": question_type or "absent"}
+        wanted_image, wanted_question = _kind(probe)  # validates the names
+        image_type = wanted_image if image_type is not None else None
+        question_type = wanted_question if question_type is not None else None
+    hits = n = 0
+    for r in records:
+        image, question = _kind(r)
+        if (image_type in (None, image)) and (question_type in (None, question)):
+            n += 1
+            hits += _is_correct(r)
+    return _pct(hits, n)
+
+
+def cpr(records: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+    """Consistent-pair rate (%), see the module notes on pairing."""
+    groups: dict[tuple, dict[str, list[bool]]] = defaultdict(lambda: {"original": [], "counterfactual": []})
+    for r in records:
+        image, question = _kind(r)
+        if question == "counterfactual" or "pair_id" not in r:
+            continue
+        groups[(r["pair_id"], question)][image].append(_is_correct(r))
+    both = {"contextual": 0, "absent": 0}
+    total = {"contextual": 0, "absent": 0}
+    unpaired = 0
+    for (_, question), sides in groups.items():
+        if not sides["original"] or not sides["counterfactual"]:
+            unpaired += 1
+            continue
+        for o in sides["original"]:
+            for c in sides["counterfactual"]:
+                total[question] += 1
+                both[question] += o and c
+    return {
+        "cpr_contextual": _pct(both["contextual"], total["contextual"]),
+        "cpr_absent": _pct(both["absent"], total["absent"]),
+        "cpr": _pct(both["contextual"] + both["absent"], total["contextual"] + total["absent"]),
+        "cpr_pairs": total["contextual"] + total["absent"],
+        "cpr_unpaired": unpaired,
+    }
+
+
+def causal_scores(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Every Table 2 number plus CPR and the invalid rate (all in %)."""
+    records = list(records)
+    acc_x_c = accuracy(records, "original", "contextual")
+    acc_x_a = accuracy(records, "original", "absent")
+    acc_cf_c = accuracy(records, "counterfactual", "contextual")
+    acc_cf_a = accuracy(records, "counterfactual", "absent")
+    acc_cf_cf = accuracy(records, "counterfactual", "counterfactual")
+    out = {
+        "acc_original_contextual": acc_x_c,
+        "acc_original_absent": acc_x_a,
+        "acc_counterfactual_contextual": acc_cf_c,
+        "acc_counterfactual_absent": acc_cf_a,
+        "acc_counterfactual_counterfactual": acc_cf_cf,
+        "cac": acc_x_c - acc_cf_c,
+        "aac": acc_cf_a - acc_x_a,
+        "chr": 100.0 - acc_cf_cf,
+        "accuracy": accuracy(records),
+        "invalid_rate": _pct(sum(bool(r.get("invalid", False)) for r in records), len(records)),
+        "n": len(records),
+    }
+    out.update(cpr(records))
+    return out
+
+
+@metric("causal_halbench.cac", "causal_halbench", "cooccurrence", False, "difference")
+def cac(records) -> float:
+    """Contextual object Accuracy Change, Eq. 4: Acc(X, Q_c) - Acc(X_cf, Q_c), in points."""
+    records = list(records)
+    return accuracy(records, "original", "contextual") - accuracy(records, "counterfactual", "contextual")
+
+
+@metric("causal_halbench.aac", "causal_halbench", "cooccurrence", False, "difference")
+def aac(records) -> float:
+    """Absent object Accuracy Change, Eq. 5: Acc(X_cf, Q_a) - Acc(X, Q_a), in points."""
+    records = list(records)
+    return accuracy(records, "counterfactual", "absent") - accuracy(records, "original", "absent")
+
+
+@metric("causal_halbench.chr", "causal_halbench", "cooccurrence", False, "pooled")
+def chr_(records) -> float:
+    """Counterfactual object Hallucination Rate, Eq. 6: 100 - Acc(X_cf, Q_cf), in %."""
+    return 100.0 - accuracy(records, "counterfactual", "counterfactual")
+
+
+@metric("causal_halbench.accuracy", "causal_halbench", None, True, "pooled")
+def overall_accuracy(records) -> float:
+    """Accuracy over all image-question pairs, in % (Table 2 "Acc")."""
+    return accuracy(records)
+
+
+@metric("causal_halbench.cpr", "causal_halbench", "cooccurrence", True, "pooled")
+def cpr_pooled(records) -> float:
+    """Share (%) of original/counterfactual pairs (Q_c and Q_a) with both answers right."""
+    return cpr(records)["cpr"]
+
+
+# -- CHAIR ----------------------------------------------------------------------------------
+_WORD = re.compile(r"[a-z]+")
+_IRREGULAR = {"person": "people", "man": "men", "woman": "women", "child": "children", "mouse": "mice",
+              "foot": "feet", "tooth": "teeth", "goose": "geese", "sheep": "sheep", "fish": "fish"}
+
+
+def _plurals(word: str) -> set[str]:
+    forms = {word + "s", word + "es"}
+    if word in _IRREGULAR:
+        forms.add(_IRREGULAR[word])
+    if len(word) > 1 and word.endswith("y") and word[-2] not in "aeiou":
+        forms.add(word[:-1] + "ies")
+    if word.endswith("fe"):
+        forms.add(word[:-2] + "ves")
+    elif word.endswith("f"):
+        forms.add(word[:-1] + "ves")
+    return forms
+
+
+def _rows(synonyms: Any) -> list[tuple[str, list[str]]]:
+    if isinstance(synonyms, str):  # CHAIR's synonyms.txt: "category, syn, syn" per line
+        rows = [[w.strip() for w in line.split(",") if w.strip()] for line in synonyms.splitlines()]
+        return [(row[0], row) for row in rows if row]
+    if isinstance(synonyms, Mapping):
+        return [(cat, [cat, *list(syns)]) for cat, syns in synonyms.items()]
+    out = []
+    for row in synonyms:  # COCO-style rows: first entry is the category
+        row = list(row)
+        if row:
+            out.append((row[0], row))
+    return out
+
+
+def synonym_index(synonyms: Any) -> dict[tuple[str, ...], str]:
+    """Phrase (tuple of lower-case words) -> category. ``synonyms`` is a dict
+    ``category -> synonyms`` (e.g. :data:`evaluators.world.SYNONYMS`), a list of COCO-style
+    rows ``[category, syn, ...]``, or the text of CHAIR's ``synonyms.txt``. Each phrase also
+    matches the regular/irregular plurals of its last word unless that form is itself listed.
+    A phrase listed under two categories is an error."""
+    explicit: dict[tuple[str, ...], str] = {}
+    for category, phrases in _rows(synonyms):
+        for phrase in phrases:
+            key = tuple(_WORD.findall(phrase.lower()))
+            if not key:
+                continue
+            if explicit.get(key, category) != category:
+                raise ValueError(f"synonym {phrase!r} is listed under {explicit[key]!r} and {category!r}")
+            explicit[key] = category
+    index = dict(explicit)
+    for key, category in explicit.items():
+        for plural in _plurals(key[-1]):
+            index.setdefault(key[:-1] + (plural,), category)
+    return index
+
+
+def mentions(caption: str, index: Mapping[tuple[str, ...], str]) -> list[str]:
+    """Categories mentioned in ``caption``, in order, one entry per mention (repeats kept,
+    as in CHAIR), by greedy longest-phrase match over lower-cased words."""
+    words = _WORD.findall(caption.lower())
+    longest = max((len(k) for k in index), default=0)
+    found, i = [], 0
+    while i < len(words):
+        for span in range(min(longest, len(words) - i), 0, -1):
+            category = index.get(tuple(words[i:i + span]))
+            if category is not None:
+                found.append(category)
+                i += span
+                break
+        else:
+            i += 1
+    return found
+
+
+def chair(captions: Sequence[str], gt_objects: Sequence[Iterable[str]], synonyms: Any) -> dict[str, Any]:
+    """CHAIR-s and CHAIR-i (Rohrbach et al. 2018), in %.
+
+    CHAIR-i = hallucinated object mentions / all object mentions, pooled over captions;
+    CHAIR-s = captions with at least one hallucinated mention / captions. A mention is
+    hallucinated when its category is not among the image's ground-truth objects (which may
+    be given as categories or as synonyms). Mentions are counted with repeats, as in the
+    reference ``chair.py`` (``coco_word_count += len(node_words)``). NaN for no captions
+    (CHAIR-s) or no mentions (CHAIR-i). Not reproduced from ``chair.py``: lemmatisation (we
+    match listed forms plus generated plurals) and its special cases ("toilet seat",
+    "baby bird", ...)."""
+    if len(captions) != len(gt_objects):
+        raise ValueError(f"{len(captions)} captions but {len(gt_objects)} ground-truth object sets")
+    index = synonym_index(synonyms)
+    n_mentions = n_hall = n_hall_caps = 0
+    per_caption = []
+    for caption, objects in zip(captions, gt_objects):
+        truth = {index.get(tuple(_WORD.findall(o.lower())), o) for o in objects}
+        said = mentions(caption, index)
+        hallucinated = [c for c in said if c not in truth]
+        n_mentions += len(said)
+        n_hall += len(hallucinated)
+        n_hall_caps += bool(hallucinated)
+        per_caption.append({"mentions": said, "hallucinated": hallucinated})
+    return {
+        "chair_s": _pct(n_hall_caps, len(captions)),
+        "chair_i": _pct(n_hall, n_mentions),
+        "n_captions": len(captions),
+        "n_mentions": n_mentions,
+        "n_hallucinated": n_hall,
+        "per_caption": per_caption,
+    }
+
+
+def _default_synonyms(synonyms: Any) -> Any:
+    if synonyms is None:
+        from evaluators.world.vocab import SYNONYMS  # plain data; imported only when needed
+        return SYNONYMS
+    return synonyms
+
+
+def _chair_records(records, synonyms) -> dict[str, Any]:
+    records = list(records)
+    return chair([r["caption"] for r in records], [r["objects"] for r in records], _default_synonyms(synonyms))
+
+
+@metric("causal_halbench.chair_s", "causal_halbench", None, False, "pooled")
+def chair_s(records, synonyms: Any = None) -> float:
+    """CHAIR-s (%) over records ``{"caption", "objects"}``; default table: the world's SYNONYMS."""
+    return _chair_records(records, synonyms)["chair_s"]
+
+
+@metric("causal_halbench.chair_i", "causal_halbench", None, False, "pooled")
+def chair_i(records, synonyms: Any = None) -> float:
+    """CHAIR-i (%) over records ``{"caption", "objects"}``; default table: the world's SYNONYMS."""
+    return _chair_records(records, synonyms)["chair_i"]
+
+
+__all__ = [
+    "IMAGE_TYPES", "QUESTION_TYPES", "aac", "accuracy", "cac", "causal_scores", "chair", "chair_i", "chair_s",
+    "chr_", "cpr", "cpr_pooled", "mentions", "overall_accuracy", "synonym_index",
+]

@@ -1,0 +1,229 @@
+"""DO-Bench metrics: paper §3.3, Eqs. 2-3; Table 2; curves of Fig. 4; the 4x3 grid of §4.4.
+
+Each scene yields 10 instances (§3.1, §4.1): the present A-object (GT yes) at prior levels
+0-3 in the Full view, plus A0 in the Cluster and Crop views; the removed B-object (GT no) at
+levels 0-3 in the Full view. Record fields: ``series`` ("A" | "B"), ``level`` (0-3),
+``view`` ("Full" | "Cluster" | "Crop"; default "Full"), and the answer as ``pred_yes``
+(True / False / None = unreadable) and/or ``correct``; optional ``invalid``.
+
+Formulas (all values in %, as in Table 2)::
+
+    FN(level, view) = A-records answered other than "yes" / A-records     (false denials)
+    FP(level)       = B-records answered other than "no"  / B-records     (false affirmations)
+    PerceptionAbility = 100 - 1/2 (FN(A0, Cluster) + FN(A0, Crop))                 (Eq. 2)
+    X_AUC = trapz(rate_0..rate_3 as fractions, x = 0, 1, 2, 3) / 3,  X in {A (FN), B (FP)}
+    PriorRobust = 100 (1 - 1/2 (A_AUC + B_AUC))                                    (Eq. 3)
+    Acc, Precision, Recall, F1, Yes-rate with "yes" as the positive class.
+
+Eq. 3 checked against Table 2: with 124 scenes, ``(100 - PriorRobust) * 3 * 124 * 2 / 100``
+must be a half-integer (trapezoid weights 1/2, 1, 1, 1/2 times counts). Within rounding it
+is for most open models (LLaVA-v1.5-7B: 78.22 * 7.44 = 581.96; InternVL2.5-38B: 306.01;
+Qwen2.5-VL-3B: 347.00), and with a maximum area of 4 it is not (Qwen2.5-VL-3B:
+46.64 * 9.92 = 462.67). So rates are fractions in [0, 1], the level spacing is 1 and the
+maximum possible area is 3. Eq. 2 likewise: ``(100 - PerceptionAbility) * 2.48`` is an
+integer count of Cluster+Crop denials for 12 of the 14 open models (InternVL2.5-8B:
+14.52 * 2.48 = 36.0), so FN there is in %.
+
+Choices:
+
+* **Invalid answers** are wrong: an unreadable answer to an A-query is a false denial and
+  to a B-query a false affirmation in the FN/FP curves (they are error-rate curves; an
+  unreadable answer is not robust to the prior), and wrong in Accuracy. Precision,
+  Yes-rate and Recall use the literal answers: predicted positive = an explicit "yes"
+  (so an invalid B answer lowers Accuracy but not Precision); Recall = explicit yes on A /
+  all A, which equals 100 - the pooled FN. ``invalid_rate`` is reported beside them.
+* **Global metrics** (Acc ... Yes-rate, PriorRobust, PerceptionAbility) use the
+  10-instance protocol only. Records outside it (A-series Cluster/Crop at levels 1-3, the
+  §4.4 grid) feed only :func:`fn_grid`.
+* **A level or view with no samples** gives NaN there, and NaN propagates into
+  PriorRobust / PerceptionAbility; Precision is NaN when nothing is answered "yes".
+* Table 2's closed models imply a positive share of 2/3 rather than the protocol's 0.6
+  (Prec·Yes-rate/Rec = 0.667 for GPT-5.2), so their global metrics were computed over some
+  other subset; the open models fit 0.6 exactly (LLaVA-v1.5-7B: 0.4761·0.4726/0.375 = 0.600).
+  We follow the protocol.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from ...metrics.registry import metric
+
+LEVELS = (0, 1, 2, 3)
+VIEWS = ("Full", "Cluster", "Crop")
+SERIES = ("A", "B")
+
+
+def _pct(num: float, den: int) -> float:
+    return 100.0 * num / den if den else math.nan
+
+
+def _parse(r: Mapping[str, Any]) -> tuple[str, int, str, bool | None]:
+    """(series, level, view, answer) with answer True = yes, False = no, None = unreadable."""
+    series = str(r.get("series", "")).upper()
+    if series not in SERIES:
+        raise ValueError(f"series must be 'A' or 'B', got {r.get('series')!r}")
+    level = r.get("level")
+    if level not in LEVELS:
+        raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
+    view = str(r.get("view", "Full")).capitalize()
+    if view not in VIEWS:
+        raise ValueError(f"view must be one of {VIEWS}, got {r.get('view')!r}")
+    if series == "B" and view != "Full":
+        raise ValueError("the B-series (absent object) is only posed in the Full view")
+    gt_yes = series == "A"
+    if r.get("invalid", False) or ("pred_yes" in r and r["pred_yes"] is None):
+        return series, int(level), view, None
+    if "pred_yes" in r:
+        answer = bool(r["pred_yes"])
+        if "correct" in r and bool(r["correct"]) != (answer == gt_yes):
+            raise ValueError(f"record is inconsistent: series {series}, pred_yes={answer}, correct={r['correct']}")
+        return series, int(level), view, answer
+    if "correct" not in r:
+        raise KeyError("record needs 'pred_yes' or 'correct'")
+    return series, int(level), view, bool(r["correct"]) == gt_yes
+
+
+def _in_protocol(series: str, level: int, view: str) -> bool:
+    return view == "Full" or (series == "A" and level == 0)
+
+
+def _protocol(records: Iterable[Mapping[str, Any]]) -> list[tuple[str, int, str, bool | None]]:
+    return [p for p in map(_parse, records) if _in_protocol(*p[:3])]
+
+
+def error_rate(records: Iterable[Mapping[str, Any]], series: str, level: int, view: str = "Full") -> float:
+    """FN rate (series A) or FP rate (series B), in %, at one level and view; invalid = error."""
+    series, view = series.upper(), view.capitalize()
+    gt_yes = series == "A"
+    cell = [a for s, lv, v, a in map(_parse, records) if (s, lv, v) == (series, level, view)]
+    return _pct(sum(a is not gt_yes for a in cell), len(cell))
+
+
+def classification(records: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+    """Acc, Precision, Recall, F1, Yes-rate and invalid rate (%), yes = positive class."""
+    parsed = _protocol(records)
+    n = len(parsed)
+    pos = sum(s == "A" for s, *_ in parsed)
+    tp = sum(s == "A" and a is True for s, _, _, a in parsed)
+    fp = sum(s == "B" and a is True for s, _, _, a in parsed)
+    tn = sum(s == "B" and a is False for s, _, _, a in parsed)
+    said_yes = tp + fp
+    precision = _pct(tp, said_yes)
+    recall = _pct(tp, pos)
+    if math.isnan(precision) or math.isnan(recall):
+        f1 = math.nan
+    else:
+        f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    return {
+        "accuracy": _pct(tp + tn, n),
+        "precision": precision,
+        "recall": recall,
+        "f1": f1,
+        "yes_rate": _pct(said_yes, n),
+        "invalid_rate": _pct(sum(a is None for *_, a in parsed), n),
+        "n": n,
+    }
+
+
+def curves(records: Sequence[Mapping[str, Any]]) -> dict[str, dict]:
+    """Plot data of Fig. 4, in %: ``A_FN`` {level: FN}, ``B_FP`` {level: FP} (Full view),
+    ``A0_FN_by_view`` {view: FN at A0}."""
+    records = list(records)
+    return {
+        "A_FN": {lv: error_rate(records, "A", lv) for lv in LEVELS},
+        "B_FP": {lv: error_rate(records, "B", lv) for lv in LEVELS},
+        "A0_FN_by_view": {v: error_rate(records, "A", 0, v) for v in VIEWS},
+    }
+
+
+def fn_grid(records: Sequence[Mapping[str, Any]]) -> dict[int, dict[str, float]]:
+    """FN (%) over prior level x evidence view for the A-object (§4.4, Fig. 5); NaN cells
+    where no records were given."""
+    records = list(records)
+    return {lv: {v: error_rate(records, "A", lv, v) for v in VIEWS} for lv in LEVELS}
+
+
+def normalised_auc(rates_pct: Mapping[int, float] | Sequence[float]) -> float:
+    """Trapezoidal area under a rate curve over levels 0-3 (spacing 1), rates given in %,
+    divided by the maximum possible area 3 (rate 1 everywhere): a value in [0, 1]."""
+    values = [rates_pct[lv] for lv in LEVELS] if isinstance(rates_pct, Mapping) else list(rates_pct)
+    if len(values) != len(LEVELS):
+        raise ValueError(f"need one rate per level {LEVELS}, got {len(values)}")
+    y = np.asarray(values, dtype=float) / 100.0
+    area = float(np.sum((y[1:] + y[:-1]) / 2.0))  # trapezoid rule, unit spacing
+    return area / (len(LEVELS) - 1)
+
+
+@metric("dobench.perception_ability", "dobench", "perception", True, "pooled")
+def perception_ability(records) -> float:
+    """Eq. 2: 100 - 1/2 (FN(A0, Cluster) + FN(A0, Crop)), FN in %."""
+    records = list(records)
+    return 100.0 - 0.5 * (error_rate(records, "A", 0, "Cluster") + error_rate(records, "A", 0, "Crop"))
+
+
+@metric("dobench.prior_robust", "dobench", "language_prior", True, "trapezoid_auc")
+def prior_robust(records) -> float:
+    """Eq. 3: 100 (1 - 1/2 (A_AUC + B_AUC)), AUCs of the A-FN and B-FP curves over levels
+    0-3 (Full view), each normalised by the maximum area."""
+    c = curves(records)
+    return 100.0 * (1.0 - 0.5 * (normalised_auc(c["A_FN"]) + normalised_auc(c["B_FP"])))
+
+
+def _global(key: str):
+    def fn(records) -> float:
+        return classification(records)[key]
+    return fn
+
+
+@metric("dobench.accuracy", "dobench", None, True, "pooled")
+def accuracy(records) -> float:
+    """Accuracy (%) over the 10-instance protocol; an invalid answer is wrong."""
+    return _global("accuracy")(records)
+
+
+@metric("dobench.precision", "dobench", None, True, "pooled")
+def precision(records) -> float:
+    """Precision (%) of "yes" (TP / explicit yes answers)."""
+    return _global("precision")(records)
+
+
+@metric("dobench.recall", "dobench", None, True, "pooled")
+def recall(records) -> float:
+    """Recall (%) of "yes" (TP / present A-queries)."""
+    return _global("recall")(records)
+
+
+@metric("dobench.f1", "dobench", None, True, "pooled")
+def f1(records) -> float:
+    """F1 (%) of the "yes" class."""
+    return _global("f1")(records)
+
+
+@metric("dobench.yes_rate", "dobench", None, None, "pooled")
+def yes_rate(records) -> float:
+    """Share (%) of explicit "yes" answers; no preferred direction (the protocol's GT yes share is 60%)."""
+    return _global("yes_rate")(records)
+
+
+def dobench_scores(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Table 2 row plus the Fig. 4 curves: classification metrics, PerceptionAbility,
+    PriorRobust, A_AUC, B_AUC and ``curves``."""
+    records = list(records)
+    out: dict[str, Any] = classification(records)
+    c = curves(records)
+    out["a_auc"] = normalised_auc(c["A_FN"])
+    out["b_auc"] = normalised_auc(c["B_FP"])
+    out["perception_ability"] = perception_ability(records)
+    out["prior_robust"] = 100.0 * (1.0 - 0.5 * (out["a_auc"] + out["b_auc"]))
+    out["curves"] = c
+    return out
+
+
+__all__ = [
+    "LEVELS", "SERIES", "VIEWS", "accuracy", "classification", "curves", "dobench_scores", "error_rate", "f1",
+    "fn_grid", "normalised_auc", "perception_ability", "precision", "prior_robust", "recall", "yes_rate",
+]

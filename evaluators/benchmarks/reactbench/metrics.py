@@ -1,0 +1,232 @@
+"""ReactBench metrics: paper §4.1 "Evaluation Metrics and Methods", Eqs. 1-3; Tables 3-4.
+
+Tasks (§3.1) and their React-Score letters (Eq. 3 - note ``S_c`` is Dense *Counting*,
+not Counterfactual attribute)::
+
+    relational_erasure       S_r  weight 0.3   co-occurrence bias
+    counterfactual_attribute S_a  weight 0.2   language priors
+    alteration_tracing       S_d  weight 0.2   cross-image comparison
+    dense_counting           S_c  weight 0.3   fine-grained perception
+
+    A_q          = accuracy (%) of question type q in {MC, SA, YN} for task t, mode m
+    S_t^m        = 0.5 A_SA + 0.25 A_MC + 0.25 A_YN                    (Eq. 1)
+    S_t          = 1/2 (S_t^cot + S_t^std)                             (Eq. 2)
+    React-Score  = 0.3 S_r + 0.2 S_a + 0.2 S_d + 0.3 S_c               (Eq. 3)
+
+Record fields: ``task``, ``qtype`` ("MC" | "SA" | "YN"), ``mode`` ("standard" | "cot";
+aliases "std", "normal"), ``correct``, optional ``invalid`` (counted wrong, reported in
+``invalid_rate``), and the task's breakdown field: ``dimension`` ("direct" |
+"commonsense" | "premise" | "absurd") for relational_erasure / counterfactual_attribute,
+``hint`` ("none" | "location" | "operation") for alteration_tracing, ``count_setting``
+("exact" | "interval") for dense_counting.
+
+Choices:
+
+* **Table 3's per-task Std/CoT columns are pooled accuracies**, not ``S_t^m`` (Qwen3.5-27B:
+  the weighted sums of its columns give 60.8, its React-Score is 59.5), and its "Average"
+  is the unweighted mean of the four task accuracies (48.0, 56.3, 79.9, 69.3 -> 63.4). We
+  report both.
+* **One mode only.** Eq. 2 averages both modes, yet Table 3 gives React-Scores for models
+  run only with CoT (Qwen3VL-32B-Thinking, MiMO-VL-7B). ``S_t`` is therefore the mean over
+  the modes present for that task; ``modes_used`` says which.
+* **Missing cells.** A question type with no samples makes ``S_t^m`` NaN (its weight cannot
+  be redistributed without changing Eq. 1), which propagates into ``S_t`` and React-Score.
+  Empty breakdown cells are NaN.
+* **Breakdowns** (Table 4: inducing dimension, hint, exact/interval) pool both modes and
+  all question types unless ``mode`` is given; the paper does not say, and its Table 4
+  averages models, not modes.
+* **Exact vs interval counting.** The paper gives no rule for the intervals (only
+  "exact-count queries and interval-based queries", §3.1; Table 4); the interval is part of
+  the question. :func:`count_correct` scores an exact query by equality and an interval
+  query by whether the answer lies in the question's ground-truth interval, inclusive at
+  both ends (an answered interval must equal it).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Mapping, Sequence
+
+from ...metrics.registry import metric
+
+TASKS = ("relational_erasure", "counterfactual_attribute", "alteration_tracing", "dense_counting")
+QTYPES = ("MC", "SA", "YN")
+MODES = ("standard", "cot")
+QTYPE_WEIGHTS = {"SA": 0.5, "MC": 0.25, "YN": 0.25}
+TASK_WEIGHTS = {"relational_erasure": 0.3, "counterfactual_attribute": 0.2, "alteration_tracing": 0.2,
+                "dense_counting": 0.3}
+BREAKDOWN_FIELD = {"relational_erasure": "dimension", "counterfactual_attribute": "dimension",
+                   "alteration_tracing": "hint", "dense_counting": "count_setting"}
+BREAKDOWN_VALUES = {"dimension": ("direct", "commonsense", "premise", "absurd"),
+                    "hint": ("none", "location", "operation"),
+                    "count_setting": ("exact", "interval")}
+_ALIASES = {
+    "task": {"relational_erasure": "relational_erasure", "re": "relational_erasure", "rela": "relational_erasure",
+             "counterfactual_attribute": "counterfactual_attribute", "ca": "counterfactual_attribute",
+             "attr": "counterfactual_attribute", "alteration_tracing": "alteration_tracing",
+             "at": "alteration_tracing", "comp": "alteration_tracing", "dense_counting": "dense_counting",
+             "dc": "dense_counting", "count": "dense_counting"},
+    "qtype": {"mc": "MC", "sa": "SA", "yn": "YN"},
+    "mode": {"standard": "standard", "std": "standard", "normal": "standard", "cot": "cot"},
+    "dimension": {"direct": "direct", "commonsense": "commonsense", "common": "commonsense",
+                  "premise": "premise", "absurd": "absurd"},
+    "hint": {"none": "none", "no": "none", "none-hint": "none", "location": "location", "loc": "location",
+             "loc-hint": "location", "operation": "operation", "op": "operation", "op-hint": "operation"},
+    "count_setting": {"exact": "exact", "interval": "interval"},
+}
+
+
+def _pct(num: float, den: int) -> float:
+    return 100.0 * num / den if den else math.nan
+
+
+def _norm(field: str, value: Any) -> str:
+    key = str(value).lower().replace(" ", "_") if field == "task" else str(value).lower()
+    try:
+        return _ALIASES[field][key]
+    except KeyError:
+        known = sorted(set(_ALIASES[field].values()))
+        raise ValueError(f"{field}: unknown value {value!r}; known: {known}") from None
+
+
+def _is_correct(r: Mapping[str, Any]) -> bool:
+    if "correct" not in r:
+        raise KeyError("record lacks the field 'correct'")
+    return bool(r["correct"]) and not r.get("invalid", False)
+
+
+def _matches(r: Mapping[str, Any], filters: Mapping[str, Any]) -> bool:
+    for field, wanted in filters.items():
+        if wanted is None:
+            continue
+        if field not in r or _norm(field, r[field]) != _norm(field, wanted):
+            return False
+    return True
+
+
+def accuracy(records: Iterable[Mapping[str, Any]], **filters: Any) -> float:
+    """Pooled accuracy (%) of the records matching ``filters`` (field=value; None = any),
+    e.g. ``accuracy(rs, task="dense_counting", count_setting="interval")``. NaN if none."""
+    hits = n = 0
+    for r in records:
+        if _matches(r, filters):
+            n += 1
+            hits += _is_correct(r)
+    return _pct(hits, n)
+
+
+def count_correct(pred: Any, gt: int, setting: str = "exact",
+                  interval: tuple[int, int] | None = None) -> bool:
+    """Is a dense-counting answer right? ``pred`` is a count (int), an answered interval
+    ``(lo, hi)``, or None (unreadable: wrong). Exact: ``pred == gt``. Interval: ``interval``
+    is the question's ground-truth interval (inclusive, must contain ``gt``); a count is
+    right when it lies inside, an answered interval when it equals it."""
+    setting = _norm("count_setting", setting)
+    if pred is None:
+        return False
+    if setting == "exact":
+        return not isinstance(pred, tuple) and int(pred) == int(gt)
+    if interval is None:
+        raise ValueError("an interval query needs its ground-truth interval (lo, hi)")
+    lo, hi = (int(x) for x in interval)
+    if not lo <= int(gt) <= hi:
+        raise ValueError(f"ground truth {gt} is outside its interval {interval}")
+    if isinstance(pred, tuple):
+        return tuple(int(x) for x in pred) == (lo, hi)
+    return lo <= int(pred) <= hi
+
+
+def task_mode_score(records: Sequence[Mapping[str, Any]], task: str, mode: str) -> float:
+    """S_t^m of Eq. 1 (%); NaN if a question type has no samples."""
+    return sum(w * accuracy(records, task=task, mode=mode, qtype=q) for q, w in QTYPE_WEIGHTS.items())
+
+
+def _modes_present(records: Sequence[Mapping[str, Any]], task: str) -> list[str]:
+    present = {_norm("mode", r["mode"]) for r in records if "mode" in r and _matches(r, {"task": task})}
+    return [m for m in MODES if m in present]
+
+
+def task_score(records: Sequence[Mapping[str, Any]], task: str) -> float:
+    """S_t of Eq. 2 (%): mean of S_t^m over the modes present; NaN if the task has none."""
+    records = list(records)
+    modes = _modes_present(records, task)
+    if not modes:
+        return math.nan
+    return sum(task_mode_score(records, task, m) for m in modes) / len(modes)
+
+
+def react_score_value(records: Sequence[Mapping[str, Any]]) -> float:
+    """React-Score of Eq. 3 (%)."""
+    records = list(records)
+    return sum(w * task_score(records, t) for t, w in TASK_WEIGHTS.items())
+
+
+def breakdown(records: Sequence[Mapping[str, Any]], task: str, mode: str | None = None) -> dict[str, float]:
+    """Table 4 breakdown of one task (%): by inducing dimension, hint or exact/interval."""
+    task = _norm("task", task)
+    field = BREAKDOWN_FIELD[task]
+    return {v: accuracy(records, task=task, mode=mode, **{field: v}) for v in BREAKDOWN_VALUES[field]}
+
+
+def reactbench_scores(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Everything of Tables 3-4 for one model.
+
+    ``accuracy[task][mode]`` (pooled, Table 3) with ``delta`` = cot - standard,
+    ``average[mode]`` (mean over tasks, Table 3), ``by_qtype[task][mode][qtype]``,
+    ``S_tm[task][mode]``, ``S_t[task]``, ``modes_used[task]``, ``react_score``,
+    ``breakdown[task]``, ``invalid_rate``, ``n``."""
+    records = list(records)
+    acc = {t: {m: accuracy(records, task=t, mode=m) for m in MODES} for t in TASKS}
+    for t in TASKS:
+        acc[t]["delta"] = acc[t]["cot"] - acc[t]["standard"]
+    return {
+        "accuracy": acc,
+        "average": {m: sum(acc[t][m] for t in TASKS) / len(TASKS) for m in MODES},
+        "by_qtype": {t: {m: {q: accuracy(records, task=t, mode=m, qtype=q) for q in QTYPES} for m in MODES}
+                     for t in TASKS},
+        "S_tm": {t: {m: task_mode_score(records, t, m) for m in MODES} for t in TASKS},
+        "S_t": {t: task_score(records, t) for t in TASKS},
+        "modes_used": {t: _modes_present(records, t) for t in TASKS},
+        "react_score": react_score_value(records),
+        "breakdown": {t: breakdown(records, t) for t in TASKS},
+        "invalid_rate": _pct(sum(bool(r.get("invalid", False)) for r in records), len(records)),
+        "n": len(records),
+    }
+
+
+@metric("reactbench.relational_erasure", "reactbench", "cooccurrence", True, "weighted_sum")
+def relational_erasure(records) -> float:
+    """S_r (Eq. 2): question-weighted Relational Erasure score, mean over modes (%)."""
+    return task_score(list(records), "relational_erasure")
+
+
+@metric("reactbench.counterfactual_attribute", "reactbench", "language_prior", True, "weighted_sum")
+def counterfactual_attribute(records) -> float:
+    """S_a (Eq. 2): question-weighted Counterfactual Attribute score, mean over modes (%)."""
+    return task_score(list(records), "counterfactual_attribute")
+
+
+@metric("reactbench.alteration_tracing", "reactbench", "multi_image", True, "weighted_sum")
+def alteration_tracing(records) -> float:
+    """S_d (Eq. 2): question-weighted Alteration Tracing score, mean over modes (%)."""
+    return task_score(list(records), "alteration_tracing")
+
+
+@metric("reactbench.dense_counting", "reactbench", "perception", True, "weighted_sum")
+def dense_counting(records) -> float:
+    """S_c (Eq. 2): question-weighted Dense Counting score, mean over modes (%)."""
+    return task_score(list(records), "dense_counting")
+
+
+@metric("reactbench.react_score", "reactbench", None, True, "weighted_sum")
+def react_score(records) -> float:
+    """React-Score (Eq. 3): 0.3 S_r + 0.2 S_a + 0.2 S_d + 0.3 S_c (%)."""
+    return react_score_value(list(records))
+
+
+__all__ = [
+    "BREAKDOWN_FIELD", "BREAKDOWN_VALUES", "MODES", "QTYPES", "QTYPE_WEIGHTS", "TASKS", "TASK_WEIGHTS",
+    "accuracy", "alteration_tracing", "breakdown", "count_correct", "counterfactual_attribute", "dense_counting",
+    "react_score", "react_score_value", "reactbench_scores", "relational_erasure", "task_mode_score",
+    "task_score",
+]

@@ -1,0 +1,490 @@
+"""The five benchmarks' metrics against hand-computed examples (arithmetic in the comments),
+plus the registry. Pure numpy; no torch."""
+
+import math
+
+import numpy as np
+import pytest
+
+from evaluators.metrics import (
+    MECHANISMS, UnknownMetricError, causal_halbench as chb, dobench as do, get_metric, hallusegbench as hsb,
+    metric, metrics_by_mechanism, metrics_for, mioh, reactbench as rb,
+)
+from evaluators.metrics import registry
+
+def isnan(x):
+    return isinstance(x, float) and math.isnan(x)
+
+
+# -- registry ---------------------------------------------------------------------------------
+def test_mechanisms_are_exactly_the_six():
+    assert MECHANISMS == ("language_prior", "cooccurrence", "perception", "vision_grounding",
+                          "label_grounding", "multi_image")
+
+
+@pytest.mark.parametrize("name, mechanism", [
+    ("dobench.prior_robust", "language_prior"), ("dobench.perception_ability", "perception"),
+    ("hallusegbench.delta_iou_visual", "vision_grounding"), ("hallusegbench.cms_counterfact", "vision_grounding"),
+    ("hallusegbench.delta_iou_textual", "label_grounding"), ("hallusegbench.cms_fact", "label_grounding"),
+    ("causal_halbench.cac", "cooccurrence"), ("causal_halbench.aac", "cooccurrence"),
+    ("causal_halbench.chr", "cooccurrence"),
+    ("reactbench.relational_erasure", "cooccurrence"), ("reactbench.counterfactual_attribute", "language_prior"),
+    ("reactbench.alteration_tracing", "multi_image"), ("reactbench.dense_counting", "perception"),
+    ("mioh.hn", "cooccurrence"), ("mioh.hp", "perception"), ("mioh.ni", "multi_image"),
+    ("mioh.lc_s", "language_prior"), ("mioh.lc_i", "language_prior"),
+    ("causal_halbench.accuracy", None), ("dobench.accuracy", None), ("mioh.overall", None),
+    ("reactbench.react_score", None),
+])
+def test_mechanism_tags(name, mechanism):
+    assert get_metric(name).mechanism == mechanism
+
+
+def test_directions():
+    assert get_metric("dobench.prior_robust").higher_is_better is True
+    assert get_metric("causal_halbench.chr").higher_is_better is False
+    assert get_metric("hallusegbench.cms_fact").higher_is_better is False
+    assert get_metric("dobench.yes_rate").higher_is_better is None  # no preferred direction
+
+
+def test_lookup_forms_and_did_you_mean():
+    spec = get_metric("dobench.prior_robust")
+    assert get_metric("PriorRobust") is spec and get_metric("DOBench.Prior-Robust") is spec
+    assert spec.doc.startswith("Eq. 3") and spec.aggregation == "trapezoid_auc"
+    with pytest.raises(UnknownMetricError, match="Did you mean 'dobench.prior_robust'") as err:
+        get_metric("prior_robst")
+    assert isinstance(err.value, KeyError) and "hallusegbench.cms_fact" in str(err.value)  # lists known names
+    with pytest.raises(KeyError, match="ambiguous"):
+        get_metric("accuracy")  # causal_halbench.accuracy and dobench.accuracy
+
+
+def test_metrics_for_and_by_mechanism():
+    assert [m.name for m in metrics_for("reactbench")] == [
+        "reactbench.alteration_tracing", "reactbench.counterfactual_attribute", "reactbench.dense_counting",
+        "reactbench.react_score", "reactbench.relational_erasure"]
+    assert {m.name for m in metrics_by_mechanism("multi_image")} == {"mioh.ni", "reactbench.alteration_tracing"}
+    with pytest.raises(ValueError, match="Did you mean 'dobench'"):
+        metrics_for("dobnech")
+
+
+def test_decorator_validates_and_refuses_clashes():
+    with pytest.raises(ValueError, match="Did you mean 'perception'"):
+        metric("mioh.x", "mioh", "perceptoin", True, "pooled")
+    with pytest.raises(ValueError, match="aggregation"):
+        metric("mioh.x", "mioh", None, True, "median")
+    with pytest.raises(ValueError, match="must start with"):
+        metric("x", "mioh", None, True, "pooled")
+    with pytest.raises(ValueError, match="already registered"):
+        @metric("dobench.prior_robust", "dobench", "language_prior", True, "trapezoid_auc")
+        def impostor(records):
+            return 0.0
+    try:
+        @metric("mioh.test_only", "mioh", None, True, "pooled")
+        def test_only(records):
+            """Doc line."""
+            return float(len(records))
+        spec = get_metric("mioh.test_only")
+        assert spec.doc == "Doc line." and spec([1, 2]) == 2.0
+    finally:
+        registry._REGISTRY.pop("mioh.test_only", None)
+
+
+# -- HalluSegBench ----------------------------------------------------------------------------
+def box(r0, r1, c0, c1, shape=(4, 4)):
+    m = np.zeros(shape, dtype=np.uint8)
+    m[r0:r1, c0:c1] = 1
+    return m
+
+
+def test_resize_nearest_index_rule():
+    a = np.array([[1, 2], [3, 4]])
+    assert (hsb.resize_nearest(a, (4, 4)) == np.array([[1, 1, 2, 2], [1, 1, 2, 2], [3, 3, 4, 4], [3, 3, 4, 4]])).all()
+    # 2 -> 3: source index floor(i * 2 / 3) = 0, 0, 1 (OpenCV INTER_NEAREST; PIL would give 0, 1, 1)
+    assert hsb.resize_nearest(np.array([[5, 7]]), (1, 3)).tolist() == [[5, 5, 7]]
+    # 4 -> 2: floor(i * 4 / 2) = 0, 2
+    assert hsb.resize_nearest(np.arange(4)[None, :], (1, 2)).tolist() == [[0, 2]]
+    with pytest.raises(ValueError):
+        hsb.resize_nearest(np.zeros(3), (2, 2))
+
+
+def test_iou_and_cms_one_sample():
+    gt_fact = box(0, 2, 0, 2)            # M_c: 4 px
+    gt_cf = box(0, 2, 0, 3)              # M'_{c'}: 6 px
+    pred_fact = box(0, 2, 0, 3)          # 6 px, 4 on M_c
+    pred_textual = np.zeros((4, 4)); pred_textual[0, 0] = pred_textual[0, 1] = pred_textual[3, 3] = 1
+    pred_visual = box(0, 2, 0, 3) + box(3, 4, 0, 2)   # all of M'_{c'} + 2 px elsewhere
+    s = hsb.sample_scores(gt_fact, gt_cf, pred_fact, pred_textual, pred_visual)
+    assert s["iou_fact"] == pytest.approx(4 / 6)           # |∩| 4, |∪| 6
+    assert s["iou_textual"] == pytest.approx(2 / 5)        # |∩| 2, |∪| 4 + 1
+    assert s["iou_visual"] == pytest.approx(6 / 8)         # |∩| 6, |∪| 6 + 2
+    assert s["delta_iou_textual"] == pytest.approx(4 / 6 - 2 / 5)
+    assert s["delta_iou_visual"] == pytest.approx(4 / 6 - 6 / 8)  # negative: worse than factual
+    assert s["cms_fact"] == pytest.approx((3 * 2 + 1) / (3 * 4))    # C = 2, N = 1, |M_c| = 4 -> 7/12
+    assert s["cms_counterfact"] == pytest.approx((3 * 6 + 2) / (3 * 6))  # C = 6, N = 2 -> 20/18
+
+
+def test_prediction_resized_to_ground_truth():
+    # a 2x2 prediction with its top-left pixel set covers the top-left 2x2 block at 4x4
+    assert hsb.iou(np.array([[1, 0], [0, 0]]), box(0, 2, 0, 2)) == 1.0
+    assert hsb.cms(np.array([[0, 0], [0, 1]]), box(0, 2, 0, 2)) == pytest.approx(4 / 12)  # N = 4, C = 0
+
+
+def test_empty_masks():
+    empty = np.zeros((4, 4))
+    assert hsb.iou(empty, empty) == 0.0                  # both empty: 0.0, as the authors' script
+    assert hsb.iou(None, box(0, 2, 0, 2)) == 0.0         # abstention against an object
+    assert hsb.cms(None, box(0, 2, 0, 2)) == 0.0         # correct abstention: no hallucination
+    assert isnan(hsb.cms(box(0, 1, 0, 1), empty))        # Eq. 3 undefined for |M| = 0
+    assert hsb.is_abstention(None) and hsb.is_abstention(empty) and not hsb.is_abstention(box(0, 1, 0, 1))
+
+
+def records_hsb():
+    gt_fact, gt_cf = box(0, 2, 0, 2), box(0, 2, 0, 3)
+    pred_textual = np.zeros((4, 4)); pred_textual[0, 0] = pred_textual[0, 1] = pred_textual[3, 3] = 1
+    first = dict(split="referring", gt_fact=gt_fact, gt_counterfact=gt_cf, pred_fact=box(0, 2, 0, 3),
+                 pred_textual=pred_textual, pred_visual=box(0, 2, 0, 3) + box(3, 4, 0, 2))
+    # the ideal model: exact factual mask, abstains on both counterfactual queries
+    second = dict(split="referral", gt_fact=gt_fact, gt_counterfact=gt_cf, pred_fact=gt_fact,
+                  pred_textual=None, pred_visual=np.zeros((4, 4)))
+    return [first, second]
+
+
+def test_per_sample_means():
+    out = hsb.scores(records_hsb())
+    assert out["n"] == 2
+    assert out["iou_fact"] == pytest.approx((4 / 6 + 1) / 2)                     # 5/6
+    assert out["delta_iou_textual"] == pytest.approx(((4 / 6 - 2 / 5) + 1) / 2)  # 19/30
+    assert out["delta_iou_visual"] == pytest.approx(((4 / 6 - 6 / 8) + 1) / 2)   # 11/24
+    assert out["cms_fact"] == pytest.approx((7 / 12 + 0) / 2)
+    assert out["cms_counterfact"] == pytest.approx((20 / 18 + 0) / 2)
+    assert out["abstain_textual"] == 0.5 and out["abstain_visual"] == 0.5
+    assert out["ci95"]["iou_fact"] == pytest.approx(1.96 * np.std([4 / 6, 1], ddof=1) / math.sqrt(2))
+    assert get_metric("hallusegbench.delta_iou_visual").fn(records_hsb()) == pytest.approx(11 / 24)
+
+
+def test_splits_reported_apart_and_empty_split():
+    rs = records_hsb()
+    rs[1] = {**rs[1], "split": "reasoning"}
+    out = hsb.scores_by_split(rs)
+    assert out["referring"]["iou_fact"] == pytest.approx(4 / 6)
+    assert out["reasoning"]["delta_iou_textual"] == 1.0 and out["reasoning"]["cms_counterfact"] == 0.0
+    only_ref = hsb.scores_by_split(records_hsb()[:1])   # no reasoning sample: NaN, n = 0, no crash
+    assert only_ref["reasoning"]["n"] == 0 and isnan(only_ref["reasoning"]["iou_fact"])
+    assert set(hsb.scores_by_split(records_hsb())) == {"referring", "reasoning"}  # "referral" is an alias
+
+
+def test_all_abstain_and_undefined_cms():
+    gt = box(0, 2, 0, 2)
+    out = hsb.scores([dict(gt_fact=gt, gt_counterfact=gt, pred_fact=None, pred_textual=None, pred_visual=None)])
+    assert out["iou_fact"] == 0.0 and out["delta_iou_textual"] == 0.0 and out["delta_iou_visual"] == 0.0
+    assert out["cms_fact"] == 0.0 and out["abstain_textual"] == 1.0
+    empty = np.zeros((4, 4))
+    out = hsb.scores([dict(gt_fact=gt, gt_counterfact=empty, pred_fact=gt, pred_textual=None, pred_visual=gt),
+                      dict(gt_fact=gt, gt_counterfact=gt, pred_fact=gt, pred_textual=None, pred_visual=gt)])
+    assert out["n_cms_undefined"] == 1
+    assert out["cms_counterfact"] == pytest.approx(1.0)   # only the defined sample: (3*4 + 0) / (3*4)
+    assert isnan(hsb.scores([])["iou_fact"])
+
+
+# -- Causal-HalBench --------------------------------------------------------------------------
+def qa(image, question, correct, pair=None, invalid=False):
+    r = {"image_type": image, "question_type": question, "correct": correct, "invalid": invalid}
+    if pair is not None:
+        r["pair_id"] = pair
+    return r
+
+
+def records_chb():
+    rs = [qa("original", "contextual", c, f"c{i}") for i, c in enumerate([True, True, True, False])]   # 75
+    rs += [qa("original", "absent", c, f"a{i}") for i, c in enumerate([True, True, False, False])]      # 50
+    rs += [qa("counterfactual", "contextual", c, f"c{i}") for i, c in enumerate([True, False, True, False])]  # 50
+    rs += [qa("inpainted", "absent", c, f"a{i}") for i, c in enumerate([True, False, True, True])]      # 75
+    rs += [qa("cf", "counterfactual", True) for _ in range(4)]
+    rs += [qa("cf", "counterfactual", True, invalid=True)]     # unreadable: wrong -> 4/5 = 80
+    return rs
+
+
+def test_causal_metrics():
+    out = chb.causal_scores(records_chb())
+    assert out["acc_original_contextual"] == 75.0 and out["acc_counterfactual_contextual"] == 50.0
+    assert out["cac"] == 25.0                    # Eq. 4: 75 - 50
+    assert out["aac"] == 25.0                    # Eq. 5: 75 - 50
+    assert out["chr"] == pytest.approx(20.0)     # Eq. 6: 100 - 80
+    assert out["accuracy"] == pytest.approx(100 * 14 / 21)  # 3 + 2 + 2 + 3 + 4 right of 21
+    assert out["invalid_rate"] == pytest.approx(100 / 21)
+    # CPR: contextual pairs c0..c3 both right: c0, c2 -> 2/4; absent a0..a3: a0 only -> 1/4
+    assert out["cpr_contextual"] == 50.0 and out["cpr_absent"] == 25.0
+    assert out["cpr"] == pytest.approx(100 * 3 / 8) and out["cpr_pairs"] == 8
+    assert get_metric("causal_halbench.cac").fn(records_chb()) == 25.0
+    assert get_metric("causal_halbench.chr").fn(records_chb()) == pytest.approx(20.0)
+
+
+def test_cpr_one_original_with_several_counterfactuals():
+    rs = [qa("original", "contextual", True, "g"), qa("counterfactual", "contextual", True, "g"),
+          qa("counterfactual", "contextual", False, "g"), qa("original", "absent", True, "lonely")]
+    out = chb.cpr(rs)
+    assert out["cpr_contextual"] == 50.0 and out["cpr_pairs"] == 2   # (T,T) and (T,F)
+    assert out["cpr_unpaired"] == 1 and isnan(out["cpr_absent"])
+
+
+def test_causal_empty_and_invalid_inputs():
+    out = chb.causal_scores([])
+    assert isnan(out["cac"]) and isnan(out["chr"]) and isnan(out["accuracy"])
+    only_original = [qa("original", "contextual", True)]
+    assert isnan(chb.causal_scores(only_original)["cac"])   # X_cf has no Q_c: NaN, no crash
+    with pytest.raises(ValueError, match="only on counterfactual images"):
+        chb.accuracy([qa("original", "counterfactual", True)])
+    with pytest.raises(ValueError):
+        chb.accuracy([qa("edited", "absent", True)])
+
+
+def test_chair_world_table():
+    from evaluators.world import SYNONYMS
+    captions = ["A mug and a dog on a bench.",              # cup, dog, bench: all true
+                "Two dogs chase a ball near a tree.",       # dog true; ball, tree hallucinated
+                "A puppy, a puppy and a fork.",             # dog, dog hallucinated (repeats count); fork true
+                "An empty room."]                           # no mention
+    objects = [{"cup", "dog", "bench"}, {"dog"}, {"fork"}, {"cup"}]
+    out = chb.chair(captions, objects, SYNONYMS)
+    assert out["n_mentions"] == 9 and out["n_hallucinated"] == 4
+    assert out["chair_s"] == 50.0                            # 2 of 4 captions
+    assert out["chair_i"] == pytest.approx(100 * 4 / 9)      # 4 of 9 mentions
+    assert out["per_caption"][2]["hallucinated"] == ["dog", "dog"]
+    records = [{"caption": c, "objects": o} for c, o in zip(captions, objects)]
+    assert get_metric("causal_halbench.chair_s").fn(records) == 50.0   # default table: the world's
+
+
+def test_chair_coco_style_tables():
+    rows = [["person", "girl", "boy", "man", "woman"], ["teddy bear", "teddybear"],
+            ["dining table", "table"], ["hot dog"], ["dog", "puppy"]]
+    caption = "Two men and a teddy bear near hot dogs on the table."
+    # person (irregular plural "men"), teddy bear, hot dog ("hot dogs", not "dog"), dining table
+    for table in (rows, "\n".join(", ".join(r) for r in rows)):
+        out = chb.chair([caption], [{"person", "table"}], table)   # GT given as a synonym is mapped too
+        assert out["per_caption"][0]["mentions"] == ["person", "teddy bear", "hot dog", "dining table"]
+        assert out["chair_i"] == 50.0 and out["chair_s"] == 100.0
+    assert isnan(chb.chair([], [], rows)["chair_s"])
+    assert isnan(chb.chair(["nothing here"], [set()], rows)["chair_i"])   # no mentions: 0/0
+    with pytest.raises(ValueError, match="listed under"):
+        chb.synonym_index({"cup": ["mug"], "plate": ["mug"]})
+
+
+# -- DO-Bench ---------------------------------------------------------------------------------
+def answers(series, level, view, yes, no, invalid=0):
+    out = [{"series": series, "level": level, "view": view, "pred_yes": True} for _ in range(yes)]
+    out += [{"series": series, "level": level, "view": view, "pred_yes": False} for _ in range(no)]
+    out += [{"series": series, "level": level, "view": view, "pred_yes": None} for _ in range(invalid)]
+    return out
+
+
+def records_do():
+    rs = answers("A", 0, "Full", 4, 0)            # FN 0/4 = 0%
+    rs += answers("A", 1, "Full", 3, 1)           # FN 25%
+    rs += answers("A", 2, "Full", 2, 2)           # FN 50%
+    rs += answers("A", 3, "Full", 0, 3, 1)        # FN 4/4 = 100% (the invalid one counts)
+    rs += answers("A", 0, "Cluster", 3, 1)        # FN 25%
+    rs += answers("A", 0, "Crop", 4, 0)           # FN 0%
+    rs += answers("B", 0, "Full", 0, 4)           # FP 0%
+    rs += answers("B", 1, "Full", 0, 4)           # FP 0%
+    rs += answers("B", 2, "Full", 1, 3)           # FP 25%
+    rs += answers("B", 3, "Full", 1, 2, 1)        # FP 2/4 = 50% (the invalid one counts)
+    return rs
+
+
+def test_dobench_diagnostics():
+    rs = records_do()
+    c = do.curves(rs)
+    assert c["A_FN"] == {0: 0.0, 1: 25.0, 2: 50.0, 3: 100.0}
+    assert c["B_FP"] == {0: 0.0, 1: 0.0, 2: 25.0, 3: 50.0}
+    assert c["A0_FN_by_view"] == {"Full": 0.0, "Cluster": 25.0, "Crop": 0.0}
+    # Eq. 2: 100 - (25 + 0) / 2
+    assert do.perception_ability(rs) == 87.5
+    # A_AUC = (0/2 + .25 + .5 + 1/2) / 3 = 1.25/3 ; B_AUC = (0 + 0 + .25 + .5/2) / 3 = 0.5/3
+    assert do.normalised_auc(c["A_FN"]) == pytest.approx(1.25 / 3)
+    assert do.normalised_auc(c["B_FP"]) == pytest.approx(0.5 / 3)
+    # Eq. 3: 100 (1 - (1.25/3 + 0.5/3) / 2) = 100 (1 - 1.75/6) = 70.8333
+    assert do.prior_robust(rs) == pytest.approx(100 * (1 - 1.75 / 6))
+    assert get_metric("dobench.prior_robust").fn(rs) == pytest.approx(70.8333333)
+    assert do.normalised_auc([100, 100, 100, 100]) == 1.0 and do.normalised_auc([0, 0, 0, 0]) == 0.0
+
+
+def test_dobench_classification():
+    out = do.classification(records_do())
+    # A: 24 queries, 16 explicit yes (TP), 8 not yes; B: 16 queries, 2 yes (FP), 13 no (TN), 1 invalid
+    assert out["n"] == 40
+    assert out["accuracy"] == pytest.approx(100 * 29 / 40)    # (16 + 13) / 40
+    assert out["precision"] == pytest.approx(100 * 16 / 18)   # 16 / (16 + 2)
+    assert out["recall"] == pytest.approx(100 * 16 / 24)
+    assert out["f1"] == pytest.approx(100 * 2 * (8 / 9) * (2 / 3) / (8 / 9 + 2 / 3))   # 76.19
+    assert out["yes_rate"] == pytest.approx(100 * 18 / 40)
+    assert out["invalid_rate"] == pytest.approx(100 * 2 / 40)
+
+
+def test_dobench_grid_records_stay_out_of_the_protocol():
+    rs = records_do() + answers("A", 2, "Cluster", 1, 1)
+    assert do.classification(rs)["n"] == 40                  # the §4.4 grid cell is not counted
+    grid = do.fn_grid(rs)
+    assert grid[2]["Cluster"] == 50.0 and grid[3]["Full"] == 100.0 and isnan(grid[1]["Crop"])
+
+
+def test_dobench_missing_level_and_bad_records():
+    rs = [r for r in records_do() if not (r["series"] == "B" and r["level"] == 3)]
+    assert isnan(do.curves(rs)["B_FP"][3]) and isnan(do.prior_robust(rs))   # documented NaN, no crash
+    assert isnan(do.perception_ability(answers("A", 0, "Full", 1, 0)))
+    assert isnan(do.classification(answers("B", 0, "Full", 0, 2))["precision"])  # no "yes" at all
+    # ``correct`` alone is enough; it must agree with ``pred_yes`` when both are given
+    assert do.error_rate([{"series": "B", "level": 1, "correct": False}], "B", 1) == 100.0
+    with pytest.raises(ValueError, match="inconsistent"):
+        do.classification([{"series": "A", "level": 0, "pred_yes": False, "correct": True}])
+    with pytest.raises(ValueError, match="Full view"):
+        do.classification([{"series": "B", "level": 0, "view": "Crop", "pred_yes": False}])
+    with pytest.raises(ValueError, match="level"):
+        do.classification([{"series": "A", "level": 4, "pred_yes": True}])
+
+
+# -- ReactBench -------------------------------------------------------------------------------
+def block(task, mode, qtype, right, total, **extra):
+    return [dict(task=task, mode=mode, qtype=qtype, correct=i < right, **extra) for i in range(total)]
+
+
+def std_block(task):   # SA 50, MC 75, YN 100 -> S = .5*50 + .25*75 + .25*100 = 68.75
+    return block(task, "standard", "SA", 2, 4) + block(task, "standard", "MC", 3, 4) + block(task, "std", "YN", 4, 4)
+
+
+def cot_block(task, yn_right=2):   # SA 25, MC 100, YN 50 -> S = 12.5 + 25 + 12.5 = 50
+    return block(task, "cot", "SA", 1, 4) + block(task, "cot", "MC", 4, 4) + block(task, "cot", "YN", yn_right, 4)
+
+
+def records_rb():
+    return (std_block("relational_erasure") + cot_block("relational_erasure")   # S_r = (68.75 + 50)/2 = 59.375
+            + cot_block("counterfactual_attribute")                             # S_a = 50 (CoT only)
+            + std_block("alteration_tracing")                                   # S_d = 68.75 (standard only)
+            + std_block("dense_counting") + cot_block("dense_counting", 0))     # S_c = (68.75 + 37.5)/2 = 53.125
+
+
+def test_react_score():
+    rs = records_rb()
+    assert rb.task_mode_score(rs, "relational_erasure", "standard") == pytest.approx(68.75)
+    assert rb.task_mode_score(rs, "dense_counting", "cot") == pytest.approx(37.5)
+    assert rb.task_score(rs, "relational_erasure") == pytest.approx(59.375)
+    assert rb.task_score(rs, "counterfactual_attribute") == pytest.approx(50.0)
+    # Eq. 3 with S_c = Dense Counting: .3*59.375 + .2*50 + .2*68.75 + .3*53.125 = 57.5
+    assert rb.react_score_value(rs) == pytest.approx(57.5)
+    assert get_metric("reactbench.react_score").fn(rs) == pytest.approx(57.5)
+    assert get_metric("reactbench.dense_counting").fn(rs) == pytest.approx(53.125)
+    assert rb.TASK_WEIGHTS == {"relational_erasure": 0.3, "counterfactual_attribute": 0.2,
+                               "alteration_tracing": 0.2, "dense_counting": 0.3}
+
+
+def test_reactbench_table():
+    out = rb.reactbench_scores(records_rb())
+    assert out["accuracy"]["relational_erasure"]["standard"] == pytest.approx(100 * 9 / 12)  # 2+3+4 of 12
+    assert out["accuracy"]["relational_erasure"]["cot"] == pytest.approx(100 * 7 / 12)       # 1+4+2 of 12
+    assert out["accuracy"]["relational_erasure"]["delta"] == pytest.approx(-100 * 2 / 12)
+    assert isnan(out["accuracy"]["counterfactual_attribute"]["standard"])
+    assert isnan(out["average"]["standard"])            # a task without standard runs
+    assert out["by_qtype"]["dense_counting"]["cot"]["YN"] == 0.0
+    assert out["modes_used"]["counterfactual_attribute"] == ["cot"]
+    assert out["react_score"] == pytest.approx(57.5)
+
+
+def test_reactbench_breakdowns_and_edge_cases():
+    rs = (block("re", "std", "YN", 2, 2, dimension="direct") + block("re", "cot", "SA", 0, 2, dimension="absurd")
+          + block("dc", "std", "MC", 1, 4, count_setting="exact") + block("dc", "std", "MC", 3, 4, count_setting="interval")
+          + block("at", "std", "YN", 1, 2, hint="op"))
+    bd = rb.breakdown(rs, "relational_erasure")
+    assert bd["direct"] == 100.0 and bd["absurd"] == 0.0 and isnan(bd["commonsense"])
+    assert isnan(rb.breakdown(rs, "relational_erasure", mode="std")["absurd"])   # absurd was asked in CoT only
+    assert rb.breakdown(rs, "dense_counting") == {"exact": 25.0, "interval": 75.0}
+    assert rb.breakdown(rs, "alteration_tracing")["operation"] == 50.0
+    # RE has only YN (standard) and SA (cot): S^m needs all three types -> NaN, and so React-Score
+    assert isnan(rb.task_score(rs, "relational_erasure")) and isnan(rb.react_score_value(rs))
+    # an unreadable answer marked correct is still wrong
+    assert rb.accuracy([dict(task="re", mode="cot", qtype="MC", correct=True, invalid=True)]) == 0.0
+    with pytest.raises(ValueError, match="unknown value"):
+        rb.accuracy(rs, task="counting_dense")
+
+
+@pytest.mark.parametrize("pred, setting, interval, expected", [
+    (23, "exact", None, True), (22, "exact", None, False), (None, "exact", None, False),
+    (27, "interval", (20, 29), True), (20, "interval", (20, 29), True), (30, "interval", (20, 29), False),
+    ((20, 29), "interval", (20, 29), True), ((10, 19), "interval", (20, 29), False), (None, "interval", (20, 29), False),
+])
+def test_count_correct(pred, setting, interval, expected):
+    assert rb.count_correct(pred, 23, setting, interval) is expected
+
+
+def test_count_correct_needs_a_consistent_interval():
+    with pytest.raises(ValueError):
+        rb.count_correct(23, 23, "interval")
+    with pytest.raises(ValueError, match="outside"):
+        rb.count_correct(23, 23, "interval", (0, 9))
+
+
+# -- MIOH -------------------------------------------------------------------------------------
+def mq(task, condition, right, total, qtype="comprehensive", n_images=4, invalid_right=0):
+    rs = [dict(task=task, qtype=qtype, condition=condition, n_images=n_images, correct=i < right)
+          for i in range(total)]
+    for r in rs[:invalid_right]:
+        r["invalid"] = True   # marked correct but unreadable: wrong
+    return rs
+
+
+def records_mioh():
+    return (mq("existence", "easy", 4, 4, invalid_right=1)                 # 3/4 = 75
+            + mq("existence", "hard_negative", 1, 2)                       # 1/2 = 50
+            + mq("existence", "NI", 2, 2, "selective", n_images=2)         # 2/2
+            + mq("existence", "ni", 0, 2, "selective", n_images=8)         # 0/2 -> NI 50
+            + mq("counting", "easy", 2, 4)                                 # 2/4 = 50
+            + mq("counting", "HN", 0, 8))                                  # 0/8 = 0
+
+
+def test_mioh_table():
+    out = mioh.mioh_table(records_mioh())
+    ex, ct = out["by_task"]["existence"], out["by_task"]["counting"]
+    assert ex["easy"] == 75.0 and ex["HN"] == 50.0 and ex["NI"] == 50.0 and isnan(ex["LC-S"])
+    assert ex["avg"] == pytest.approx(60.0)            # pooled 6/10, not the column mean 58.3
+    assert ct["avg"] == pytest.approx(100 * 2 / 12)
+    by_qtype = out["by_qtype"]["existence"]      # easy 3/4 + HN 1/2 comprehensive; NI 2/4 selective
+    assert by_qtype["comprehensive"] == pytest.approx(100 * 4 / 6) and by_qtype["selective"] == 50.0
+    assert isnan(by_qtype["comparative"])
+    assert out["by_task_qtype_condition"]["existence"]["selective"]["NI"] == 50.0
+    assert out["conditions"]["HN"]["pooled"] == pytest.approx(10.0)   # 1 of 10
+    assert out["conditions"]["HN"]["macro"] == pytest.approx(25.0)    # (50 + 0) / 2
+    assert isnan(out["conditions"]["LC-I"]["pooled"]) and isnan(out["conditions"]["LC-I"]["macro"])
+    assert out["ni_by_count"][2] == 100.0 and out["ni_by_count"][8] == 0.0 and isnan(out["ni_by_count"][10])
+    assert out["overall"] == pytest.approx(100 * 8 / 22)
+    assert out["overall_macro"] == pytest.approx((60 + 100 * 2 / 12) / 2)
+    assert out["invalid_rate"] == pytest.approx(100 / 22)
+    assert get_metric("mioh.hn").fn(records_mioh()) == pytest.approx(10.0)
+    assert get_metric("mioh.ni").fn(records_mioh()) == 50.0
+    assert isnan(get_metric("mioh.lc_s").fn(records_mioh()))
+
+
+def test_mioh_condition_names():
+    assert [mioh.normalise_condition(c) for c in ("Easy", "hard_positive", "LC S", "sycophantic", "lc_i")] == [
+        "easy", "HP", "LC-S", "LC-S", "LC-I"]
+    with pytest.raises(ValueError, match="unknown MIOH condition"):
+        mioh.accuracy([dict(task="existence", qtype="selective", condition="medium", correct=True)])
+
+
+def test_mioh_decomposition():
+    assert mioh.combine_existence([True, True]) == "all"
+    assert mioh.combine_existence([True, False, False]) == "some"
+    assert mioh.combine_existence([False, False]) == "none"
+    assert mioh.combine_existence([True, None]) is None and mioh.combine_existence([]) is None
+    dec = [dict(per_image=[True, True], gt="all"), dict(per_image=[True, False], gt="none"),
+           dict(per_image=[False, False], gt="none"), dict(per_image=[True, None], gt="some")]
+    out = mioh.decomposed_accuracy(dec)
+    assert out == {"accuracy": 50.0, "invalid_rate": 25.0, "n": 4}
+    gap = mioh.decomposition_gap(records_mioh(), dec)
+    # comprehensive existence: easy 3/4 + HN 1/2 = 4/6 = 66.7; gap = 50 - 66.7
+    assert gap["comprehensive"] == pytest.approx(100 * 4 / 6) and gap["gap"] == pytest.approx(50 - 100 * 4 / 6)
+    with pytest.raises(ValueError):
+        mioh.decomposed_accuracy([dict(per_image=[True], gt="maybe")])
+
+
+def test_mioh_which_in_all():
+    assert mioh.combine_which_in_all({"dog": [True, True], "cup": [True, False], "tree": [False, None]}) == "dog"
+    assert mioh.combine_which_in_all({"dog": [True, False]}) == mioh.NONE_OF_THE_ABOVE
+    assert mioh.combine_which_in_all({"dog": [True, True], "cup": [True, True]}) is None   # two qualify
+    assert mioh.combine_which_in_all({"dog": [True, None]}) is None                        # cannot tell
