@@ -1,0 +1,7 @@
+"""python -m evaluators == vlm-eval."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,89 @@
+"""The model under test: an HF VLM + processor (optionally with mitigations attached), or
+any callable for models outside Hugging Face.
+
+Both answer a batch of :class:`~evaluators.query.Query` objects with text. The HF wrapper
+renders each prompt with the processor's chat template (images first, then the text),
+left-pads the batch and calls plain ``model.generate()``; mitigations are attached for the
+duration of the call and detached afterwards.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+
+from .query import Query
+
+
+class HFModel:
+    def __init__(self, model, processor, *, mitigations: Sequence = (), max_new_tokens: int = 16,
+                 generate_kwargs: dict | None = None, name: str | None = None) -> None:
+        self.model = model.eval()
+        self.processor = processor
+        self.mitigations = list(mitigations)
+        self.max_new_tokens = max_new_tokens
+        self.generate_kwargs = {"do_sample": False, **(generate_kwargs or {})}
+        self.name = name or getattr(model.config, "_name_or_path", "") or type(model).__name__
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "model": self.name,
+            "model_class": type(self.model).__name__,
+            "mitigations": [repr(m) for m in self.mitigations],
+            "max_new_tokens": self.max_new_tokens,
+            "generate_kwargs": self.generate_kwargs,
+        }
+
+    def prompt(self, query: Query) -> str:
+        content = [{"type": "image"} for _ in query.images] + [{"type": "text", "text": query.prompt}]
+        messages = [{"role": "user", "content": content}]
+        return self.processor.apply_chat_template(messages, add_generation_prompt=True)
+
+    @torch.no_grad()
+    def __call__(self, queries: Sequence[Query]) -> list[str]:
+        texts = [self.prompt(q) for q in queries]
+        images = [img for q in queries for img in q.load_images()]
+        enc = self.processor(text=texts, images=images or None, return_tensors="pt", padding=True)
+        enc = enc.to(self.model.device)
+        if self.mitigations:
+            from mitigate import attach
+
+            with attach(self.model, *self.mitigations):
+                out = self.model.generate(**enc, max_new_tokens=self.max_new_tokens, **self.generate_kwargs)
+        else:
+            out = self.model.generate(**enc, max_new_tokens=self.max_new_tokens, **self.generate_kwargs)
+        return [t.strip() for t in self.processor.batch_decode(out[:, enc["input_ids"].shape[1]:],
+                                                                skip_special_tokens=True)]
+
+
+class CallableModel:
+    """``fn(images, prompt) -> str`` for a model outside Hugging Face."""
+
+    def __init__(self, fn: Callable[[list, str], str], name: str = "callable") -> None:
+        if not callable(fn):
+            raise ValueError("fn must be callable: fn(images, prompt) -> str")
+        self.fn, self.name = fn, name
+
+    def describe(self) -> dict[str, Any]:
+        return {"model": self.name, "model_class": "callable"}
+
+    def __call__(self, queries: Sequence[Query]) -> list[str]:
+        return [str(self.fn(q.load_images(), q.prompt)) for q in queries]
+
+
+def load_hf(spec: str, *, attn_implementation: str = "sdpa", dtype: str | None = None, device: str | None = None):
+    """``(model, processor)`` for ``"organism"`` (the shipped checkpoint) or an HF id / path."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    if spec == "organism":
+        from .organism import ORGANISM_DIR
+
+        spec = str(ORGANISM_DIR)
+    kwargs: dict[str, Any] = {"attn_implementation": attn_implementation}
+    if dtype:
+        kwargs["dtype"] = getattr(torch, dtype)
+    model = AutoModelForImageTextToText.from_pretrained(spec, **kwargs)
+    if device:
+        model = model.to(device)
+    return model, AutoProcessor.from_pretrained(spec)

@@ -1,0 +1,167 @@
+"""Run queries against a model: batched, seeded, resumable, one JSON line per answer.
+
+``run(queries, model, output_dir)`` appends one line per answered query to
+``output_dir/samples.jsonl`` and flushes it as it goes; a rerun reads the file first and
+skips every query id already there, so a killed run resumes with nothing lost and nothing
+duplicated. Queries whose images are missing or corrupt are written as invalid inputs
+(counted, never silently dropped). The scores are then computed from the file -- so they
+never depend on how many runs it took -- and written to ``results.json`` with the config
+(model, mitigations, seeds, versions) and per-benchmark invalid rates, in the layout
+lmms-eval users know (``results``, ``configs``, ``versions``, ``config``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+from .query import Query, to_record
+
+SAMPLES = "samples.jsonl"
+RESULTS = "results.json"
+
+
+def read_samples(path: str | Path) -> list[dict]:
+    """Records of a samples file; a torn last line (a kill mid-write) is ignored."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    out = []
+    with path.open() as f:
+        for line in f:
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # only the line being written when the run was killed can be torn
+    return out
+
+
+def _drop_torn_tail(path: Path) -> None:
+    """Cut a last line left without its newline by a kill, so appends start on a fresh line."""
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    data = path.read_bytes()
+    if not data.endswith(b"\n"):
+        path.write_bytes(data[: data.rfind(b"\n") + 1])
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def versions() -> dict[str, str]:
+    import numpy
+    import transformers
+
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "numpy": numpy.__version__}
+
+
+def run(
+    queries: Sequence[Query],
+    model: Callable[[Sequence[Query]], list[str]],
+    output_dir: str | Path,
+    *,
+    batch_size: int = 8,
+    seed: int = 0,
+    config: dict | None = None,
+    progress: bool = True,
+) -> dict:
+    """Answer every query not yet in ``output_dir/samples.jsonl``; score; write results.json."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    ids = [q.id for q in queries]
+    if len(set(ids)) != len(ids):
+        raise ValueError("query ids must be unique")
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    samples = out / SAMPLES
+    _drop_torn_tail(samples)
+    done = {r["id"] for r in read_samples(samples)}
+    todo = [q for q in queries if q.id not in done]
+    bar = _progress(len(queries), len(queries) - len(todo), progress)
+    with samples.open("a") as f:
+        invalid = [q for q in todo if q.problem]
+        for q in invalid:
+            f.write(json.dumps(_json_safe({**q.record, "id": q.id, "benchmark": q.benchmark, "answer": None,
+                                           "invalid_input": q.problem, "invalid": True, "correct": False})) + "\n")
+        f.flush()
+        bar.update(len(invalid))
+        ready = [q for q in todo if not q.problem]
+        for start in range(0, len(ready), batch_size):
+            batch = ready[start : start + batch_size]
+            torch.manual_seed(seed + start)  # sampling is reproducible for a given batch layout
+            answers = model(batch)
+            if len(answers) != len(batch):
+                raise RuntimeError(f"the model answered {len(answers)} of {len(batch)} queries")
+            for q, text in zip(batch, answers):
+                f.write(json.dumps(_json_safe(to_record(q, text))) + "\n")
+            f.flush()
+            bar.update(len(batch))
+    bar.close()
+    records = [r for r in read_samples(samples) if r["id"] in set(ids)]
+    results = score(records)
+    payload = {
+        "results": results["results"],
+        "invalid": results["invalid"],
+        "n_samples": results["n_samples"],
+        "configs": {b: {"metrics": sorted(m)} for b, m in results["results"].items()},
+        "versions": versions(),
+        "config": {**(config or {}), "model": getattr(model, "describe", lambda: {})(), "seed": seed,
+                   "batch_size": batch_size, "command": " ".join(sys.argv)},
+    }
+    (out / RESULTS).write_text(json.dumps(_json_safe(payload), indent=2) + "\n")
+    return payload
+
+
+def score(records: Sequence[dict]) -> dict:
+    """Every registered metric of every benchmark present in ``records``."""
+    from .metrics import metrics_for
+
+    by_bench: dict[str, list] = defaultdict(list)
+    for r in records:
+        by_bench[r["benchmark"]].append(r)
+    results, invalid, counts = {}, {}, {}
+    for bench, rows in sorted(by_bench.items()):
+        answered = [r for r in rows if not r.get("invalid_input")]
+        results[bench] = {}
+        for spec in metrics_for(bench):
+            try:
+                results[bench][spec.name.split(".", 1)[1]] = spec.fn(answered)
+            except (KeyError, ValueError, TypeError) as exc:  # a metric whose fields this suite lacks
+                results[bench].setdefault("_not_computed", {})[spec.name] = f"{type(exc).__name__}: {exc}"
+        invalid[bench] = {
+            "invalid_answer_rate": 100.0 * sum(bool(r.get("invalid")) for r in answered) / max(len(answered), 1),
+            "invalid_inputs": sum(bool(r.get("invalid_input")) for r in rows),
+        }
+        counts[bench] = len(rows)
+    return {"results": results, "invalid": invalid, "n_samples": counts}
+
+
+class _NoBar:
+    def update(self, n: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def _progress(total: int, initial: int, enabled: bool):
+    if not enabled:
+        return _NoBar()
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # pragma: no cover - tqdm comes with huggingface_hub
+        return _NoBar()
+    return tqdm(total=total, initial=initial, desc="queries", file=sys.stderr, leave=False)

@@ -1,0 +1,99 @@
+"""The runner: scripted models give hand-computed DO-Bench numbers; a killed run resumes
+with nothing lost or duplicated; invalid inputs are counted; the CLI runs end to end."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from evaluators.benchmarks.dobench.suite import build
+from evaluators.model import CallableModel
+from evaluators.runner import RESULTS, SAMPLES, read_samples, run
+
+
+@pytest.fixture(scope="module")
+def queries():
+    return build(n_scenes=4, seed=1)
+
+
+def test_suite_follows_the_ten_instance_protocol(queries):
+    assert len(queries) == 40
+    one = [q.record for q in queries if q.record["scene_id"] == queries[0].record["scene_id"]]
+    cells = sorted((r["series"], r["level"], r["view"]) for r in one)
+    assert cells == sorted([("A", l, "Full") for l in range(4)] + [("B", l, "Full") for l in range(4)]
+                           + [("A", 0, "Cluster"), ("A", 0, "Crop")])
+    assert {q.truth for q in queries if q.record["series"] == "A"} == {"yes"}
+
+
+def test_always_yes_gives_the_hand_computed_scores(queries, tmp_path):
+    payload = run(queries, CallableModel(lambda images, prompt: "Yes."), tmp_path, batch_size=7, progress=False)
+    res = payload["results"]["dobench"]
+    # FN = 0 everywhere, FP = 100% at every B level -> A_AUC = 0, B_AUC = 3/3 = 1
+    assert res["prior_robust"] == pytest.approx(100 * (1 - 0.5 * (0 + 1)))
+    assert res["perception_ability"] == pytest.approx(100.0)
+    assert res["yes_rate"] == pytest.approx(100.0)
+    # accuracy over the 10-instance protocol: 6 A right, 4 B wrong per scene
+    assert res["accuracy"] == pytest.approx(60.0)
+    assert payload["invalid"]["dobench"]["invalid_answer_rate"] == 0.0
+    saved = json.loads((tmp_path / RESULTS).read_text())
+    assert set(saved) >= {"results", "configs", "versions", "config"}
+
+
+def test_unreadable_answers_are_wrong_and_counted(queries, tmp_path):
+    payload = run(queries, CallableModel(lambda images, prompt: "hmm"), tmp_path, progress=False)
+    assert payload["invalid"]["dobench"]["invalid_answer_rate"] == 100.0
+    assert payload["results"]["dobench"]["accuracy"] == 0.0
+
+
+def test_killed_run_resumes_without_loss_or_duplicates(queries, tmp_path):
+    calls = {"n": 0}
+
+    def flaky(images, prompt):
+        calls["n"] += 1
+        if calls["n"] == 13:
+            raise KeyboardInterrupt  # killed mid-run
+        return "no" if "certain" in prompt else "yes"
+
+    with pytest.raises(KeyboardInterrupt):
+        run(queries, CallableModel(flaky), tmp_path, batch_size=5, progress=False)
+    partial = read_samples(tmp_path / SAMPLES)
+    assert 0 < len(partial) < len(queries)
+    with (tmp_path / SAMPLES).open("a") as f:
+        f.write('{"id": "torn')  # a line cut by the kill
+    resumed = run(queries, CallableModel(flaky), tmp_path, batch_size=5, progress=False)
+    ids = [r["id"] for r in read_samples(tmp_path / SAMPLES)]
+    assert sorted(ids) == sorted(q.id for q in queries), "nothing lost, nothing duplicated"
+    fresh = run(queries, CallableModel(lambda i, p: "no" if "certain" in p else "yes"), tmp_path / "fresh",
+                progress=False)
+    assert resumed["results"] == fresh["results"]
+
+
+def test_missing_images_are_invalid_inputs_not_dropped(queries, tmp_path):
+    broken = list(queries)
+    broken[0].problem = "missing image x.png"
+    payload = run(broken, CallableModel(lambda i, p: "yes"), tmp_path, progress=False)
+    assert payload["invalid"]["dobench"]["invalid_inputs"] == 1
+    assert payload["n_samples"]["dobench"] == len(queries)
+    broken[0].problem = None
+
+
+def test_cli_end_to_end_on_the_organism(tmp_path):
+    from evaluators.cli import main
+    from evaluators.organism import ORGANISM_DIR
+
+    if not (ORGANISM_DIR / "config.json").exists():
+        pytest.skip("organism checkpoint missing")
+    out = tmp_path / "run"
+    assert main(["--model", "organism", "--tasks", "dobench", "--limit", "20", "--batch_size", "10",
+                 "--output_path", str(out), "--no_progress"]) == 0
+    payload = json.loads((out / RESULTS).read_text())
+    assert payload["n_samples"]["dobench"] == 20
+    assert 0.0 <= payload["results"]["dobench"]["accuracy"] <= 100.0
+    # with a mitigation, into another folder; then a rerun resumes (answers nothing new)
+    args = ["--model", "organism", "--tasks", "dobench", "--limit", "20", "--mitigations", "vcd:alpha=1;beta=0.1",
+            "--output_path", str(tmp_path / "vcd"), "--no_progress"]
+    assert main(args) == 0
+    before = (tmp_path / "vcd" / SAMPLES).read_text()
+    assert main(args) == 0
+    assert (tmp_path / "vcd" / SAMPLES).read_text() == before
