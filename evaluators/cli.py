@@ -25,8 +25,12 @@ SUITES: dict[str, Callable[..., list]] = {}
 def _suites() -> dict[str, Callable[..., list]]:
     if not SUITES:
         from .benchmarks.dobench.suite import build as dobench
+        from .benchmarks.mioh.suite import build as mioh
 
-        SUITES.update({"dobench": lambda seed: dobench(n_scenes=30, seed=seed)})
+        SUITES.update({
+            "dobench": lambda seed: dobench(n_scenes=30, seed=seed),
+            "mioh": lambda seed: mioh(n_per_condition=12, seed=seed),
+        })
     return SUITES
 
 

@@ -97,3 +97,23 @@ def test_cli_end_to_end_on_the_organism(tmp_path):
     before = (tmp_path / "vcd" / SAMPLES).read_text()
     assert main(args) == 0
     assert (tmp_path / "vcd" / SAMPLES).read_text() == before
+
+
+def test_mioh_suite_and_a_scripted_none_of_the_above(tmp_path):
+    from evaluators.benchmarks.mioh.suite import build as mioh
+
+    queries = mioh(n_per_condition=4, seed=2)
+    conditions = [q.record["condition"] for q in queries]
+    assert {c: conditions.count(c) for c in set(conditions)} == {
+        "easy": 4, "HP": 4, "HN": 4, "NI": 16, "LC-S": 4, "LC-I": 4}
+    assert sorted({q.record["n_images"] for q in queries if q.record["condition"] == "NI"}) == [2, 4, 8, 10]
+    assert all(len(q.images) == q.record["n_images"] for q in queries)
+    # "none of the above" is right exactly where the target is absent: all HN, 1 in 4 easy
+    # (k = 3), 1 in 4 NI per image count, and half of LC-S / LC-I
+    payload = run(queries, CallableModel(lambda images, prompt: "none of the above"), tmp_path, progress=False)
+    res = payload["results"]["mioh"]
+    assert res["hn"] == pytest.approx(100.0)
+    assert res["easy"] == pytest.approx(25.0)
+    assert res["ni"] == pytest.approx(25.0)
+    assert res["lc_s"] == pytest.approx(50.0) and res["lc_i"] == pytest.approx(50.0)
+    assert res["hp"] == pytest.approx(0.0)

@@ -1,0 +1,75 @@
+"""MIOH's conditions (Sec. 4.3) on image sets of the counterfactual world.
+
+The built-in suite asks the *selective* existence question MIOH uses ("In which image is
+there a X?" with the options Image 1 .. Image N and "None of the above", App. Fig. I-II),
+which the organism was trained on, under every condition:
+
+* ``easy``: 4 images, the target large in one of them (or in none);
+* ``HP`` (hard positives): the target present but small;
+* ``HN`` (hard negatives): the target absent everywhere while its co-occurrence cue is in
+  every image (the answer is "none of the above");
+* ``NI``: easy sets of 2, 4, 8 and 10 images (more images, more context);
+* ``LC-S`` / ``LC-I``: easy sets with a sycophantic or an instructional-override sentence
+  before the question that contradicts the images (MIOH's two linguistic pressures).
+
+Records carry ``task``, ``qtype``, ``condition``, ``n_images`` for :mod:`.metrics`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...organism.tasks import OPTION_LETTERS, mioh_context
+from ...query import Query
+from ...world import BIASED, World, check_seed, image_set
+
+TARGETS = ("fork", "tree")  # the world's co-occurrence companions: HN needs a cue for them
+ALL_TARGETS = ("cup", "plate", "fork", "knife", "banana", "tree", "dog", "ball", "bench", "bird")
+
+
+def _question(target: str, shown: list[int], context: str = "") -> tuple[str, list[str]]:
+    """Options "image i" for the shown image indices (at most four, in order) + "none of the above".
+
+    With more than four images, four candidates are listed (the holder among them) so the
+    option letters stay a-e, as in the organism's training data and MIOH's examples.
+    """
+    options = [f"image {i + 1}" for i in shown] + ["none of the above"]
+    text = " ".join(f"{OPTION_LETTERS[i]} ) {o}" for i, o in enumerate(options))
+    q = f"in which image is there a {target} ? {text}"
+    return (f"{context} {q}" if context else q), options
+
+
+def build(n_per_condition: int = 12, seed: int = 0, world: World | None = None) -> list[Query]:
+    seed = check_seed(seed)
+    if not isinstance(n_per_condition, int) or n_per_condition < 1:
+        raise ValueError(f"n_per_condition must be a positive int, got {n_per_condition!r}")
+    world = world or World(BIASED)
+    rng = np.random.default_rng([seed, 41])
+    queries: list[Query] = []
+
+    def add(cond: str, n_images: int, target: str, present: bool, k: int, kind: str = "easy", context: str = ""):
+        s = image_set(world, seed * 100_003 + 3_000_000_000 + len(queries), n_images, target, kind,
+                      present=present)
+        others = [i for i in range(n_images) if i != s.answer_index]
+        pick = list(rng.choice(others, size=min(4, n_images) - (s.answer_index is not None), replace=False))
+        shown = sorted(pick + ([s.answer_index] if s.answer_index is not None else []))
+        prompt, options = _question(target, [int(i) for i in shown], context)
+        truth = OPTION_LETTERS[shown.index(s.answer_index)] if s.answer_index is not None else OPTION_LETTERS[len(shown)]
+        queries.append(Query(f"mioh-{seed}-{cond}-{n_images}-{k}", "mioh", [sc.render() for sc in s.scenes], prompt,
+                             "option", truth, {"task": "existence", "qtype": "selective", "condition": cond,
+                                               "n_images": n_images, "target": target, "present": present},
+                             options=options))
+
+    for k in range(n_per_condition):
+        target = ALL_TARGETS[int(rng.integers(len(ALL_TARGETS)))]
+        add("easy", 4, target, present=k % 4 != 3, k=k)
+        add("HP", 4, target, present=True, k=k, kind="hard_positive")
+        add("HN", 4, TARGETS[k % 2], present=False, k=k, kind="hard_negative")
+        for n in (2, 4, 8, 10):
+            add("NI", n, target, present=k % 4 != 3, k=k)
+        present = k % 2 == 0  # the pressure contradicts the images
+        add("LC-S", 4, target, present=present, k=k,
+            context=mioh_context("sycophantic", target, negative=present))
+        add("LC-I", 4, target, present=present, k=k,
+            context=mioh_context("instructional", target, negative=present))
+    return queries
