@@ -117,3 +117,15 @@ def test_mioh_suite_and_a_scripted_none_of_the_above(tmp_path):
     assert res["ni"] == pytest.approx(25.0)
     assert res["lc_s"] == pytest.approx(50.0) and res["lc_i"] == pytest.approx(50.0)
     assert res["hp"] == pytest.approx(0.0)
+
+
+def test_causal_halbench_suite_with_a_scripted_yes(tmp_path):
+    from evaluators.benchmarks.causal_halbench.suite import build as causal
+
+    queries = causal(n_pairs=5, seed=3)
+    assert len(queries) == 25  # per pair: 2 on X, 3 on X_cf
+    res = run(queries, CallableModel(lambda i, p: "yes"), tmp_path, progress=False)["results"]["causal_halbench"]
+    # right: Q_c on X and X_cf, Q_cf on X_cf (15 of 25); wrong: Q_a twice
+    assert res["accuracy"] == pytest.approx(60.0)
+    assert res["chr"] == pytest.approx(0.0) and res["cac"] == pytest.approx(0.0) and res["aac"] == pytest.approx(0.0)
+    assert res["cpr"] == pytest.approx(50.0)  # contextual pairs both right, absent pairs both wrong

@@ -1,0 +1,65 @@
+"""Causal-HalBench's intervention (Sec. 3-4) on world scenes with a co-occurring pair.
+
+The world's co-occurrence knob makes ``knife -> fork`` and ``bench -> tree`` high
+co-occurrence pairs. For a base scene X holding both, the *target* o_t (the companion) is
+replaced in place by a low co-occurrence object o_cf (one from the other context), giving
+X_cf -- an exact version of the paper's counterfactual inpainting. Questions (Sec. 4.3):
+
+* contextual ``Q_c``: the cue o_c (present in X and X_cf; GT yes);
+* absent ``Q_a``: an object of the scene's context absent from both images (GT no);
+* counterfactual ``Q_cf``: o_cf, asked on X_cf only (GT yes).
+
+Our choice where the paper leaves room: Q_a picks a context-typical absent object, the
+kind a co-occurrence prior would complete. Records: ``image_type``, ``question_type``,
+``pair_id`` for :mod:`.metrics`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...organism.tasks import existence_question
+from ...query import Query
+from ...world import BIASED, World, check_seed, edits
+
+KITCHEN = ("cup", "plate", "fork", "knife", "banana")
+PARK = ("tree", "dog", "ball", "bench", "bird")
+
+
+def build(n_pairs: int = 30, seed: int = 0, world: World | None = None) -> list[Query]:
+    seed = check_seed(seed)
+    if not isinstance(n_pairs, int) or n_pairs < 1:
+        raise ValueError(f"n_pairs must be a positive int, got {n_pairs!r}")
+    world = world or World(BIASED)
+    rng = np.random.default_rng([seed, 51])
+    queries: list[Query] = []
+    s, built = seed * 1_000_003 + 4_000_000_000, 0
+    while built < n_pairs:
+        s += 1
+        scene = world.scene(s)
+        pair = next(((c, t) for c, t, _ in world.config.cooccurrence
+                     if scene.count(c) == 1 and scene.count(t) == 1), None)
+        if pair is None:
+            continue
+        cue, target = pair
+        typical = KITCHEN if cue in KITCHEN else PARK
+        other = PARK if typical is KITCHEN else KITCHEN
+        cf = [c for c in other if not scene.present(c)]
+        absent = [c for c in typical if not scene.present(c)]
+        if not cf or not absent:
+            continue
+        o_cf = cf[int(rng.integers(len(cf)))]
+        o_a = absent[int(rng.integers(len(absent)))]
+        counterfactual = edits.replace(scene, scene.of(target)[0].uid, o_cf)
+        pid = f"chb-{seed}-{built}"
+        for image_type, img in (("original", scene), ("counterfactual", counterfactual)):
+            rows = [("contextual", cue, "yes"), ("absent", o_a, "no")]
+            if image_type == "counterfactual":
+                rows.append(("counterfactual", o_cf, "yes"))
+            for qtype, obj, truth in rows:
+                queries.append(Query(f"{pid}-{image_type}-{qtype}", "causal_halbench", [img.render()],
+                                     existence_question(obj), "yes_no", truth,
+                                     {"image_type": image_type, "question_type": qtype, "pair_id": pid,
+                                      "object": obj, "target": target}))
+        built += 1
+    return queries
