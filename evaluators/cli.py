@@ -26,12 +26,14 @@ def _suites() -> dict[str, Callable[..., list]]:
     if not SUITES:
         from .benchmarks.causal_halbench.suite import build as causal_halbench
         from .benchmarks.dobench.suite import build as dobench
+        from .benchmarks.hallusegbench.suite import build as hallusegbench
         from .benchmarks.mioh.suite import build as mioh
 
         SUITES.update({
             "dobench": lambda seed: dobench(n_scenes=30, seed=seed),
             "mioh": lambda seed: mioh(n_per_condition=12, seed=seed),
             "causal_halbench": lambda seed: causal_halbench(n_pairs=30, seed=seed),
+            "hallusegbench": lambda seed: hallusegbench(n_pairs=30, seed=seed),
         })
     return SUITES
 

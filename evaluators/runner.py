@@ -137,6 +137,9 @@ def score(records: Sequence[dict]) -> dict:
     results, invalid, counts = {}, {}, {}
     for bench, rows in sorted(by_bench.items()):
         answered = [r for r in rows if not r.get("invalid_input")]
+        assemble = _assembler(bench)
+        if assemble is not None:  # benchmarks whose metric record spans several queries
+            answered = assemble(rows)
         results[bench] = {}
         for spec in metrics_for(bench):
             try:
@@ -149,6 +152,17 @@ def score(records: Sequence[dict]) -> dict:
         }
         counts[bench] = len(rows)
     return {"results": results, "invalid": invalid, "n_samples": counts}
+
+
+def _assembler(bench: str):
+    """``evaluators.benchmarks.<bench>.suite.assemble`` when the benchmark defines one."""
+    import importlib
+
+    try:
+        module = importlib.import_module(f"evaluators.benchmarks.{bench}.suite")
+    except ModuleNotFoundError:
+        return None
+    return getattr(module, "assemble", None)
 
 
 class _NoBar:

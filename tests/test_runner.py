@@ -129,3 +129,24 @@ def test_causal_halbench_suite_with_a_scripted_yes(tmp_path):
     assert res["accuracy"] == pytest.approx(60.0)
     assert res["chr"] == pytest.approx(0.0) and res["cac"] == pytest.approx(0.0) and res["aac"] == pytest.approx(0.0)
     assert res["cpr"] == pytest.approx(50.0)  # contextual pairs both right, absent pairs both wrong
+
+
+def test_hallusegbench_suite_assembles_pairs(tmp_path):
+    import numpy as np
+
+    from evaluators.benchmarks.hallusegbench.suite import build as hsb
+    from evaluators.world import Scene
+
+    queries = hsb(n_pairs=3, seed=4)
+    assert [q.record["role"] for q in queries[:3]] == ["fact", "textual", "visual"]
+    whole = "<c0> <c0> <c15> <c15>"  # a box covering the image, for every query
+    res = run(queries, CallableModel(lambda i, p: whole), tmp_path, progress=False)["results"]["hallusegbench"]
+    ious = []
+    for q in queries[::3]:
+        mask = Scene.from_dict(q.record["factual_scene"]).masks()[q.record["uid"]]
+        ious.append(mask.sum() / mask.size)  # IoU of the whole image with the object mask
+    assert res["iou_fact"] == pytest.approx(float(np.mean(ious)))
+    # the same whole-image box everywhere: no drop for the swapped label
+    assert res["delta_iou_textual"] == pytest.approx(0.0)
+    assert run(queries, CallableModel(lambda i, p: "none"), tmp_path / "abstain",
+               progress=False)["results"]["hallusegbench"]["iou_fact"] == 0.0
