@@ -28,12 +28,14 @@ def _suites() -> dict[str, Callable[..., list]]:
         from .benchmarks.dobench.suite import build as dobench
         from .benchmarks.hallusegbench.suite import build as hallusegbench
         from .benchmarks.mioh.suite import build as mioh
+        from .benchmarks.reactbench.suite import build as reactbench
 
         SUITES.update({
             "dobench": lambda seed: dobench(n_scenes=30, seed=seed),
             "mioh": lambda seed: mioh(n_per_condition=12, seed=seed),
             "causal_halbench": lambda seed: causal_halbench(n_pairs=30, seed=seed),
             "hallusegbench": lambda seed: hallusegbench(n_pairs=30, seed=seed),
+            "reactbench": lambda seed: reactbench(n_per_task=12, seed=seed),
         })
     return SUITES
 

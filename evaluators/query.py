@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .answers import parse_choice, parse_number, parse_option, parse_yes_no
+from .answers import parse_choice, parse_number, parse_option, parse_yes_no, words
 
-ANSWER_KINDS = ("yes_no", "option", "number", "choice", "text")
+ANSWER_KINDS = ("yes_no", "option", "number", "choice", "keywords", "text")
 
 
 @dataclass
@@ -47,6 +47,9 @@ def parse(query: Query, text: str) -> Any:
         return parse_number(text)
     if query.kind == "choice":
         return parse_choice(text, query.options or [])
+    if query.kind == "keywords":  # a short answer, right when it holds every ground-truth keyword
+        found = set(words(text))
+        return sorted(found & set(query.truth)) if found else None
     return text.strip() or None
 
 
@@ -58,6 +61,8 @@ def to_record(query: Query, text: str) -> dict:
     if query.kind == "yes_no":
         record["pred_yes"] = value
         record["correct"] = value is not None and value == (query.truth == "yes")
+    elif query.kind == "keywords":
+        record["correct"] = value is not None and set(value) == set(query.truth)
     else:
         record["correct"] = value is not None and value == query.truth
     return record

@@ -150,3 +150,22 @@ def test_hallusegbench_suite_assembles_pairs(tmp_path):
     assert res["delta_iou_textual"] == pytest.approx(0.0)
     assert run(queries, CallableModel(lambda i, p: "none"), tmp_path / "abstain",
                progress=False)["results"]["hallusegbench"]["iou_fact"] == 0.0
+
+
+def test_reactbench_suite_with_a_scripted_yes(tmp_path):
+    import re
+
+    from evaluators.benchmarks.reactbench.suite import build as react
+    from evaluators.organism.tasks import vocabulary
+
+    queries = react(n_per_task=4, seed=5)
+    assert len(queries) == 48  # 4 tasks x 3 question types x 4
+    vocab = set(vocabulary())
+    for q in queries:
+        assert set(re.findall(r"<c\d+>|\w+|[^\w\s]", q.prompt)) <= vocab, q.prompt
+    res = run(queries, CallableModel(lambda i, p: "yes"), tmp_path, progress=False)["results"]["reactbench"]
+    # "yes" is only a right answer to yes/no questions whose truth is yes: in alteration
+    # tracing all of them (S = 0.25 * 100), in erasure and attribute none of them
+    assert res["alteration_tracing"] == pytest.approx(25.0)
+    assert res["relational_erasure"] == pytest.approx(0.0)
+    assert res["counterfactual_attribute"] == pytest.approx(0.0)

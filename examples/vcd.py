@@ -1,0 +1,49 @@
+"""Visual contrastive decoding on a VLM with plain generate().
+
+    python examples/vcd.py                        # the shipped organism, no download
+    python examples/vcd.py --model llava-hf/llava-1.5-7b-hf
+
+Asks a few co-occurrence probes (a knife without its fork) with and without VCD, and with
+the plausibility constraint alone -- the control that matters for contrastive decoding.
+"""
+
+import argparse
+
+import torch
+
+from evaluators.model import load_hf
+from evaluators.world import BIASED, World, edits
+from mitigate import VCD, Plausibility, attach
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--model", default="organism", help="'organism' or an HF model id / path")
+parser.add_argument("-n", type=int, default=6)
+args = parser.parse_args()
+
+model, processor = load_hf(args.model)
+world = World(BIASED)
+images, seed = [], 10**9
+while len(images) < args.n:  # scenes with a knife and no fork: the fork is expected, not there
+    seed += 1
+    scene = world.scene(seed)
+    if scene.present("knife"):
+        images.append((edits.remove_category(scene, "fork") if scene.present("fork") else scene).render())
+
+messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "is there a fork in the image ? answer yes or no ."}]}]
+prompt = processor.apply_chat_template(messages, add_generation_prompt=True)
+inputs = processor(text=[prompt] * len(images), images=images, return_tensors="pt", padding=True)
+
+
+def answers(*mitigations):
+    with torch.no_grad():
+        if mitigations:
+            with attach(model, *mitigations):
+                out = model.generate(**inputs, max_new_tokens=3, do_sample=False)
+        else:
+            out = model.generate(**inputs, max_new_tokens=3, do_sample=False)
+    return [a.strip() for a in processor.batch_decode(out[:, inputs["input_ids"].shape[1]:], skip_special_tokens=True)]
+
+
+for name, mitigations in (("plain", ()), ("plausibility only", (Plausibility(0.1),)), ("VCD", (VCD(),))):
+    got = answers(*mitigations)
+    print(f"{name:>18}: {got}  (false yes: {sum(a.startswith('yes') for a in got)}/{len(got)})")
