@@ -61,7 +61,8 @@ def test_metrics_for_and_by_mechanism():
     assert [m.name for m in metrics_for("reactbench")] == [
         "reactbench.alteration_tracing", "reactbench.counterfactual_attribute", "reactbench.dense_counting",
         "reactbench.react_score", "reactbench.relational_erasure"]
-    assert {m.name for m in metrics_by_mechanism("multi_image")} == {"mioh.ni", "reactbench.alteration_tracing"}
+    assert {m.name for m in metrics_by_mechanism("multi_image")} == {
+        "mioh.ni", "mioh.ni_decomposed", "mioh.decomposition_gap", "reactbench.alteration_tracing"}
     with pytest.raises(ValueError, match="Did you mean 'dobench'"):
         metrics_for("dobnech")
 

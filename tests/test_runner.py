@@ -103,20 +103,24 @@ def test_mioh_suite_and_a_scripted_none_of_the_above(tmp_path):
     from evaluators.benchmarks.mioh.suite import build as mioh
 
     queries = mioh(n_per_condition=4, seed=2)
-    conditions = [q.record["condition"] for q in queries]
+    decomposed = [q for q in queries if "decomposed_of" in q.record]
+    assert len(decomposed) == 4 * (2 + 4 + 8 + 10), "one yes/no per image of every NI question"
+    conditions = [q.record["condition"] for q in queries if "decomposed_of" not in q.record]
     assert {c: conditions.count(c) for c in set(conditions)} == {
         "easy": 4, "HP": 4, "HN": 4, "NI": 16, "LC-S": 4, "LC-I": 4}
     assert sorted({q.record["n_images"] for q in queries if q.record["condition"] == "NI"}) == [2, 4, 8, 10]
-    assert all(len(q.images) == q.record["n_images"] for q in queries)
-    # "none of the above" is right exactly where the target is absent: all HN, 1 in 4 easy
-    # (k = 3), 1 in 4 NI per image count, and half of LC-S / LC-I
-    payload = run(queries, CallableModel(lambda images, prompt: "none of the above"), tmp_path, progress=False)
+    assert all(len(q.images) == q.record["n_images"] for q in queries if "decomposed_of" not in q.record)
+    # "none of the above" (and "no" image by image) is right exactly where the target is
+    # absent: all HN, 1 in 4 easy (k = 3), 1 in 4 NI per image count, half of LC-S / LC-I
+    scripted = CallableModel(lambda images, prompt: "no" if "yes or no" in prompt else "none of the above")
+    payload = run(queries, scripted, tmp_path, progress=False)
     res = payload["results"]["mioh"]
     assert res["hn"] == pytest.approx(100.0)
     assert res["easy"] == pytest.approx(25.0)
     assert res["ni"] == pytest.approx(25.0)
     assert res["lc_s"] == pytest.approx(50.0) and res["lc_i"] == pytest.approx(50.0)
     assert res["hp"] == pytest.approx(0.0)
+    assert res["ni_decomposed"] == pytest.approx(25.0) and res["decomposition_gap"] == pytest.approx(0.0)
 
 
 def test_causal_halbench_suite_with_a_scripted_yes(tmp_path):

@@ -90,6 +90,7 @@ def accuracy(records: Iterable[Mapping[str, Any]], task: str | None = None, qtyp
     """Pooled accuracy (%) of the records matching every given filter; NaN if none match."""
     condition = normalise_condition(condition) if condition is not None else None
     hits = n = 0
+    records = [r for r in records if not r.get("decomposed")]  # the §5.5 ablation is scored apart
     for t, q, c, k, ok, _ in map(_parse, records):
         if task not in (None, t) or qtype not in (None, q) or condition not in (None, c):
             continue
@@ -117,7 +118,7 @@ def mioh_table(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     ``by_task_qtype_condition[task][qtype][condition]``; ``conditions[condition]`` (pooled and
     macro across tasks); ``ni_by_count[k]``; ``overall`` (pooled) and ``overall_macro`` (mean of
     task averages); ``invalid_rate``; ``n``."""
-    records = list(records)
+    records = [r for r in records if not r.get("decomposed")]
     by_task = {t: {c: accuracy(records, task=t, condition=c) for c in CONDITIONS} for t in TASKS}
     for t in TASKS:
         by_task[t]["avg"] = accuracy(records, task=t)
@@ -246,3 +247,29 @@ __all__ = [
     "easy", "hard_negative", "hard_positive", "instructional_override", "mioh_table", "normalise_condition",
     "number_of_images", "overall", "sycophantic",
 ]
+
+
+def combine_selective(per_image: Sequence[bool | None]) -> int | str | None:
+    """Decomposed answer to the *selective* question "In which image is there a X?": the
+    one image answered yes, "none" when no image is, None (unreadable) when several are or
+    an answer is unreadable -- our extension of §5.5's combination to the selective form."""
+    if not per_image or any(a is None for a in per_image):
+        return None
+    yes = [i for i, a in enumerate(per_image) if a]
+    return "none" if not yes else yes[0] if len(yes) == 1 else None
+
+
+@metric("mioh.ni_decomposed", "mioh", "multi_image", True, "pooled")
+def ni_decomposed(records) -> float:
+    """Accuracy (%) of the decomposed NI questions (each image asked alone, answers combined;
+    records with ``decomposed=True``), the §5.5 ablation beside :func:`ni`."""
+    rows = [r for r in records if r.get("decomposed") and normalise_condition(r.get("condition")) == "NI"]
+    return _pct(sum(bool(r["correct"]) and not r.get("invalid") for r in rows), len(rows))
+
+
+@metric("mioh.decomposition_gap", "mioh", "multi_image", False, "difference")
+def decomposition_gap_ni(records) -> float:
+    """Decomposed minus comprehensive NI accuracy (points): how much the multi-image context
+    itself costs (positive = the model does better image by image)."""
+    records = list(records)
+    return ni_decomposed(records) - accuracy(records, condition="NI")

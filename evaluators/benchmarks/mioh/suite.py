@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...organism.tasks import OPTION_LETTERS, mioh_context
+from ...benchmarks.mioh.metrics import combine_selective
+from ...organism.tasks import OPTION_LETTERS, existence_question, mioh_context
 from ...query import Query
 from ...world import BIASED, World, check_seed, image_set
 
@@ -55,10 +56,16 @@ def build(n_per_condition: int = 12, seed: int = 0, world: World | None = None) 
         shown = sorted(pick + ([s.answer_index] if s.answer_index is not None else []))
         prompt, options = _question(target, [int(i) for i in shown], context)
         truth = OPTION_LETTERS[shown.index(s.answer_index)] if s.answer_index is not None else OPTION_LETTERS[len(shown)]
-        queries.append(Query(f"mioh-{seed}-{cond}-{n_images}-{k}", "mioh", [sc.render() for sc in s.scenes], prompt,
-                             "option", truth, {"task": "existence", "qtype": "selective", "condition": cond,
-                                               "n_images": n_images, "target": target, "present": present},
-                             options=options))
+        qid = f"mioh-{seed}-{cond}-{n_images}-{k}"
+        images = [sc.render() for sc in s.scenes]
+        record = {"task": "existence", "qtype": "selective", "condition": cond, "n_images": n_images,
+                  "target": target, "present": present}
+        queries.append(Query(qid, "mioh", images, prompt, "option", truth, record, options=options))
+        if cond == "NI":  # §5.5: the same question decomposed into one yes/no per image
+            for i, image in enumerate(images):
+                queries.append(Query(f"{qid}-image{i}", "mioh", [image], existence_question(target), "yes_no",
+                                     "yes" if i == s.answer_index else "no",
+                                     {**record, "decomposed_of": qid, "image_index": i, "holder": s.answer_index}))
 
     for k in range(n_per_condition):
         target = ALL_TARGETS[int(rng.integers(len(ALL_TARGETS)))]
@@ -73,3 +80,25 @@ def build(n_per_condition: int = 12, seed: int = 0, world: World | None = None) 
         add("LC-I", 4, target, present=present, k=k,
             context=mioh_context("instructional", target, negative=present))
     return queries
+
+
+def assemble(rows: list[dict]) -> list[dict]:
+    """Per-query lines -> metric records: the decomposed per-image answers of each NI
+    question are combined (:func:`combine_selective`) into one ``decomposed`` record."""
+    out = [r for r in rows if "decomposed_of" not in r and not r.get("invalid_input")]
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        if "decomposed_of" in r:
+            groups.setdefault(r["decomposed_of"], []).append(r)
+    for qid, parts in sorted(groups.items()):
+        parts.sort(key=lambda r: r["image_index"])
+        if len(parts) != parts[0]["n_images"]:
+            continue  # scored once every image of the question is answered
+        answers = [None if p.get("invalid_input") else p.get("pred_yes") for p in parts]
+        combined = combine_selective(answers)
+        holder = parts[0]["holder"]
+        truth = "none" if holder is None else holder
+        keep = {k: parts[0][k] for k in ("task", "qtype", "condition", "n_images", "target", "benchmark")}
+        out.append({**keep, "id": qid + "-decomposed", "decomposed": True, "per_image": answers,
+                    "combined": combined, "invalid": combined is None, "correct": combined == truth})
+    return out
