@@ -67,6 +67,11 @@ def _is_correct(r: Mapping[str, Any]) -> bool:
     return bool(r["correct"]) and not r.get("invalid", False)
 
 
+def _qa(records: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The question-answer records (caption records, scored by CHAIR, carry ``caption``)."""
+    return [r for r in records if "caption" not in r]
+
+
 def _kind(r: Mapping[str, Any]) -> tuple[str, str]:
     try:
         image = _IMAGE_ALIASES[str(r["image_type"]).lower()]
@@ -89,7 +94,7 @@ def accuracy(records: Iterable[Mapping[str, Any]], image_type: str | None = None
         image_type = wanted_image if image_type is not None else None
         question_type = wanted_question if question_type is not None else None
     hits = n = 0
-    for r in records:
+    for r in _qa(records):
         image, question = _kind(r)
         if (image_type in (None, image)) and (question_type in (None, question)):
             n += 1
@@ -100,7 +105,7 @@ def accuracy(records: Iterable[Mapping[str, Any]], image_type: str | None = None
 def cpr(records: Iterable[Mapping[str, Any]]) -> dict[str, float]:
     """Consistent-pair rate (%), see the module notes on pairing."""
     groups: dict[tuple, dict[str, list[bool]]] = defaultdict(lambda: {"original": [], "counterfactual": []})
-    for r in records:
+    for r in _qa(records):
         image, question = _kind(r)
         if question == "counterfactual" or "pair_id" not in r:
             continue
@@ -297,7 +302,9 @@ def _default_synonyms(synonyms: Any) -> Any:
 
 
 def _chair_records(records, synonyms) -> dict[str, Any]:
-    records = list(records)
+    records = [r for r in records if "caption" in r]
+    if not records:
+        return {"chair_s": math.nan, "chair_i": math.nan}
     return chair([r["caption"] for r in records], [r["objects"] for r in records], _default_synonyms(synonyms))
 
 

@@ -7,7 +7,9 @@ X_cf -- an exact version of the paper's counterfactual inpainting. Questions (Se
 
 * contextual ``Q_c``: the cue o_c (present in X and X_cf; GT yes);
 * absent ``Q_a``: an object of the scene's context absent from both images (GT no);
-* counterfactual ``Q_cf``: o_cf, asked on X_cf only (GT yes).
+* counterfactual ``Q_cf``: o_cf, asked on X_cf only (GT yes);
+* a caption of X and of X_cf ("describe the image ."), scored with CHAIR (Sec. 5.2) against
+  the scene's objects.
 
 Our choice where the paper leaves room: Q_a picks a context-typical absent object, the
 kind a co-occurrence prior would complete. Records: ``image_type``, ``question_type``,
@@ -56,6 +58,9 @@ def build(n_pairs: int = 30, seed: int = 0, world: World | None = None) -> list[
             rows = [("contextual", cue, "yes"), ("absent", o_a, "no")]
             if image_type == "counterfactual":
                 rows.append(("counterfactual", o_cf, "yes"))
+            queries.append(Query(f"{pid}-{image_type}-caption", "causal_halbench", [img.render()],
+                                 "describe the image .", "text", None,
+                                 {"image_type": image_type, "objects": sorted(img.categories()), "pair_id": pid}))
             for qtype, obj, truth in rows:
                 queries.append(Query(f"{pid}-{image_type}-{qtype}", "causal_halbench", [img.render()],
                                      existence_question(obj), "yes_no", truth,
@@ -63,3 +68,16 @@ def build(n_pairs: int = 30, seed: int = 0, world: World | None = None) -> list[
                                       "object": obj, "target": target}))
         built += 1
     return queries
+
+
+def assemble(rows: list[dict]) -> list[dict]:
+    """Caption answers become CHAIR records (``caption``, ``objects``); QA rows pass through."""
+    out = []
+    for r in rows:
+        if r.get("invalid_input"):
+            continue
+        if "objects" in r and "question_type" not in r:
+            out.append({**r, "caption": r.get("answer") or ""})
+        else:
+            out.append(r)
+    return out
