@@ -1,0 +1,91 @@
+"""Paired statistics for mitigation-vs-baseline comparisons on identical samples.
+
+* :func:`paired_bootstrap` -- the delta of any metric (mitigated - baseline) with a
+  percentile 95% interval from resampling *units* with replacement, the same units for
+  both arms (paired). A unit is a sample, or a group the benchmark scores together (a
+  DO-Bench scene, a HalluSegBench pair), so within-group structure is kept.
+* :func:`mcnemar_exact` -- the exact McNemar test for binary outcomes on the same samples:
+  under H0 the discordant pairs split 50/50, two-sided binomial p-value.
+* :func:`verdict` -- *fixes* / *breaks* / *no detectable effect* from the interval and the
+  metric's direction, never from the point estimate alone.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Hashable, Mapping, Sequence
+
+import numpy as np
+from scipy.stats import binomtest
+
+Record = Mapping[str, Any]
+
+
+def paired_bootstrap(
+    baseline: Sequence[Record],
+    mitigated: Sequence[Record],
+    metric: Callable[[list[Record]], float],
+    *,
+    unit: Callable[[Record], Hashable] = lambda r: r["id"],
+    n_resamples: int = 1000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> dict[str, float]:
+    """``{"delta", "low", "high", "baseline", "mitigated", "n_units"}`` for ``metric``.
+
+    Both arms must hold the same units (the comparison is on identical samples); a
+    resample whose metric is NaN in either arm is dropped and counted in ``dropped``.
+    """
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    groups_a: dict[Hashable, list] = {}
+    groups_b: dict[Hashable, list] = {}
+    for r in baseline:
+        groups_a.setdefault(unit(r), []).append(r)
+    for r in mitigated:
+        groups_b.setdefault(unit(r), []).append(r)
+    if set(groups_a) != set(groups_b):
+        missing = sorted(map(str, set(groups_a) ^ set(groups_b)))[:5]
+        raise ValueError(f"baseline and mitigated runs cover different samples (e.g. {missing}); "
+                         "paired statistics need identical samples")
+    units = sorted(groups_a, key=str)
+    base_value = metric([r for u in units for r in groups_a[u]])
+    mit_value = metric([r for u in units for r in groups_b[u]])
+    rng = np.random.default_rng(seed)
+    deltas, dropped = [], 0
+    for _ in range(n_resamples):
+        pick = rng.integers(0, len(units), size=len(units))
+        a = metric([r for i in pick for r in groups_a[units[i]]])
+        b = metric([r for i in pick for r in groups_b[units[i]]])
+        if math.isnan(a) or math.isnan(b):
+            dropped += 1
+            continue
+        deltas.append(b - a)
+    tail = (1 - level) / 2 * 100
+    low, high = (np.percentile(deltas, [tail, 100 - tail]) if deltas else (math.nan, math.nan))
+    return {"baseline": base_value, "mitigated": mit_value, "delta": mit_value - base_value,
+            "low": float(low), "high": float(high), "n_units": len(units), "dropped": dropped}
+
+
+def mcnemar_exact(baseline_correct: Sequence[bool], mitigated_correct: Sequence[bool]) -> dict[str, float]:
+    """Exact McNemar test on paired binary outcomes: ``b`` = right only at baseline,
+    ``c`` = right only when mitigated; p = two-sided binomial test of b vs c at 1/2."""
+    if len(baseline_correct) != len(mitigated_correct):
+        raise ValueError("paired outcomes must have the same length")
+    b = sum(bool(x) and not bool(y) for x, y in zip(baseline_correct, mitigated_correct))
+    c = sum(bool(y) and not bool(x) for x, y in zip(baseline_correct, mitigated_correct))
+    p = 1.0 if b + c == 0 else float(binomtest(c, b + c, 0.5).pvalue)
+    return {"only_baseline_right": b, "only_mitigated_right": c, "p_value": p}
+
+
+def verdict(low: float, high: float, higher_is_better: bool | None) -> str:
+    """*fixes* when the whole interval lies on the good side of 0, *breaks* when on the bad
+    side, otherwise *no detectable effect* (also for metrics without a direction)."""
+    if higher_is_better is None or math.isnan(low) or math.isnan(high):
+        return "no detectable effect"
+    good_low, good_high = (low, high) if higher_is_better else (-high, -low)
+    if good_low > 0:
+        return "fixes"
+    if good_high < 0:
+        return "breaks"
+    return "no detectable effect"

@@ -1,0 +1,48 @@
+"""Paired bootstrap, exact McNemar and verdicts: hand-checked cases."""
+
+import math
+
+import pytest
+
+from evaluators.report import mcnemar_exact, paired_bootstrap, verdict
+
+
+def _acc(records):
+    return 100.0 * sum(r["correct"] for r in records) / len(records) if records else math.nan
+
+
+def test_bootstrap_of_an_identical_run_is_zero():
+    rows = [{"id": i, "correct": i % 3 == 0} for i in range(60)]
+    out = paired_bootstrap(rows, rows, _acc, n_resamples=200)
+    assert out["delta"] == 0.0 and out["low"] == 0.0 and out["high"] == 0.0
+
+
+def test_bootstrap_detects_a_clear_improvement_and_pairs_units():
+    base = [{"id": i, "correct": i < 20} for i in range(100)]
+    better = [{"id": i, "correct": i < 60} for i in range(100)]
+    out = paired_bootstrap(base, better, _acc, n_resamples=500, seed=1)
+    assert out["delta"] == pytest.approx(40.0)
+    assert 25 < out["low"] < 40 < out["high"] < 55
+    assert verdict(out["low"], out["high"], True) == "fixes"
+    assert verdict(out["low"], out["high"], False) == "breaks"
+    grouped = paired_bootstrap(base, better, _acc, unit=lambda r: r["id"] // 10, n_resamples=200)
+    assert grouped["n_units"] == 10
+
+
+def test_bootstrap_refuses_unpaired_runs():
+    with pytest.raises(ValueError, match="identical samples"):
+        paired_bootstrap([{"id": 1, "correct": 1}], [{"id": 2, "correct": 1}], _acc)
+
+
+def test_mcnemar_exact():
+    # 10 discordant pairs, all in favour of the mitigation: p = 2 * 0.5**10
+    out = mcnemar_exact([False] * 10 + [True] * 5, [True] * 10 + [True] * 5)
+    assert (out["only_baseline_right"], out["only_mitigated_right"]) == (0, 10)
+    assert out["p_value"] == pytest.approx(2 * 0.5**10)
+    assert mcnemar_exact([True, False], [True, False])["p_value"] == 1.0
+
+
+def test_verdict_needs_the_interval_to_exclude_zero():
+    assert verdict(-1.0, 5.0, True) == "no detectable effect"
+    assert verdict(0.5, 5.0, None) == "no detectable effect"
+    assert verdict(math.nan, 1.0, True) == "no detectable effect"
