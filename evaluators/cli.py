@@ -58,7 +58,7 @@ def parse_kv(text: str | None) -> dict[str, Any]:
     return out
 
 
-def parse_mitigations(text: str | None, tokenizer: Any) -> list:
+def parse_mitigations(text: str | None, tokenizer: Any, processor: Any = None) -> list:
     """``"vcd:alpha=1;beta=0.1,prior_suppression:mode=output"`` -> mitigation objects.
 
     Mitigations are separated by commas; a mitigation's own arguments follow a colon and
@@ -71,8 +71,11 @@ def parse_mitigations(text: str | None, tokenizer: Any) -> list:
         name, _, args = item.partition(":")
         cls = get_mitigation(name.strip())
         kwargs = parse_kv(args.replace(";", ","))
-        if "tokenizer" in {f.name for f in dataclasses.fields(cls)} and "tokenizer" not in kwargs:
+        names = {f.name for f in dataclasses.fields(cls)}
+        if "tokenizer" in names and "tokenizer" not in kwargs:
             kwargs["tokenizer"] = tokenizer
+        if "processor" in names and "processor" not in kwargs:
+            kwargs["processor"] = processor
         out.append(cls(**kwargs))
     return out
 
@@ -105,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown task(s) {unknown}; available: {sorted(suites)}")
     torch.manual_seed(args.seed)
     model, processor = load_hf(args.model, **parse_kv(args.model_args))
-    mitigations = parse_mitigations(args.mitigations, processor.tokenizer)
+    mitigations = parse_mitigations(args.mitigations, processor.tokenizer, processor)
     under_test = HFModel(model, processor, mitigations=mitigations, max_new_tokens=args.max_new_tokens,
                          generate_kwargs=parse_kv(args.gen_kwargs), name=args.model)
     queries = []

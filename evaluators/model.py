@@ -42,14 +42,28 @@ class HFModel:
 
     @torch.no_grad()
     def __call__(self, queries: Sequence[Query]) -> list[str]:
+        reaskers = [m for m in self.mitigations if hasattr(m, "answer")]
+        hooks = [m for m in self.mitigations if not hasattr(m, "answer")]
+        if reaskers:  # crop-and-verify: needs the original images, answers through its own passes
+            (reasker,) = reaskers
+            if any(len(q.images) != 1 for q in queries):
+                raise ValueError(f"{reasker.name} answers single-image questions only")
+            from mitigate import attach
+
+            images = [q.load_images()[0] for q in queries]
+            kwargs = {"max_new_tokens": self.max_new_tokens, **self.generate_kwargs}
+            if hooks:
+                with attach(self.model, *hooks):
+                    return [r["answer"] for r in reasker.answer(self.model, images, [q.prompt for q in queries], **kwargs)]
+            return [r["answer"] for r in reasker.answer(self.model, images, [q.prompt for q in queries], **kwargs)]
         texts = [self.prompt(q) for q in queries]
         images = [img for q in queries for img in q.load_images()]
         enc = self.processor(text=texts, images=images or None, return_tensors="pt", padding=True)
         enc = enc.to(self.model.device)
-        if self.mitigations:
+        if hooks:
             from mitigate import attach
 
-            with attach(self.model, *self.mitigations):
+            with attach(self.model, *hooks):
                 out = self.model.generate(**enc, max_new_tokens=self.max_new_tokens, **self.generate_kwargs)
         else:
             out = self.model.generate(**enc, max_new_tokens=self.max_new_tokens, **self.generate_kwargs)

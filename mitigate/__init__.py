@@ -7,17 +7,20 @@
 Available: :class:`VCD` (visual contrastive decoding), :class:`Plausibility` (VCD's
 plausibility constraint alone, a control), :class:`PriorSuppression` (context mode: an
 attention bias on belief/assertion spans of the prompt; output mode: an image-free
-contrast). Planned: crop-and-verify (issue 6).
+contrast), :class:`CropVerify` (re-ask on DO-Bench's Cluster/Crop views of the region the
+model's own attention points at, gated by the first answer's confidence; it needs the
+original images, so it answers through ``CropVerify.answer(model, images, prompts)``).
 """
 
 from .base import MITIGATIONS, Mitigation, MitigationHandle, attach, get_mitigation, register
 from .branches import Branch, ContrastBranches
+from .crop_verify import CropVerify
 from .prior import PriorSuppression
 from .spans import Span, find_prior_spans
 from .vcd import VCD, Plausibility, plausibility_mask
 
 __all__ = [
-    "Branch", "ContrastBranches", "MITIGATIONS", "Mitigation", "MitigationHandle", "Plausibility", "PriorSuppression",
+    "Branch", "ContrastBranches", "CropVerify", "MITIGATIONS", "Mitigation", "MitigationHandle", "Plausibility", "PriorSuppression",
     "Span", "VCD", "attach", "find_prior_spans",
     "get_mitigation", "plausibility_mask", "register",
 ]

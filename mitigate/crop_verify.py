@@ -1,0 +1,161 @@
+"""Crop-and-verify with DO-Bench's PerceptionAbility views.
+
+DO-Bench (Sec. 3.2, Fig. 4c) shows many false denials of present objects are recovered
+when the evidence is concentrated: the same question asked on the Cluster view (object and
+neighbours) or the Crop view (object with a margin) is answered right. ViCrop (ICLR 2025)
+finds the region without ground truth from the model's own attention. This mitigation
+combines them at inference time:
+
+1. **answer** the question on the original image (plain ``generate()``), keeping the first
+   token's probabilities;
+2. **gate**: verify only when the first answer is not confident (top first-token
+   probability below ``gate``) -- so the extra passes run only when they can matter;
+3. **localise** the queried object: a box from the caller's ``localizer`` (any detector
+   callable) or from attention (:mod:`mitigate.localize`);
+4. **views**: Cluster / Crop cut from the *original* image (not the resized model input)
+   with DO-Bench's margin rule, the same geometry the evaluators use
+   (:mod:`evaluators.world.views`);
+5. **re-ask** on each view and **combine** (policy, configurable): a "no" is overturned to
+   "yes" only when a view answers "yes" with probability above ``tau`` (strict); for other
+   answers (counts, colours) a view's answer replaces the first one when its confidence
+   is above both ``tau`` and the first answer's confidence.
+
+With ``tau = 1`` no view can reach the threshold: the answers are the unmitigated ones
+and no extra pass runs. ``stats`` reports how often verification ran and overturned.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+from PIL import Image
+
+from evaluators.answers import parse_yes_no
+from evaluators.world.views import check_margin, cluster_box, crop_box, cut
+
+from .base import register
+from .localize import GENERIC_PROMPT, best_window, last_token_image_attention, token_grid, vicrop_heat
+
+VIEWS = ("crop", "cluster")
+
+
+@register
+@dataclass
+class CropVerify:
+    """``CropVerify(processor, tau=0.5, gate=0.9, margin=0.1, views=("crop", "cluster"))``."""
+
+    processor: Any
+    tau: float = 0.5
+    gate: float = 0.9
+    margin: float = 0.1
+    views: Sequence[str] = VIEWS
+    layers: Sequence[int] | None = None
+    generic_prompt: str = GENERIC_PROMPT
+    localizer: Callable[[Image.Image, str], tuple] | None = None
+    stats: dict = field(default_factory=lambda: {"queries": 0, "verified": 0, "overturned": 0}, repr=False)
+
+    name = "crop_verify"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tau, (int, float)) or not 0.0 <= self.tau <= 1.0:
+            raise ValueError(f"tau must be in [0, 1], got {self.tau!r}")
+        if not isinstance(self.gate, (int, float)) or not 0.0 <= self.gate <= 1.0:
+            raise ValueError(f"gate must be in [0, 1], got {self.gate!r}")
+        check_margin(self.margin)
+        unknown = [v for v in self.views if v not in VIEWS]
+        if unknown or not self.views:
+            raise ValueError(f"views must be a non-empty subset of {VIEWS}, got {list(self.views)!r}")
+        if self.localizer is not None and not callable(self.localizer):
+            raise ValueError("localizer must be callable: localizer(image, prompt) -> (x0, y0, x1, y1)")
+
+    # -- plumbing -----------------------------------------------------------------------
+    def _inputs(self, images: list[Image.Image], prompts: list[str], model) -> dict:
+        texts = [self.processor.apply_chat_template(
+            [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": p}]}], add_generation_prompt=True)
+            for p in prompts]
+        return self.processor(text=texts, images=images, return_tensors="pt", padding=True).to(model.device)
+
+    def _generate(self, model, images, prompts, max_new_tokens: int, generate_kwargs: dict):
+        enc = self._inputs(images, prompts, model)
+        out = model.generate(**enc, max_new_tokens=max_new_tokens, output_scores=True, return_dict_in_generate=True,
+                             **{"do_sample": False, **generate_kwargs})
+        texts = [t.strip() for t in self.processor.batch_decode(out.sequences[:, enc["input_ids"].shape[1]:],
+                                                                skip_special_tokens=True)]
+        probs = torch.softmax(out.scores[0].float(), dim=-1)
+        return texts, probs
+
+    def _word_ids(self, word: str) -> list[int]:
+        tok = self.processor.tokenizer
+        ids = set()
+        for variant in (word, " " + word, word.capitalize(), " " + word.capitalize()):
+            enc = tok(variant, add_special_tokens=False)["input_ids"]
+            if len(enc) == 1:
+                ids.add(enc[0])
+        return sorted(ids)
+
+    def _p_yes(self, probs: torch.Tensor) -> torch.Tensor:
+        ids = self._word_ids("yes")
+        return probs[:, ids].sum(-1) if ids else torch.zeros(probs.shape[0])
+
+    def box(self, model, image: Image.Image, prompt: str) -> tuple[float, float, float, float]:
+        """The queried object's box in ``image`` (original pixels)."""
+        if self.localizer is not None:
+            return tuple(float(v) for v in self.localizer(image, prompt))
+        enc = self._inputs([image, image], [prompt, self.generic_prompt], model)
+        attention = last_token_image_attention(model, dict(enc), self.layers)
+        merge = getattr(getattr(model.config, "vision_config", None), "spatial_merge_size", 2)
+        grid = token_grid(len(attention[0]), dict(enc), 0, merge)
+        heat = vicrop_heat(attention[0], attention[1], grid)
+        return best_window(heat, image.width, image.height)
+
+    # -- the mitigation -------------------------------------------------------------------
+    @torch.no_grad()
+    def answer(self, model, images: list[Image.Image], prompts: list[str], *, max_new_tokens: int = 8,
+               **generate_kwargs) -> list[dict]:
+        """Answers for one image per prompt, with what verification did for each."""
+        if len(images) != len(prompts):
+            raise ValueError(f"images and prompts differ in number: {len(images)} vs {len(prompts)}")
+        if not images or any(not isinstance(im, Image.Image) for im in images):
+            raise ValueError("crop-and-verify needs one PIL image per prompt (the original, full-resolution image)")
+        small = [im.size for im in images if min(im.size) < 8]
+        if small:
+            raise ValueError(f"image of size {small[0]} is too small to cut a view with a {self.margin:.0%} margin")
+        texts, probs = self._generate(model, images, prompts, max_new_tokens, generate_kwargs)
+        confidence = probs.max(-1).values
+        results = []
+        for i, (image, prompt) in enumerate(zip(images, prompts)):
+            result = {"answer": texts[i], "first_answer": texts[i], "confidence": float(confidence[i]),
+                      "verified": False, "views": {}}
+            self.stats["queries"] += 1
+            if self.tau >= 1.0 or float(confidence[i]) >= self.gate:
+                results.append(result)
+                continue
+            self._verify(model, image, prompt, result, max_new_tokens, generate_kwargs)
+            results.append(result)
+        return results
+
+    def _verify(self, model, image, prompt, result, max_new_tokens, generate_kwargs) -> None:
+        box = self.box(model, image, prompt)
+        built = {"crop": crop_box(box, image.width, image.height, self.margin),
+                 "cluster": cluster_box(box, [], image.width, image.height, self.margin)}
+        view_images = [cut(image, built[v]) for v in self.views]
+        texts, probs = self._generate(model, view_images, [prompt] * len(view_images), max_new_tokens, generate_kwargs)
+        p_yes, conf = self._p_yes(probs), probs.max(-1).values
+        self.stats["verified"] += 1
+        result["verified"] = True
+        result["box"] = box
+        result["views"] = {v: {"answer": t, "p_yes": float(p), "confidence": float(c), "box": built[v]}
+                           for v, t, p, c in zip(self.views, texts, p_yes, conf)}
+        first = parse_yes_no(result["first_answer"])
+        if first is False:
+            if any(float(p) > self.tau for p in p_yes):
+                best = max(range(len(texts)), key=lambda j: float(p_yes[j]))
+                result["answer"] = texts[best]
+                self.stats["overturned"] += 1
+        elif first is None:  # counts, colours: the most confident view, if confident enough
+            best = max(range(len(texts)), key=lambda j: float(conf[j]))
+            if float(conf[best]) > max(self.tau, result["confidence"]):
+                result["answer"] = texts[best]
+                self.stats["overturned"] += result["answer"] != result["first_answer"]

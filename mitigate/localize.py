@@ -1,0 +1,120 @@
+"""Where is the queried object? The model's own attention, normalised as ViCrop does.
+
+ViCrop (Zhang et al., ICLR 2025): the attention from the last prompt token to the image
+tokens, at a middle layer, divided elementwise by the same map for a generic prompt (so
+regions every prompt attends to cancel out); then the window of a few sizes that holds the
+most of that ratio is the object's box.
+
+Only the chosen layers compute attention weights: a pre-forward hook gives those
+attention modules an eager copy of their config for the one call (and the causal mask
+when sdpa would have relied on ``is_causal``), a forward hook takes the weights and puts
+the config back. The rest of the model keeps its attention implementation. One forward
+per prompt, no generation, no cache.
+
+Image tokens map back to the image through a token grid: a square of ``g x g`` tokens,
+after a leading CLS token when there is one (LLaVA with the "full" feature strategy), or
+Qwen's ``image_grid_thw`` over the spatial merge. Other layouts (tiles, anyres, pooled
+crops) raise a clear error: pass boxes from a detector instead.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from hooks import HookGroup, ModelPoints, resolve
+from hooks.attention import _additive_mask
+
+GENERIC_PROMPT = "describe the image ."  # ViCrop: "Write a general description of the image."
+
+
+def default_layers(points: ModelPoints) -> list[int]:
+    """ViCrop's choice: a middle layer (and its neighbour for small models)."""
+    n = points.num_layers
+    return sorted({max(0, n // 2 - 1), n // 2})
+
+
+@torch.no_grad()
+def last_token_image_attention(model: nn.Module, inputs: dict, layers: Sequence[int] | None = None) -> list[torch.Tensor]:
+    """Per batch row, the attention (mean over heads and ``layers``) from the last token to
+    each of the row's image tokens, in ``input_ids`` order."""
+    points = resolve(model)
+    layers = points.layer_indices(layers if layers is not None else default_layers(points))
+    taken: list[torch.Tensor] = []
+    eager_configs: dict[int, object] = {}
+
+    def pre(index: int, module, args, kwargs):
+        config = module.config
+        eager = eager_configs.setdefault(id(config), copy.copy(config))
+        eager._attn_implementation = "eager"
+        module._localize_config = config
+        module.config = eager
+        hidden = kwargs.get("hidden_states", args[0] if args else None)
+        if kwargs.get("attention_mask") is None and hidden is not None and hidden.shape[1] > 1:
+            q = torch.arange(hidden.shape[1], device=hidden.device)
+            mask = _additive_mask(None, q, q, bool(getattr(module, "is_causal", True)), hidden.dtype)
+            return args, {**kwargs, "attention_mask": mask}
+        return None
+
+    def post(index: int, module, args, kwargs, output):
+        module.config = module._localize_config
+        del module._localize_config
+        weights = output[1] if isinstance(output, tuple) and len(output) > 1 else None
+        if weights is None:
+            raise RuntimeError(f"layer {index}'s attention returned no weights under eager attention")
+        taken.append(weights[:, :, -1, :].float().mean(dim=1))  # (batch, keys)
+
+    with HookGroup("localize") as group:
+        points.add_hook(group, "attention.input", pre, layers=layers)
+        points.add_hook(group, "attention.output", post, layers=layers)
+        model(**inputs, use_cache=False)
+    attention = torch.stack(taken).mean(0)  # (batch, seq)
+    image = points.image_token_mask(inputs["input_ids"])
+    return [attention[row][image[row]] for row in range(attention.shape[0])]
+
+
+def token_grid(n_tokens: int, inputs: dict | None = None, row: int = 0, merge: int = 2) -> tuple[int, int, int]:
+    """``(skip, rows, cols)``: leading tokens to drop and the grid of the rest."""
+    grid = None if inputs is None else inputs.get("image_grid_thw")
+    if grid is not None:  # Qwen: (t, h, w) patches per image; t = 1 for images
+        _, h, w = (int(v) for v in grid[row])
+        return 0, h // merge, w // merge
+    for skip in (0, 1):
+        side = math.isqrt(n_tokens - skip)
+        if side * side == n_tokens - skip and side > 0:
+            return skip, side, side
+    raise ValueError(
+        f"cannot map {n_tokens} image tokens to a grid (not a square, nor a square after a CLS token); "
+        "for tiled / anyres models pass boxes from a detector (CropVerify(localizer=...))"
+    )
+
+
+def best_window(heat: torch.Tensor, width: int, height: int, sizes: Sequence[float] = (0.25, 0.4, 0.6)) -> tuple:
+    """The square window (side = each fraction of the short side) holding the largest mean
+    of ``heat`` (a grid upsampled to the image), as ``(x0, y0, x1, y1)`` in pixels."""
+    up = torch.nn.functional.interpolate(heat[None, None].float(), size=(height, width), mode="nearest")[0, 0]
+    integral = torch.nn.functional.pad(up.cumsum(0).cumsum(1), (1, 0, 1, 0))
+    best, box = -math.inf, (0.0, 0.0, float(width), float(height))
+    for frac in sizes:
+        side = max(1, int(round(frac * min(width, height))))
+        stride = max(1, side // 4)
+        for y in range(0, height - side + 1, stride):
+            for x in range(0, width - side + 1, stride):
+                total = integral[y + side, x + side] - integral[y, x + side] - integral[y + side, x] + integral[y, x]
+                score = float(total) / (side * side) * math.sqrt(frac)  # favour larger windows on ties
+                if score > best:
+                    best, box = score, (float(x), float(y), float(x + side), float(y + side))
+    return box
+
+
+def vicrop_heat(question_attention: torch.Tensor, generic_attention: torch.Tensor, grid: tuple[int, int, int],
+                eps: float = 1e-6) -> torch.Tensor:
+    """ViCrop's ratio map on the token grid: attention(question) / attention(generic prompt)."""
+    skip, rows, cols = grid
+    q = question_attention[skip : skip + rows * cols].reshape(rows, cols)
+    g = generic_attention[skip : skip + rows * cols].reshape(rows, cols)
+    return q / (g + eps)

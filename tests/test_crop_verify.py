@@ -1,0 +1,122 @@
+"""Crop-and-verify: attention localisation runs on every architecture, tau = 1 is exactly
+the unmitigated model with no extra pass, clear errors; the organism checks live in
+test_organism_effects.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hooks import hook_state, resolve
+from hooks.testing import TINY_MODEL_TYPES, build_tiny_model, tiny_inputs
+from mitigate import CropVerify
+from mitigate.localize import best_window, last_token_image_attention, token_grid
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("model_type", TINY_MODEL_TYPES)
+def test_attention_localisation_runs_on_every_architecture(model_type, attn):
+    model = build_tiny_model(model_type, attn_implementation=attn)
+    inputs = tiny_inputs(model, batch_size=2, text_lengths=[6, 3], seed=1)
+    before = hook_state(model)
+    maps = last_token_image_attention(model, inputs)
+    points = resolve(model)
+    counts = points.image_token_mask(inputs["input_ids"]).sum(1).tolist()
+    assert [len(m) for m in maps] == counts
+    assert all(torch.isfinite(m).all() and (m >= 0).all() for m in maps)
+    assert hook_state(model) == before
+    assert all(a.config._attn_implementation == attn for a in points.attention), "config restored"
+
+
+def test_attention_matches_eager_weights():
+    """The captured weights are the eager attention of that layer, last query row."""
+    model = build_tiny_model("llava", attn_implementation="eager")
+    inputs = tiny_inputs(model, batch_size=1, seed=2)
+    with torch.no_grad():
+        out = model(**inputs, output_attentions=True)
+    layer = 1
+    expected = out.attentions[layer][0, :, -1, :].mean(0)
+    image = resolve(model).image_token_mask(inputs["input_ids"])[0]
+    (got,) = last_token_image_attention(model, inputs, layers=[layer])
+    torch.testing.assert_close(got, expected[image], rtol=1e-5, atol=1e-6)
+
+
+def test_token_grid_and_window():
+    assert token_grid(65) == (1, 8, 8)  # LLaVA "full": CLS + 8x8
+    assert token_grid(64) == (0, 8, 8)
+    assert token_grid(6, {"image_grid_thw": torch.tensor([[1, 4, 6]])}) == (0, 2, 3)
+    with pytest.raises(ValueError, match="detector"):
+        token_grid(70)
+    heat = torch.zeros(8, 8)
+    heat[6, 1] = 10.0  # a hot cell at row 6, column 1 of a 128 px image: pixels x 16-32, y 96-112
+    x0, y0, x1, y1 = best_window(heat, 128, 128)
+    assert x0 <= 16 and x1 >= 32 and y0 <= 96 and y1 >= 112
+
+
+@pytest.fixture(scope="module")
+def organism_like():
+    from evaluators.organism import tasks
+    from evaluators.organism.package import build_model_config, build_processor, build_tokenizer
+    from evaluators.world import BIASED, World
+    from transformers import LlavaForConditionalGeneration
+
+    tokenizer = build_tokenizer(tasks.vocabulary())
+    processor = build_processor(tokenizer)
+    torch.manual_seed(0)
+    model = LlavaForConditionalGeneration(build_model_config(len(tokenizer))).eval()
+    images = [World(BIASED).scene(i).render() for i in range(4)]
+    return model, processor, images
+
+
+def test_tau_one_is_the_unmitigated_model_with_no_extra_pass(organism_like):
+    model, processor, images = organism_like
+    prompts = ["is there a dog in the image ? answer yes or no ."] * len(images)
+    plain = CropVerify(processor, tau=1.0)._generate(model, images, prompts, 3, {})[0]
+    cv = CropVerify(processor, tau=1.0, gate=1.0)
+    got = cv.answer(model, images, prompts, max_new_tokens=3)
+    assert [r["answer"] for r in got] == plain
+    assert cv.stats == {"queries": 4, "verified": 0, "overturned": 0}
+
+
+def test_gate_decides_when_views_run(organism_like):
+    model, processor, images = organism_like
+    prompts = ["is there a dog in the image ? answer yes or no ."] * len(images)
+    never = CropVerify(processor, gate=0.0)
+    never.answer(model, images, prompts, max_new_tokens=3)
+    assert never.stats["verified"] == 0
+    always = CropVerify(processor, gate=1.0, tau=0.0)
+    results = always.answer(model, images, prompts, max_new_tokens=3)
+    assert always.stats["verified"] == 4
+    assert set(results[0]["views"]) == {"crop", "cluster"}
+    box = results[0]["views"]["crop"]["box"]
+    assert 0 <= box[0] < box[2] <= images[0].width and 0 <= box[1] < box[3] <= images[0].height
+
+
+def test_caller_boxes_replace_attention(organism_like):
+    model, processor, images = organism_like
+    cv = CropVerify(processor, gate=1.0, tau=0.0, views=("crop",), localizer=lambda image, prompt: (10, 10, 30, 30))
+    (result,) = cv.answer(model, images[:1], ["is there a dog in the image ? answer yes or no ."], max_new_tokens=3)
+    assert result["box"] == (10.0, 10.0, 30.0, 30.0)
+    assert result["views"]["crop"]["box"] == (8.0, 8.0, 32.0, 32.0)  # 10% margin, square
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"tau": 1.5}, "tau"), ({"tau": -0.1}, "tau"), ({"gate": 2}, "gate"), ({"margin": 0.9 + 0.2}, "margin"),
+    ({"views": ("zoom",)}, "views"), ({"localizer": "yolo"}, "localizer"),
+])
+def test_bad_config(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        CropVerify(None, **kwargs)
+
+
+def test_bad_inputs(organism_like):
+    from PIL import Image
+
+    model, processor, _ = organism_like
+    cv = CropVerify(processor)
+    with pytest.raises(ValueError, match="one PIL image"):
+        cv.answer(model, [], [])
+    with pytest.raises(ValueError, match="too small"):
+        cv.answer(model, [Image.new("RGB", (4, 4))], ["is there a dog ?"])
+    with pytest.raises(ValueError, match="differ"):
+        cv.answer(model, [Image.new("RGB", (64, 64))], [])
