@@ -46,16 +46,31 @@ class HFModel:
         hooks = [m for m in self.mitigations if not hasattr(m, "answer")]
         if reaskers:  # crop-and-verify: needs the original images, answers through its own passes
             (reasker,) = reaskers
-            if any(len(q.images) != 1 for q in queries):
-                raise ValueError(f"{reasker.name} answers single-image questions only")
-            from mitigate import attach
+            single = [i for i, q in enumerate(queries) if len(q.images) == 1]
+            answers: list[str | None] = [None] * len(queries)
+            if single:
+                from mitigate import attach
 
-            images = [q.load_images()[0] for q in queries]
-            kwargs = {"max_new_tokens": self.max_new_tokens, **self.generate_kwargs}
-            if hooks:
-                with attach(self.model, *hooks):
-                    return [r["answer"] for r in reasker.answer(self.model, images, [q.prompt for q in queries], **kwargs)]
-            return [r["answer"] for r in reasker.answer(self.model, images, [q.prompt for q in queries], **kwargs)]
+                images = [queries[i].load_images()[0] for i in single]
+                prompts = [queries[i].prompt for i in single]
+                kwargs = {"max_new_tokens": self.max_new_tokens, **self.generate_kwargs}
+                if hooks:
+                    with attach(self.model, *hooks):
+                        got = reasker.answer(self.model, images, prompts, **kwargs)
+                else:
+                    got = reasker.answer(self.model, images, prompts, **kwargs)
+                for i, r in zip(single, got):
+                    answers[i] = r["answer"]
+            rest = [q for q in queries if len(q.images) != 1]
+            if rest:  # multi-image questions: crop-and-verify does not apply; counted, answered plainly
+                reasker.stats["not_applicable"] = reasker.stats.get("not_applicable", 0) + len(rest)
+                plain = self._generate(rest, hooks)
+                it = iter(plain)
+                answers = [a if a is not None else next(it) for a in answers]
+            return answers
+        return self._generate(queries, hooks)
+
+    def _generate(self, queries: Sequence[Query], hooks: Sequence) -> list[str]:
         texts = [self.prompt(q) for q in queries]
         images = [img for q in queries for img in q.load_images()]
         enc = self.processor(text=texts, images=images or None, return_tensors="pt", padding=True)

@@ -136,10 +136,7 @@ def score(records: Sequence[dict]) -> dict:
         by_bench[r["benchmark"]].append(r)
     results, invalid, counts = {}, {}, {}
     for bench, rows in sorted(by_bench.items()):
-        answered = [r for r in rows if not r.get("invalid_input")]
-        assemble = _assembler(bench)
-        if assemble is not None:  # benchmarks whose metric record spans several queries
-            answered = assemble(rows)
+        answered = metric_records(bench, rows)
         results[bench] = {}
         for spec in metrics_for(bench):
             try:
@@ -152,6 +149,15 @@ def score(records: Sequence[dict]) -> dict:
         }
         counts[bench] = len(rows)
     return {"results": results, "invalid": invalid, "n_samples": counts}
+
+
+def metric_records(bench: str, rows: Sequence[dict]) -> list[dict]:
+    """The records a benchmark's metrics read: answered lines, assembled where a metric
+    record spans several queries (HalluSegBench pairs, MIOH decompositions, captions)."""
+    assemble = _assembler(bench)
+    if assemble is not None:
+        return assemble(list(rows))
+    return [r for r in rows if not r.get("invalid_input")]
 
 
 def _assembler(bench: str):

@@ -1,0 +1,129 @@
+"""Which mechanism each mitigation fixes, and which it breaks.
+
+Every *arm* (a mitigation setting) answers the same probe queries as its baseline (greedy
+or sampling, matching its own decoding). For every metric the benchmarks tag with a
+mechanism, the paired bootstrap gives the delta and its 95% interval (resampling the
+benchmark's units: DO-Bench scenes, Causal-HalBench pairs, single questions elsewhere),
+and :func:`~evaluators.report.stats.verdict` reads the interval. A (mitigation, mechanism)
+cell is *fixes* when some metric of that mechanism improves and none worsens, *breaks* in
+the opposite case, *mixed* when both happen, else *no detectable effect*.
+
+Controls the contrastive-decoding literature demands (arXiv 2504.10020): VCD is run under
+greedy and under sampling, the plausibility constraint alone is its own arm, and the
+yes-ratio is reported beside every yes/no benchmark. A VCD gain under sampling that the
+plausibility-only arm matches (their paired interval includes 0) is flagged as
+*explained by the plausibility constraint*.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from ..metrics import MECHANISMS, metrics_for
+from .stats import mcnemar_exact, paired_bootstrap, verdict
+
+SAMPLING = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
+
+# the unit a benchmark's records are resampled by (its scored groups stay together)
+UNITS: dict[str, Callable[[dict], Any]] = {
+    "dobench": lambda r: r.get("scene_id", r["id"]),
+    "causal_halbench": lambda r: r.get("pair_id", r["id"]),
+}
+YES_NO_BENCHMARKS = ("dobench", "causal_halbench")
+
+
+@dataclass
+class Arm:
+    """A decoding setting: mitigations (built from the processor) and generate() arguments."""
+
+    name: str
+    build: Callable[[Any], list] = field(default=lambda processor: [])
+    generate_kwargs: dict = field(default_factory=dict)
+    baseline: str | None = None  # the arm it is compared with (None: it is a baseline)
+    control: str | None = None  # an arm whose effect must be beaten for the gain to count
+
+
+def default_arms() -> list[Arm]:
+    from mitigate import VCD, CropVerify, Plausibility, PriorSuppression
+
+    return [
+        Arm("baseline (greedy)"),
+        Arm("baseline (sampling)", generate_kwargs=SAMPLING),
+        Arm("plausibility only (sampling)", lambda p: [Plausibility(0.1)], SAMPLING, "baseline (sampling)"),
+        Arm("VCD (greedy)", lambda p: [VCD()], {}, "baseline (greedy)"),
+        Arm("VCD (sampling)", lambda p: [VCD()], SAMPLING, "baseline (sampling)", control="plausibility only (sampling)"),
+        Arm("prior suppression: context", lambda p: [PriorSuppression(p.tokenizer, mode="context")], {},
+            "baseline (greedy)"),
+        Arm("prior suppression: output", lambda p: [PriorSuppression(mode="output")], {}, "baseline (greedy)"),
+        Arm("crop-and-verify", lambda p: [CropVerify(p)], {}, "baseline (greedy)"),
+        Arm("combined", lambda p: [VCD(), PriorSuppression(p.tokenizer, mode="both"), CropVerify(p)], {},
+            "baseline (greedy)"),
+    ]
+
+
+def _unit(bench: str) -> Callable[[dict], Any]:
+    return UNITS.get(bench, lambda r: r["id"])
+
+
+def compare(base: dict[str, list], arm: dict[str, list], *, n_resamples: int = 1000, seed: int = 0) -> list[dict]:
+    """Per benchmark and mechanism-tagged metric: the paired delta, interval and verdict."""
+    rows = []
+    for bench in sorted(set(base) & set(arm)):
+        for spec in metrics_for(bench):
+            if spec.mechanism is None and not spec.name.endswith(("accuracy", "yes_rate")):
+                continue
+            try:
+                stats = paired_bootstrap(base[bench], arm[bench], spec.fn, unit=_unit(bench),
+                                         n_resamples=n_resamples, seed=seed)
+            except (KeyError, ValueError, TypeError):
+                continue  # a metric whose fields this suite lacks (reported as not computed elsewhere)
+            rows.append({"benchmark": bench, "metric": spec.name, "mechanism": spec.mechanism,
+                         "higher_is_better": spec.higher_is_better, **stats,
+                         "verdict": verdict(stats["low"], stats["high"], spec.higher_is_better)})
+        correct_a = {r["id"]: bool(r.get("correct")) for r in base[bench] if "correct" in r}
+        correct_b = {r["id"]: bool(r.get("correct")) for r in arm[bench] if "correct" in r}
+        shared = sorted(set(correct_a) & set(correct_b))
+        if shared:
+            test = mcnemar_exact([correct_a[i] for i in shared], [correct_b[i] for i in shared])
+            rows.append({"benchmark": bench, "metric": f"{bench}.mcnemar(correct)", "mechanism": None, **test})
+    return rows
+
+
+def cell_verdicts(rows: Sequence[dict]) -> dict[str, str]:
+    """Mechanism -> fixes / breaks / mixed / no detectable effect."""
+    by: dict[str, list[str]] = defaultdict(list)
+    for r in rows:
+        if r.get("mechanism") and "verdict" in r:
+            by[r["mechanism"]].append(r["verdict"])
+    out = {}
+    for mechanism in MECHANISMS:
+        found = by.get(mechanism)
+        if not found:
+            out[mechanism] = "not measured"
+        elif "fixes" in found and "breaks" in found:
+            out[mechanism] = "mixed"
+        elif "fixes" in found:
+            out[mechanism] = "fixes"
+        elif "breaks" in found:
+            out[mechanism] = "breaks"
+        else:
+            out[mechanism] = "no detectable effect"
+    return out
+
+
+def explained_by_control(arm_rows: Sequence[dict], versus_control: Sequence[dict]) -> list[str]:
+    """Metrics the arm 'fixes' against its baseline but not against its control."""
+    beaten = {r["metric"] for r in versus_control if r.get("verdict") == "fixes"}
+    return sorted(r["metric"] for r in arm_rows if r.get("verdict") == "fixes" and r["metric"] not in beaten)
+
+
+def yes_ratio(records: dict[str, list]) -> dict[str, float]:
+    """Share of explicit "yes" answers per yes/no benchmark (%)."""
+    out = {}
+    for bench in YES_NO_BENCHMARKS:
+        rows = [r for r in records.get(bench, []) if "pred_yes" in r]
+        out[bench] = 100.0 * sum(r["pred_yes"] is True for r in rows) / len(rows) if rows else math.nan
+    return out

@@ -1,0 +1,145 @@
+"""``vlm-report``: evaluate a model unmitigated and under each mitigation on the built-in
+probe suites, and say which failure mechanism each mitigation fixes and which it breaks.
+
+    vlm-report --output_path runs/report                     # the shipped organism, ~minutes on CPU
+    vlm-report --model <hf id or path> --model_args dtype=bfloat16,device=cuda --output_path runs/x
+
+Writes ``<output_path>/results.json`` (every number, config, versions, seeds),
+``<output_path>/<arm>/samples.jsonl`` (per-sample answers; reruns resume),
+``<output_path>/report.html`` (self-contained) and prints the mechanism x mitigation table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+SCALES = {  # queries per suite: "small" keeps the default run within minutes on 2 CPU cores
+    "small": {"dobench": 12, "mioh": 4, "causal_halbench": 12, "hallusegbench": 10, "reactbench": 5},
+    "full": {"dobench": 40, "mioh": 12, "causal_halbench": 40, "hallusegbench": 30, "reactbench": 12},
+}
+
+
+def build_queries(tasks: list[str], seed: int, scale: str) -> list:
+    from ..benchmarks.causal_halbench.suite import build as causal
+    from ..benchmarks.dobench.suite import build as dobench
+    from ..benchmarks.hallusegbench.suite import build as hsb
+    from ..benchmarks.mioh.suite import build as mioh
+    from ..benchmarks.reactbench.suite import build as react
+
+    n = SCALES[scale]
+    builders = {
+        "dobench": lambda: dobench(n_scenes=n["dobench"], seed=seed),
+        "mioh": lambda: mioh(n_per_condition=n["mioh"], seed=seed),
+        "causal_halbench": lambda: causal(n_pairs=n["causal_halbench"], seed=seed),
+        "hallusegbench": lambda: hsb(n_pairs=n["hallusegbench"], seed=seed),
+        "reactbench": lambda: react(n_per_task=n["reactbench"], seed=seed),
+    }
+    unknown = [t for t in tasks if t not in builders]
+    if unknown:
+        raise ValueError(f"unknown task(s) {unknown}; available: {sorted(builders)}")
+    return [q for t in tasks for q in builders[t]()]
+
+
+def slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="vlm-report", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="organism")
+    parser.add_argument("--model_args", default="")
+    parser.add_argument("--tasks", default="dobench,mioh,causal_halbench,hallusegbench,reactbench")
+    parser.add_argument("--arms", default="", help="comma-separated arm names (default: all)")
+    parser.add_argument("--scale", default="small", choices=sorted(SCALES))
+    parser.add_argument("--output_path", default="runs/report")
+    parser.add_argument("--batch_size", type=int, default=16)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--resamples", type=int, default=1000)
+    parser.add_argument("--no_progress", action="store_true")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    from ..cli import parse_kv
+    from ..model import HFModel, load_hf
+    from ..runner import metric_records, read_samples, run, versions
+    from .attribution import cell_verdicts, compare, default_arms, explained_by_control, yes_ratio
+    from .html import write_html
+    from .table import text_table
+
+    torch.manual_seed(args.seed)
+    out = Path(args.output_path)
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    queries = build_queries(tasks, args.seed, args.scale)
+    model, processor = load_hf(args.model, **parse_kv(args.model_args))
+    arms = default_arms()
+    if args.arms:
+        wanted = [a.strip() for a in args.arms.split(",")]
+        arms = [a for a in arms if a.name in wanted or slug(a.name) in wanted]
+        names = {a.name for a in arms}
+        arms += [b for b in default_arms() if b.name not in names and any(a.baseline == b.name for a in arms)]
+    records, costs, payloads = {}, {}, {}
+    for arm in arms:
+        mitigations = arm.build(processor)
+        under_test = HFModel(model, processor, mitigations=mitigations, generate_kwargs=arm.generate_kwargs,
+                             max_new_tokens=8, name=args.model)
+        folder = out / slug(arm.name)
+        start = time.perf_counter()
+        payloads[arm.name] = run(queries, under_test, folder, batch_size=args.batch_size, seed=args.seed,
+                                 config={"arm": arm.name}, progress=not args.no_progress)
+        seconds = time.perf_counter() - start
+        timing = folder / "timing.json"
+        if not timing.exists():  # the first complete run's wall clock (a resumed run would understate it)
+            timing.write_text(json.dumps({"seconds": seconds}))
+        rows = 1 + sum(getattr(m, "extra_rows", 0) for m in mitigations)
+        verify = next((m.stats for m in mitigations if hasattr(m, "stats")), None)
+        costs[arm.name] = {"seconds": json.loads(timing.read_text())["seconds"], "forward_rows_per_token": rows,
+                           "verification": verify}
+        lines = read_samples(folder / "samples.jsonl")
+        by_bench: dict[str, list] = {}
+        for r in lines:
+            by_bench.setdefault(r["benchmark"], []).append(r)
+        records[arm.name] = {b: metric_records(b, rs) for b, rs in by_bench.items()}
+        print(f"{arm.name}: {costs[arm.name]['seconds']:.0f}s", file=sys.stderr, flush=True)
+
+    comparisons, cells, flags = {}, {}, {}
+    for arm in arms:
+        if arm.baseline is None:
+            continue
+        rows = compare(records[arm.baseline], records[arm.name], n_resamples=args.resamples, seed=args.seed)
+        comparisons[arm.name] = rows
+        cells[arm.name] = cell_verdicts(rows)
+        if arm.control:
+            against = compare(records[arm.control], records[arm.name], n_resamples=args.resamples, seed=args.seed)
+            comparisons[f"{arm.name} vs {arm.control}"] = against
+            flags[arm.name] = explained_by_control(rows, against)
+    for arm in arms:
+        base = costs.get(arm.baseline or arm.name)
+        costs[arm.name]["wall_clock_vs_baseline"] = costs[arm.name]["seconds"] / base["seconds"] if base else None
+    result = {
+        "model": args.model, "tasks": tasks, "scale": args.scale, "seed": args.seed, "resamples": args.resamples,
+        "arms": [{"name": a.name, "baseline": a.baseline, "control": a.control, "generate_kwargs": a.generate_kwargs,
+                  "mitigations": [repr(m) for m in a.build(processor)]} for a in arms],
+        "scores": {a.name: payloads[a.name]["results"] for a in arms},
+        "invalid": {a.name: payloads[a.name]["invalid"] for a in arms},
+        "yes_ratio": {a.name: yes_ratio(records[a.name]) for a in arms},
+        "comparisons": comparisons, "verdicts": cells, "explained_by_control": flags, "cost": costs,
+        "versions": versions(), "command": " ".join(sys.argv),
+    }
+    from ..runner import _json_safe
+
+    (out / "results.json").write_text(json.dumps(_json_safe(result), indent=2, default=str) + "\n")
+    write_html(result, queries, records, out / "report.html")
+    print(text_table(result))
+    print(f"\nwrote {out / 'results.json'} and {out / 'report.html'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

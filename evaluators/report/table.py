@@ -1,0 +1,39 @@
+"""The mechanism x mitigation table printed on stdout."""
+
+from __future__ import annotations
+
+from ..metrics import MECHANISMS
+
+SHORT = {"fixes": "FIXES", "breaks": "BREAKS", "mixed": "mixed", "no detectable effect": "-",
+         "not measured": "n/a"}
+
+
+def headline(rows: list[dict], mechanism: str) -> str:
+    """The largest-|delta| metric of a mechanism, as 'delta [low, high]'."""
+    cands = [r for r in rows if r.get("mechanism") == mechanism and "delta" in r and r["delta"] == r["delta"]]
+    if not cands:
+        return ""
+    best = max(cands, key=lambda r: abs(r["delta"]))
+    return f"{best['delta']:+.1f} [{best['low']:+.1f},{best['high']:+.1f}]"
+
+
+def text_table(result: dict) -> str:
+    arms = [a["name"] for a in result["arms"] if a["baseline"]]
+    width = len("cost: rows/token, time") + 2
+    col = max(24, *(len(a) + 2 for a in arms))
+    lines = ["mechanism".ljust(width) + "".join(a.ljust(col) for a in arms)]
+    for mech in MECHANISMS:
+        cells = []
+        for a in arms:
+            v = SHORT[result["verdicts"][a][mech]]
+            h = headline(result["comparisons"][a], mech)
+            cells.append(f"{v} {h}".strip().ljust(col))
+        lines.append(mech.ljust(width) + "".join(cells))
+    yes = "yes-ratio (DO-Bench)".ljust(width)
+    lines.append(yes + "".join(f"{result['yes_ratio'][a].get('dobench', float('nan')):.1f}%".ljust(col) for a in arms))
+    cost = "cost: rows/token, time".ljust(width)
+    lines.append(cost + "".join(
+        f"{result['cost'][a]['forward_rows_per_token']}x, {result['cost'][a]['wall_clock_vs_baseline']:.2f}x".ljust(col)
+        for a in arms))
+    flags = [f"{a}: gain on {', '.join(m)} is matched by its control" for a, m in result["explained_by_control"].items() if m]
+    return "\n".join(lines + (["", *flags] if flags else []))
