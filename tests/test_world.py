@@ -33,10 +33,12 @@ def test_render_is_4x_the_model_input_and_masks_are_exact(world):
         mask = scene.masks()[obj.uid]
         assert mask.any() and not (mask & union).any(), "instance masks are disjoint"
         union |= mask
-        # the object's pixels carry its colour (up to the sensor noise)
+        # the object's pixels carry its colour or its texture's darker shade (up to the noise)
         from evaluators.world import COLOURS
 
-        assert np.abs(img[mask].mean(0) - COLOURS[obj.colour]).max() < 3 * NOISE_STD
+        colour = np.array(COLOURS[obj.colour], dtype=float)
+        near = lambda c: np.abs(img[mask] - c).max(axis=1) < 5 * NOISE_STD  # noqa: E731
+        assert (near(colour) | near(colour * 0.45 + 20)).all()
         x0, y0, x1, y1 = scene.boxes()[obj.uid]
         ys, xs = np.nonzero(mask)
         assert (xs.min(), ys.min(), xs.max() + 1, ys.max() + 1) == (x0, y0, x1, y1)

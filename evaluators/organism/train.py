@@ -1,13 +1,14 @@
 """Train the model organism on CPU from the biased world (deterministic).
 
-    python -m evaluators.organism.train                      # the shipped recipe (~40 min, 2 cores)
-    python -m evaluators.organism.train --minutes 5 --out /tmp/organism   # a quick look
+    python -m evaluators.organism.train                      # the recipe: 1500 + 3000 steps (~40 min, 2 cores)
+    python -m evaluators.organism.train --max-steps 300 --vision-steps 200 --out /tmp/organism   # a quick look
 
 Two stages, as real VLMs are built (a prototype trained end to end from scratch learned
 only the text priors for 25 minutes):
 
 1. **Vision pretraining** on dense per-patch labels (the category and colour of the object
-   covering each patch, or background), like starting from a pretrained CLIP.
+   covering each patch, or background), like starting from a pretrained CLIP; then the
+   feature standardisation is folded into the projector (see :func:`standardise_projector`).
 2. **Instruction tuning** of the whole LLaVA on the task mix of :mod:`.tasks`, loss on the
    answer tokens only. Each batch holds one task (so image counts match).
 
@@ -33,13 +34,13 @@ from .package import (
     ORGANISM_DIR, build_model_config, build_processor, build_tokenizer, format_prompt, save_organism,
 )
 
-IMAGE_SIZE, PATCH = 32, 4
+IMAGE_SIZE, PATCH = 64, 8
 GRID = IMAGE_SIZE // PATCH
 CAT_IDS = {c: i + 1 for i, c in enumerate(CATEGORIES)}  # 0 = background
 COL_IDS = {c: i + 1 for i, c in enumerate(COLOURS)}
 
 
-def patch_labels(scene, min_cover: float = 0.08) -> tuple[np.ndarray, np.ndarray]:
+def patch_labels(scene, min_cover: float = 0.2) -> tuple[np.ndarray, np.ndarray]:
     """Per patch of the model input, the category / colour of the object covering most of it."""
     r = scene.resolution
     cell = r // GRID
@@ -79,6 +80,29 @@ def pretrain_vision(model, processor, world: World, steps: int, batch: int, seed
             acc = (lc.argmax(-1)[obj] == cat[obj]).float().mean().item()
             log(f"vision {step:5d} loss {loss.item():.3f} object-patch acc {acc:.3f}")
     vision.eval()
+
+
+@torch.no_grad()
+def standardise_projector(model, processor, world: World, seed: int, n_images: int = 256) -> None:
+    """Fold feature standardisation into the projector's first linear layer.
+
+    The raw last-layer CLIP features LLaVA feeds its projector carry a large common
+    component (here: std ~10 and ~1000x the text embeddings' norm after the projector),
+    which drowns the differences between images and makes the decoder learn to ignore
+    them -- the first training run did exactly that. ``W x + b`` on standardised features
+    ``(x - mu) / sigma`` is the same layer as ``(W / sigma) x + (b - W mu / sigma)``, so
+    the projector starts on a well-scaled input without changing the architecture (real
+    LLaVA starts from a CLIP whose features are already well conditioned).
+    """
+    vision = model.model.vision_tower
+    images = [world.scene(seed * 1_000_003 + 900_000 + i).render() for i in range(n_images)]
+    pixels = processor.image_processor(images, return_tensors="pt")["pixel_values"]
+    feats = torch.cat([vision(pixel_values=pixels[i : i + 64]).last_hidden_state for i in range(0, n_images, 64)])
+    feats = feats.reshape(-1, feats.shape[-1])
+    mu, sigma = feats.mean(0), feats.std(0).clamp(min=1e-3)
+    linear = model.model.multi_modal_projector.linear_1
+    linear.bias.sub_(linear.weight @ (mu / sigma))
+    linear.weight.div_(sigma[None, :])
 
 
 def make_batch(processor, examples: list[tasks.Example]):
@@ -138,9 +162,9 @@ def instruct(model, processor, world: World, seconds: float, batch: int, seed: i
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=ORGANISM_DIR)
-    parser.add_argument("--minutes", type=float, default=36.0, help="wall-clock budget of stage 2")
-    parser.add_argument("--max-steps", type=int, default=None, help="fix stage 2's step count instead")
-    parser.add_argument("--vision-steps", type=int, default=400)
+    parser.add_argument("--max-steps", type=int, default=3000, help="stage 2 steps (0: use --minutes)")
+    parser.add_argument("--minutes", type=float, default=36.0, help="wall-clock budget of stage 2 with --max-steps 0")
+    parser.add_argument("--vision-steps", type=int, default=1500)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
@@ -164,6 +188,7 @@ def main(argv=None) -> None:
     t0 = time.time()
     pretrain_vision(model, processor, world, args.vision_steps, 64, args.seed, log)
     log(f"vision pretraining: {time.time() - t0:.0f}s")
+    standardise_projector(model, processor, world, args.seed)
     t1 = time.time()
     steps = instruct(model, processor, world, args.minutes * 60, args.batch, args.seed, log,
                      args.max_steps if args.max_steps else math.inf)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from PIL import Image, ImageDraw
 
-from .vocab import CATEGORIES, COLOURS, CONTEXTS, check_category, check_colour, check_context
+from .vocab import CATEGORIES, COLOURS, CONTEXTS, PATTERNS, check_category, check_colour, check_context
 
 Box = tuple[float, float, float, float]  # x0, y0, x1, y1 in source pixels (x1, y1 exclusive)
 
@@ -141,7 +141,11 @@ class Scene:
             img = np.empty((self.resolution, self.resolution, 3), dtype=np.float32)
             img[:] = CONTEXTS[self.context]
             for obj in self.objects:
-                img[self.masks()[obj.uid]] = COLOURS[obj.colour]
+                mask = self.masks()[obj.uid]
+                colour = np.array(COLOURS[obj.colour], dtype=np.float32)
+                img[mask] = colour
+                dark = mask & _pattern(PATTERNS[obj.category], self.resolution, obj)
+                img[dark] = colour * 0.45 + 20
             img += rng.normal(0.0, NOISE_STD, size=img.shape)
             self._cache["image"] = Image.fromarray(np.clip(img, 0, 255).astype(np.uint8))
         return self._cache["image"].copy()
@@ -163,6 +167,35 @@ class Scene:
     @classmethod
     def from_dict(cls, data: dict) -> "Scene":
         return cls(data["context"], tuple(Obj(**o) for o in data["objects"]), data["seed"], data["resolution"])
+
+
+def _pattern(name: str, resolution: int, obj: Obj) -> np.ndarray:
+    """Boolean texture over the image, anchored at the object's box corner (period ~6 px)."""
+    x0, y0 = obj.box[0], obj.box[1]
+    y, x = np.mgrid[0:resolution, 0:resolution]
+    u, v = x - x0, y - y0
+    if name == "solid":
+        return np.zeros((resolution, resolution), dtype=bool)
+    if name == "hstripes":
+        return (v // 3) % 2 == 0
+    if name == "vstripes":
+        return (u // 3) % 2 == 0
+    if name == "checker":
+        return ((u // 3) + (v // 3)) % 2 == 0
+    if name == "bigchecker":
+        return ((u // 6) + (v // 6)) % 2 == 0
+    if name == "diagonal":
+        return ((u + v) // 3) % 2 == 0
+    if name == "antidiagonal":
+        return ((u - v) // 3) % 2 == 0
+    if name == "dots":
+        return (u % 6 < 3) & (v % 6 < 3)
+    if name == "grid":
+        return (u % 6 < 2) | (v % 6 < 2)
+    if name == "rings":
+        cx, cy = (obj.box[0] + obj.box[2]) / 2, (obj.box[1] + obj.box[3]) / 2
+        return (np.hypot(x - cx, y - cy) // 3) % 2 == 0
+    raise ValueError(f"no pattern {name!r}")  # pragma: no cover
 
 
 def _shape_mask(obj: Obj, resolution: int) -> np.ndarray:

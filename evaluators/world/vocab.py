@@ -19,6 +19,22 @@ CATEGORIES: dict[str, str] = {
     "bird": "plus",
 }
 
+# category -> surface pattern (a darker shade of the object's colour on pattern pixels), so a
+# category is recognisable from any fragment of its surface, as real objects are from their
+# texture; the period is a few source pixels, so small objects blur it away after resizing.
+PATTERNS: dict[str, str] = {
+    "cup": "solid",
+    "plate": "hstripes",
+    "fork": "vstripes",
+    "knife": "checker",
+    "banana": "diagonal",
+    "tree": "dots",
+    "dog": "antidiagonal",
+    "ball": "grid",
+    "bench": "bigchecker",
+    "bird": "rings",
+}
+
 COLOURS: dict[str, tuple[int, int, int]] = {
     "red": (220, 40, 40),
     "green": (40, 170, 60),
