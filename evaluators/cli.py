@@ -85,7 +85,9 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="organism", help="'organism' or an HF model id / path")
     parser.add_argument("--model_args", default="", help="attn_implementation=...,dtype=...,device=...")
-    parser.add_argument("--tasks", "--suites", dest="tasks", default="dobench", help="comma-separated suites")
+    parser.add_argument("--tasks", "--suites", dest="tasks", default="dobench",
+                        help="comma-separated built-in suites ('' for none)")
+    parser.add_argument("--data", default="", help="your data: benchmark=path[,benchmark=path] in native formats")
     parser.add_argument("--mitigations", default="", help="e.g. vcd:alpha=1;beta=0.1,prior_suppression")
     parser.add_argument("--batch_size", type=int, default=8)
     parser.add_argument("--limit", type=int, default=None, help="first N queries of each suite")
@@ -115,6 +117,13 @@ def main(argv: list[str] | None = None) -> int:
     for task in tasks:
         built = suites[task](args.seed)
         queries += built[: args.limit] if args.limit else built
+    from .benchmarks.protocols import PROTOCOLS
+
+    for bench, path in parse_kv(args.data).items():
+        if bench not in PROTOCOLS:
+            parser.error(f"--data: unknown benchmark {bench!r}; available: {sorted(PROTOCOLS)}")
+        loaded = PROTOCOLS[bench](str(path))
+        queries += loaded[: args.limit] if args.limit else loaded
     payload = run(queries, under_test, args.output_path, batch_size=args.batch_size, seed=args.seed,
                   config={"tasks": tasks, "limit": args.limit, "mitigations": args.mitigations},
                   progress=not args.no_progress)

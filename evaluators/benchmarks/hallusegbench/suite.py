@@ -41,17 +41,34 @@ def build(n_pairs: int = 30, seed: int = 0, world: World | None = None) -> list[
     return queries
 
 
-def box_mask(answer: str | None, size: int) -> tuple[np.ndarray, bool]:
-    """(mask, invalid): a box answer rasterised; "none" is an abstention (empty, valid);
-    an unreadable answer is an empty mask and counted invalid."""
-    mask = np.zeros((size, size), dtype=bool)
-    box = parse_box(answer or "", size)
+def _ground_truth(record: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(M_c, M'_{c'}): from the stored scene (built-in suite) or the mask files (user data)."""
+    if "factual_scene" in record:
+        factual = Scene.from_dict(record["factual_scene"])
+        counterfactual = Scene.from_dict(record["counterfactual_scene"])
+        return factual.masks()[record["uid"]], counterfactual.masks()[record["uid"]]
+    from PIL import Image
+
+    def read(path: str) -> np.ndarray:
+        with Image.open(path) as img:
+            return np.asarray(img.convert("L")) > 0
+
+    return read(record["factual_mask_path"]), read(record["counterfactual_mask_path"])
+
+
+def box_mask(answer: str | None, shape) -> tuple[np.ndarray, bool]:
+    """(mask, invalid): a box answer rasterised at the ground truth's ``shape`` (coordinate
+    tokens are fractions of the image; JSON boxes are pixels); "none" is an abstention
+    (empty, valid); an unreadable answer is an empty mask and counted invalid."""
+    height, width = (shape, shape) if isinstance(shape, int) else shape
+    mask = np.zeros((height, width), dtype=bool)
+    box = parse_box(answer or "", width)
     if box is None:
         return mask, True
     if box == "none":
         return mask, False
     x0, y0, x1, y1 = (int(round(v)) for v in box)
-    mask[max(y0, 0) : max(min(y1, size), 0), max(x0, 0) : max(min(x1, size), 0)] = True
+    mask[max(y0, 0) : max(min(y1, height), 0), max(x0, 0) : max(min(x1, width), 0)] = True
     return mask, False
 
 
@@ -65,14 +82,15 @@ def assemble(records: list[dict]) -> list[dict]:
         if set(roles) != {"fact", "textual", "visual"}:
             continue  # a pair is scored once all three of its queries are answered
         first = roles["fact"]
-        factual = Scene.from_dict(first["factual_scene"])
-        counterfactual = Scene.from_dict(first["counterfactual_scene"])
-        size = factual.resolution
+        if any(r.get("invalid_input") for r in roles.values()) and "factual_mask_path" in first:
+            continue  # user data whose files are unusable: counted as invalid inputs by the runner
+        gt_fact, gt_counterfact = _ground_truth(first)
         preds, invalid = {}, False
         for role in ("fact", "textual", "visual"):
-            preds[role], bad = box_mask(None if roles[role].get("invalid_input") else roles[role]["answer"], size)
+            answer = None if roles[role].get("invalid_input") else roles[role]["answer"]
+            preds[role], bad = box_mask(answer, gt_fact.shape)
             invalid |= bad or bool(roles[role].get("invalid_input"))
-        out.append({"id": sid, "split": first["split"], "gt_fact": factual.masks()[first["uid"]],
-                    "gt_counterfact": counterfactual.masks()[first["uid"]], "pred_fact": preds["fact"],
-                    "pred_textual": preds["textual"], "pred_visual": preds["visual"], "invalid": invalid})
+        out.append({"id": sid, "split": first["split"], "gt_fact": gt_fact, "gt_counterfact": gt_counterfact,
+                    "pred_fact": preds["fact"], "pred_textual": preds["textual"], "pred_visual": preds["visual"],
+                    "invalid": invalid})
     return out

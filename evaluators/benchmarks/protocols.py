@@ -1,0 +1,87 @@
+"""User data in a benchmark's native format -> queries for the runner.
+
+    vlm-eval --model <id> --data hallusegbench=/data/halluseg/data.json,dobench=/data/do.jsonl ...
+
+Each protocol reads the benchmark's loader output and builds the same :class:`Query`
+records the built-in suites build, so the same scorers apply. Samples whose files are
+missing or corrupt become invalid queries (counted in results.json, never dropped).
+Prompt wording for HalluSegBench boxes/masks is configurable (``SEGMENT_PROMPT``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from ..query import Query
+
+SEGMENT_PROMPT = "where is the {label} ?"  # a box-answering model; segmentation models get the label
+
+
+def hallusegbench(path: str | Path) -> list[Query]:
+    from .hallusegbench import load
+
+    out = []
+    for s in load(path):
+        problem = s.problem
+        common = {"sample_id": f"hsb-{s.id}", "split": s.split, "factual_mask_path": str(s.factual_mask.path),
+                  "counterfactual_mask_path": str(s.counterfactual_mask.path)}
+        roles = (("fact", s.factual_image, s.question or SEGMENT_PROMPT.format(label=s.factual_label)),
+                 ("textual", s.factual_image, s.counterfactual_question or
+                  SEGMENT_PROMPT.format(label=s.counterfactual_label)),
+                 ("visual", s.counterfactual_image, s.question or SEGMENT_PROMPT.format(label=s.factual_label)))
+        for role, image, prompt in roles:
+            out.append(Query(f"hsb-{s.id}-{role}", "hallusegbench", [image], prompt, "text", None,
+                             {**common, "role": role}, problem=problem))
+    return out
+
+
+def causal_halbench(path: str | Path) -> list[Query]:
+    from .causal_halbench import load
+
+    return [Query(f"chb-{it.id}", "causal_halbench", [it.image], it.question, "yes_no", it.answer,
+                  {"image_type": it.tag, "question_type": it.type, "pair_id": it.base_name}, problem=it.problem)
+            for it in load(path)]
+
+
+def dobench(path: str | Path) -> list[Query]:
+    from .dobench import load
+
+    return [Query(f"do-{r['id']}", "dobench", [r["image"]], r["question"], "yes_no", r["answer"],
+                  {k: r[k] for k in ("scene_id", "series", "level", "view", "object")}, problem=r["_problem"])
+            for r in load(path)]
+
+
+def reactbench(path: str | Path) -> list[Query]:
+    from .reactbench import load
+
+    out = []
+    for r in load(path):
+        record = {k: r[k] for k in ("task", "dimension", "hint", "count_setting") if r.get(k) is not None}
+        record.update(qtype=r["question_type"], mode="standard")
+        if r["question_type"] == "YN":
+            kind, truth, options = "yes_no", str(r["answer"]).lower(), None
+        elif r["question_type"] == "MC":
+            kind, truth, options = "option", str(r["answer"]).lower(), r.get("options") or []
+        elif r["task"] == "dense_counting":
+            kind, truth, options = "number", int(r["answer"]), None
+        else:  # short answer: right when it holds every word of the answer (or of a synonym)
+            kind, truth, options = "keywords", sorted(set(str(r["answer"]).lower().split())), None
+        out.append(Query(f"react-{r['id']}", "reactbench", list(r["images"]), r["question"], kind, truth, record,
+                         options=options, problem=r["_problem"]))
+    return out
+
+
+def mioh(path: str | Path) -> list[Query]:
+    from .mioh import load
+
+    return [Query(f"mioh-{r['id']}", "mioh", list(r["images"]), r["question"], "option", str(r["answer"]).lower(),
+                  {"task": r["task"], "qtype": r["question_type"], "condition": r["condition"],
+                   "n_images": len(r["images"])}, options=r["options"], problem=r["_problem"])
+            for r in load(path)]
+
+
+PROTOCOLS: dict[str, Callable[[str | Path], list[Query]]] = {
+    "hallusegbench": hallusegbench, "causal_halbench": causal_halbench, "dobench": dobench,
+    "reactbench": reactbench, "mioh": mioh,
+}

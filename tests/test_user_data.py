@@ -1,0 +1,67 @@
+"""Users' own data in native formats runs through the same protocols and scorers."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from evaluators.benchmarks.protocols import PROTOCOLS
+from evaluators.model import CallableModel
+from evaluators.runner import run
+
+
+def _png(path, array=None):
+    array = np.zeros((32, 32, 3), dtype=np.uint8) if array is None else array
+    Image.fromarray(array).save(path)
+    return path.name
+
+
+def test_hallusegbench_data_json_end_to_end(tmp_path):
+    mask = np.zeros((32, 32), dtype=np.uint8)
+    mask[8:24, 8:24] = 255  # a 16x16 object: a whole-image box has IoU 256/1024
+    Image.fromarray(mask).save(tmp_path / "m.png")
+    _png(tmp_path / "f.png")
+    entries = [{"factual_image_path": "f.png", "factual_mask_path": "m.png", "counterfactual_image_path": "f.png",
+                "counterfactual_mask_path": "m.png", "factual_label": "dog", "counterfactual_label": "cat"},
+               {"factual_image_path": "gone.png", "factual_mask_path": "m.png", "counterfactual_image_path": "f.png",
+                "counterfactual_mask_path": "m.png", "factual_label": "dog", "counterfactual_label": "cat"}]
+    (tmp_path / "data.json").write_text(json.dumps(entries))
+    queries = PROTOCOLS["hallusegbench"](tmp_path / "data.json")
+    assert len(queries) == 6 and queries[3].problem and not queries[0].problem
+    out = run(queries, CallableModel(lambda i, p: "[0, 0, 32, 32]"), tmp_path / "run", progress=False)
+    assert out["results"]["hallusegbench"]["iou_fact"] == pytest.approx(256 / 1024)
+    assert out["invalid"]["hallusegbench"]["invalid_inputs"] == 3
+
+
+def test_causal_and_jsonl_benchmarks_end_to_end(tmp_path):
+    (tmp_path / "images").mkdir()
+    _png(tmp_path / "images" / "a.jpg")
+    _png(tmp_path / "images" / "a001.jpg")
+    qa = [{"image_name": "a.jpg", "q": "Is there a fork?", "type": "target", "tag": "origin", "id": 1, "answer": "yes"},
+          {"image_name": "a001.jpg", "q": "Is there a fork?", "type": "target", "tag": "inpainted", "id": 2,
+           "answer": "yes"}]
+    (tmp_path / "qa.json").write_text(json.dumps(qa))
+    _png(tmp_path / "s.png")
+    do = [{"id": i, "scene_id": "s", "image": "s.png", "series": s, "level": lv, "view": v, "object": "dog",
+           "question": "Is there a dog?", "answer": "yes" if s == "A" else "no"}
+          for i, (s, lv, v) in enumerate([("A", lv, "Full") for lv in range(4)] + [("B", lv, "Full") for lv in range(4)]
+                                         + [("A", 0, "Cluster"), ("A", 0, "Crop")])]
+    (tmp_path / "do.jsonl").write_text("\n".join(json.dumps(r) for r in do))
+    react = [{"id": 1, "task": "dense_counting", "images": ["s.png"], "question": "How many dogs?",
+              "question_type": "SA", "answer": 3, "count_setting": "exact"},
+             {"id": 2, "task": "dense_counting", "images": ["s.png"], "question": "More than two?",
+              "question_type": "YN", "answer": "yes", "count_setting": "exact"}]
+    (tmp_path / "react.jsonl").write_text("\n".join(json.dumps(r) for r in react))
+    mioh = [{"id": 1, "task": "existence", "question_type": "selective", "condition": "easy",
+             "images": ["s.png", "s.png"], "question": "In which image is there a dog?",
+             "options": ["Image 1", "Image 2", "None of the above"], "answer": "a"}]
+    (tmp_path / "mioh.jsonl").write_text(json.dumps(mioh[0]))
+    queries = (PROTOCOLS["causal_halbench"](tmp_path / "qa.json") + PROTOCOLS["dobench"](tmp_path / "do.jsonl")
+               + PROTOCOLS["reactbench"](tmp_path / "react.jsonl") + PROTOCOLS["mioh"](tmp_path / "mioh.jsonl"))
+    out = run(queries, CallableModel(lambda i, p: "yes, 3. a"), tmp_path / "run", progress=False)["results"]
+    assert out["causal_halbench"]["accuracy"] == pytest.approx(100.0)
+    assert out["dobench"]["yes_rate"] == pytest.approx(100.0)
+    assert out["mioh"]["easy"] == pytest.approx(0.0)  # "yes, 3. a" is no lone option letter
