@@ -1,6 +1,6 @@
 """Train the model organism on CPU from the biased world (deterministic).
 
-    python -m evaluators.organism.train                      # the recipe: 1500 + 3000 steps (~40 min, 2 cores)
+    python -m evaluators.organism.train                      # the recipe: 1500 + 3000 steps (37 min measured, 2 cores)
     python -m evaluators.organism.train --max-steps 300 --vision-steps 200 --out /tmp/organism   # a quick look
 
 Two stages, as real VLMs are built (a prototype trained end to end from scratch learned
