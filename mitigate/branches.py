@@ -227,11 +227,11 @@ class ContrastBranches:
                     new[name] = torch.cat([value] * (self.k + 1), dim=0)
         encoded = kwargs.get("mm_encoder_outputs")
         if encoded:
-            new["mm_encoder_outputs"] = self._expand_encoded(encoded, prefill, ids)
+            new["mm_encoder_outputs"] = self._expand_encoded(encoded, ids)
         self.forward_calls += 1
         return args, new
 
-    def _expand_encoded(self, encoded: dict, prefill: bool, ids: torch.Tensor | None) -> dict:
+    def _expand_encoded(self, encoded: dict, ids: torch.Tensor | None) -> dict:
         if self.state.encoder_expanded or (self._captured and any(b.needs_pixels for b in self.branches)):
             if not self.state.encoder_expanded:
                 encoded = self._reencode(encoded)

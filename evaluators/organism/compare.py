@@ -19,9 +19,9 @@ import torch
 
 from mitigate import VCD, Plausibility, PriorSuppression, attach
 
+from ..report.attribution import SAMPLING
 from .signatures import answer, build_probes, score
 
-SAMPLING = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
 
 ROWS = (
     ("yes-ratio (all yes/no probes)", "yes_ratio"),

@@ -35,7 +35,7 @@ from .tasks import do_prior, existence_question
 
 HELD_OUT = 10**9
 PAIRS = (("knife", "fork"), ("bench", "tree"))
-DOMINANT = {"banana": "yellow", "tree": "green", "plate": "white"}
+DOMINANT = {c: colour for c, (colour, _) in BIASED.dominant_colour.items()}  # banana yellow, ...
 
 
 @dataclass

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .scene import Obj, Scene
-from .vocab import CATEGORIES, COLOURS, CONTEXTS, check_category, check_colour, check_context
+from .vocab import CATEGORIES, COLOURS, CONTEXT_CATEGORIES, CONTEXTS, check_category, check_colour, check_context
 
 
 @dataclass(frozen=True)
@@ -79,8 +79,14 @@ def check_seed(seed: int, argument: str = "seed") -> int:
     return int(seed)
 
 
-_KITCHEN = ("cup", "plate", "fork", "knife", "banana")
-_PARK = ("tree", "dog", "ball", "bench", "bird")
+def check_count(value: int, argument: str) -> int:
+    """A positive int size argument (suite sizes, image counts), or a ValueError naming it."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{argument} must be a positive int, got {value!r}")
+    return value
+
+
+_KITCHEN, _PARK = CONTEXT_CATEGORIES["kitchen"], CONTEXT_CATEGORIES["park"]
 
 #: The biased world the organism is trained on. Each bias is a knob a probe can target:
 #: knife -> fork and bench -> tree co-occur; bananas are yellow, trees green, plates white;
@@ -143,7 +149,7 @@ class World:
             cx = float(rng.uniform(w / 2 + 1, r - w / 2 - 1))
             cy = float(rng.uniform(h / 2 + 1, r - h / 2 - 1))
             obj = probe.replace(cx=round(cx, 2), cy=round(cy, 2))
-            if all(_gap(obj.box, o.box) >= self.config.min_gap for o in scene_objects):
+            if all(box_gap(obj.box, o.box) >= self.config.min_gap for o in scene_objects):
                 return obj
         return None
 
@@ -201,7 +207,7 @@ class World:
         return Scene(context, tuple(objects), seed, self.config.resolution)
 
 
-def _gap(a, b) -> float:
+def box_gap(a, b) -> float:
     """Distance between two boxes (0 if they touch or overlap; negative overlap reported as 0)."""
     dx = max(b[0] - a[2], a[0] - b[2], 0.0)
     dy = max(b[1] - a[3], a[1] - b[3], 0.0)

@@ -10,6 +10,7 @@ re-renders the same background under it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -169,10 +170,17 @@ class Scene:
         return cls(data["context"], tuple(Obj(**o) for o in data["objects"]), data["seed"], data["resolution"])
 
 
+@functools.lru_cache(maxsize=4)
+def _grid(resolution: int) -> tuple[np.ndarray, np.ndarray]:
+    y, x = np.mgrid[0:resolution, 0:resolution]
+    y.flags.writeable = x.flags.writeable = False
+    return y, x
+
+
 def _pattern(name: str, resolution: int, obj: Obj) -> np.ndarray:
     """Boolean texture over the image, anchored at the object's box corner (period ~6 px)."""
     x0, y0 = obj.box[0], obj.box[1]
-    y, x = np.mgrid[0:resolution, 0:resolution]
+    y, x = _grid(resolution)
     u, v = x - x0, y - y0
     if name == "solid":
         return np.zeros((resolution, resolution), dtype=bool)

@@ -51,6 +51,13 @@ CONTEXTS: dict[str, tuple[int, int, int]] = {
     "park": (150, 190, 140),
 }
 
+# context -> the categories typical of it (a scene-level prior the biased world uses; probes
+# pick "expected" and "out-of-context" objects from it)
+CONTEXT_CATEGORIES: dict[str, tuple[str, ...]] = {
+    "kitchen": ("cup", "plate", "fork", "knife", "banana"),
+    "park": ("tree", "dog", "ball", "bench", "bird"),
+}
+
 # Synonyms, for answer parsing and CHAIR-style caption scoring.
 SYNONYMS: dict[str, tuple[str, ...]] = {
     "cup": ("cup", "cups", "mug", "mugs"),

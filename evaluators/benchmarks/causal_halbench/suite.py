@@ -22,16 +22,13 @@ import numpy as np
 
 from ...organism.tasks import existence_question
 from ...query import Query
-from ...world import BIASED, World, check_seed, edits
+from ...world import BIASED, CONTEXT_CATEGORIES, World, check_count, check_seed, edits
 
-KITCHEN = ("cup", "plate", "fork", "knife", "banana")
-PARK = ("tree", "dog", "ball", "bench", "bird")
 
 
 def build(n_pairs: int = 30, seed: int = 0, world: World | None = None) -> list[Query]:
     seed = check_seed(seed)
-    if not isinstance(n_pairs, int) or n_pairs < 1:
-        raise ValueError(f"n_pairs must be a positive int, got {n_pairs!r}")
+    check_count(n_pairs, "n_pairs")
     world = world or World(BIASED)
     rng = np.random.default_rng([seed, 51])
     queries: list[Query] = []
@@ -44,8 +41,9 @@ def build(n_pairs: int = 30, seed: int = 0, world: World | None = None) -> list[
         if pair is None:
             continue
         cue, target = pair
-        typical = KITCHEN if cue in KITCHEN else PARK
-        other = PARK if typical is KITCHEN else KITCHEN
+        home = next(ctx for ctx, cats in CONTEXT_CATEGORIES.items() if cue in cats)
+        typical = CONTEXT_CATEGORIES[home]
+        other = [c for ctx, cats in CONTEXT_CATEGORIES.items() if ctx != home for c in cats]
         cf = [c for c in other if not scene.present(c)]
         absent = [c for c in typical if not scene.present(c)]
         if not cf or not absent:

@@ -20,18 +20,16 @@ import numpy as np
 
 from ...organism.tasks import do_prior, existence_question
 from ...query import Query
-from ...world import BIASED, CATEGORIES, World, check_seed, do_views, edits
+from ...world import BIASED, CATEGORIES, CONTEXT_CATEGORIES, Obj, World, box_gap, check_count, check_seed, do_views, edits
 from ...world.views import check_margin
 
-KITCHEN = ("cup", "plate", "fork", "knife", "banana")
-PARK = ("tree", "dog", "ball", "bench", "bird")
 
 
 def _scene_group(world: World, seed: int):
     """(scene with A added and B removed, A uid, A category, B category) or None."""
     rng = np.random.default_rng([seed, 31])
     scene = world.scene(seed)
-    typical = KITCHEN if scene.context == "kitchen" else PARK
+    typical = CONTEXT_CATEGORIES[scene.context]
     present_typical = [c for c in typical if scene.present(c)]
     if not present_typical:
         return None
@@ -48,15 +46,10 @@ def _scene_group(world: World, seed: int):
         angle = rng.uniform(0, 2 * np.pi)
         dist = anchor.size / 2 + size / 2 + rng.uniform(3, 8)
         cx, cy = anchor.cx + dist * np.cos(angle), anchor.cy + dist * np.sin(angle)
-        obj = world.place(rng, [], a_cat, world.sample_colour(rng, a_cat), size, uid=scene.next_uid(), tries=1)
-        if obj is None:
-            continue
-        obj = obj.replace(cx=round(float(cx), 2), cy=round(float(cy), 2))
+        obj = Obj(scene.next_uid(), a_cat, world.sample_colour(rng, a_cat), round(float(cx), 2), round(float(cy), 2), size)
         x0, y0, x1, y1 = obj.box
         inside = x0 >= 1 and y0 >= 1 and x1 <= scene.resolution - 1 and y1 <= scene.resolution - 1
-        from ...world.generator import _gap
-
-        if inside and all(_gap(obj.box, o.box) >= world.config.min_gap for o in scene.objects):
+        if inside and all(box_gap(obj.box, o.box) >= world.config.min_gap for o in scene.objects):
             return edits.add(scene, obj), obj.uid, a_cat, b_cat
     return None
 
@@ -65,8 +58,7 @@ def build(n_scenes: int = 20, seed: int = 0, margin: float = 0.1, world: World |
     """``10 * n_scenes`` queries (scene groups that cannot be built are skipped and replaced)."""
     seed = check_seed(seed)
     check_margin(margin)
-    if not isinstance(n_scenes, int) or n_scenes < 1:
-        raise ValueError(f"n_scenes must be a positive int, got {n_scenes!r}")
+    check_count(n_scenes, "n_scenes")
     world = world or World(BIASED)
     queries: list[Query] = []
     s, built = seed * 1_000_003 + 2_000_000_000, 0

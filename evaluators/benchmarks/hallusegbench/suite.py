@@ -19,13 +19,12 @@ import numpy as np
 
 from ...answers import parse_box
 from ...query import Query
-from ...world import BIASED, Scene, World, check_seed, segmentation_pair
+from ...world import BIASED, Scene, World, check_count, check_seed, segmentation_pair
 
 
 def build(n_pairs: int = 30, seed: int = 0, world: World | None = None) -> list[Query]:
     seed = check_seed(seed)
-    if not isinstance(n_pairs, int) or n_pairs < 1:
-        raise ValueError(f"n_pairs must be a positive int, got {n_pairs!r}")
+    check_count(n_pairs, "n_pairs")
     world = world or World(BIASED)
     queries = []
     for k in range(n_pairs):

@@ -22,7 +22,7 @@ import numpy as np
 from ...benchmarks.mioh.metrics import combine_selective
 from ...organism.tasks import OPTION_LETTERS, existence_question, mioh_context
 from ...query import Query
-from ...world import BIASED, World, check_seed, image_set
+from ...world import BIASED, World, check_count, check_seed, image_set
 
 TARGETS = ("fork", "tree")  # the world's co-occurrence companions: HN needs a cue for them
 ALL_TARGETS = ("cup", "plate", "fork", "knife", "banana", "tree", "dog", "ball", "bench", "bird")
@@ -42,8 +42,7 @@ def _question(target: str, shown: list[int], context: str = "") -> tuple[str, li
 
 def build(n_per_condition: int = 12, seed: int = 0, world: World | None = None) -> list[Query]:
     seed = check_seed(seed)
-    if not isinstance(n_per_condition, int) or n_per_condition < 1:
-        raise ValueError(f"n_per_condition must be a positive int, got {n_per_condition!r}")
+    check_count(n_per_condition, "n_per_condition")
     world = world or World(BIASED)
     rng = np.random.default_rng([seed, 41])
     queries: list[Query] = []

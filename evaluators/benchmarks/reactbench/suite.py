@@ -25,10 +25,9 @@ import numpy as np
 
 from ...organism.tasks import NUMBERS, OPTION_LETTERS, existence_question
 from ...query import Query
-from ...world import BIASED, CATEGORIES, COLOURS, World, change_pair, check_seed, edits
+from ...world import BIASED, CATEGORIES, COLOURS, World, change_pair, check_count, check_seed, edits
 from ...world.sets import CHANGE_KINDS
 
-DOMINANT = {"banana": "yellow", "tree": "green", "plate": "white"}
 VERB = {"remove": "removed", "add": "added", "replace": "replaced", "move": "moved"}
 
 
@@ -45,12 +44,12 @@ def _shuffle(rng, right: str, wrong: list[str]) -> tuple[list[str], str]:
 
 def build(n_per_task: int = 10, seed: int = 0, world: World | None = None) -> list[Query]:
     seed = check_seed(seed)
-    if not isinstance(n_per_task, int) or n_per_task < 1:
-        raise ValueError(f"n_per_task must be a positive int, got {n_per_task!r}")
+    check_count(n_per_task, "n_per_task")
     world = world or World(BIASED)
     rng = np.random.default_rng([seed, 61])
     queries: list[Query] = []
     base = seed * 1_000_003 + 6_000_000_000
+    dominant = {c: colour for c, (colour, _) in world.config.dominant_colour.items()}
 
     def q(qid, task, qtype, images, prompt, kind, truth, extra, options=None):
         queries.append(Query(qid, "reactbench", images, prompt, kind, truth,
@@ -82,12 +81,12 @@ def build(n_per_task: int = 10, seed: int = 0, world: World | None = None) -> li
     while k < n_per_task:
         s += 1
         scene = world.scene(s)
-        objs = [o for o in scene.objects if o.category in DOMINANT and scene.count(o.category) == 1
+        objs = [o for o in scene.objects if o.category in dominant and scene.count(o.category) == 1
                 and o.size >= 0.12 * scene.resolution]
         if not objs:
             continue
         obj = objs[0]
-        usual = DOMINANT[obj.category]
+        usual = dominant[obj.category]
         other = [c for c in COLOURS if c != usual][k % (len(COLOURS) - 1)]
         img = [edits.recolour(scene, obj.uid, other).render() if obj.colour != other else scene.render()]
         rid, extra = f"react-{seed}-ca-{k}", {"dimension": "direct", "object": obj.category}
