@@ -20,6 +20,12 @@ combines them at inference time:
    answers (counts, colours) a view's answer replaces the first one when its confidence
    is above both ``tau`` and the first answer's confidence.
 
+For free-form captions, :meth:`CropVerify.verify_caption` finds the objects a caption
+mentions (CHAIR's phrase matcher over a synonym table: the world's by default, COCO's or
+any other by argument), asks an existence question about each through :meth:`answer` --
+so the same gate, views and policy apply -- and reports the mentions the model does not
+confirm.
+
 With ``tau = 1`` no view can reach the threshold: the answers are the unmitigated ones
 and no extra pass runs. ``stats`` reports how often verification ran and overturned.
 """
@@ -39,6 +45,8 @@ from .base import register
 from .localize import GENERIC_PROMPT, best_window, last_token_image_attention, token_grid, vicrop_heat
 
 VIEWS = ("crop", "cluster")
+#: The existence question asked about each caption mention; ``{object}`` is the category.
+MENTION_QUESTION = "Is there a {object} in the image? Answer yes or no."
 
 
 @register
@@ -159,3 +167,34 @@ class CropVerify:
             if float(conf[best]) > max(self.tau, result["confidence"]):
                 result["answer"] = texts[best]
                 self.stats["overturned"] += result["answer"] != result["first_answer"]
+
+    @torch.no_grad()
+    def verify_caption(self, model, image: Image.Image, caption: str, *, synonyms: Any = None,
+                       question: str = MENTION_QUESTION, max_new_tokens: int = 4, **generate_kwargs) -> dict:
+        """Check each object a caption mentions; return which ones the model does not confirm.
+
+        ``synonyms``: a dict ``category -> synonyms``, COCO-style rows or the text of CHAIR's
+        ``synonyms.txt`` (default: :data:`evaluators.world.SYNONYMS`, the organism's world).
+        Each distinct mentioned category is asked about once, with ``question`` (which must
+        contain ``{object}``), through :meth:`answer`; a mention is *confirmed* when the final
+        answer parses as yes. The result lists ``mentions`` (in order, repeats kept as CHAIR
+        counts them), ``confirmed``, ``unverified`` (categories) and per-category ``details``
+        (the :meth:`answer` record, with what the views said).
+        """
+        from evaluators.benchmarks.causal_halbench.metrics import mentions, synonym_index
+        from evaluators.world import SYNONYMS
+
+        if "{object}" not in question:
+            raise ValueError(f"question must contain '{{object}}', got {question!r}")
+        if not isinstance(caption, str):
+            raise ValueError(f"caption must be a string, got {type(caption).__name__}")
+        said = mentions(caption, synonym_index(SYNONYMS if synonyms is None else synonyms))
+        distinct = list(dict.fromkeys(said))
+        details = {}
+        if distinct:
+            records = self.answer(model, [image] * len(distinct), [question.format(object=c) for c in distinct],
+                                  max_new_tokens=max_new_tokens, **generate_kwargs)
+            details = dict(zip(distinct, records))
+        confirmed = [c for c in distinct if parse_yes_no(details[c]["answer"]) is True]
+        return {"caption": caption, "mentions": said, "confirmed": confirmed,
+                "unverified": [c for c in distinct if c not in confirmed], "details": details}

@@ -120,3 +120,30 @@ def test_bad_inputs(organism_like):
         cv.answer(model, [Image.new("RGB", (4, 4))], ["is there a dog ?"])
     with pytest.raises(ValueError, match="differ"):
         cv.answer(model, [Image.new("RGB", (64, 64))], [])
+
+
+def test_caption_mentions_are_asked_about_once_each(organism_like):
+    model, processor, images = organism_like
+    caption = "a red dog , a blue fork and another dog ."
+    cv = CropVerify(processor, tau=1.0)
+    got = cv.verify_caption(model, images[0], caption, question="is there a {object} in the image ? answer yes or no .")
+    assert got["mentions"] == ["dog", "fork", "dog"]
+    assert set(got["details"]) == {"dog", "fork"}
+    assert cv.stats["queries"] == 2  # one question per distinct category
+    plain = CropVerify(processor, tau=1.0)._generate(
+        model, [images[0]] * 2, [f"is there a {c} in the image ? answer yes or no ." for c in ("dog", "fork")], 4, {})[0]
+    from evaluators.answers import parse_yes_no
+
+    assert got["confirmed"] == [c for c, a in zip(("dog", "fork"), plain) if parse_yes_no(a) is True]
+    assert sorted(got["confirmed"] + got["unverified"]) == ["dog", "fork"]
+
+
+def test_caption_with_custom_synonyms_and_no_mentions(organism_like):
+    model, processor, images = organism_like
+    cv = CropVerify(processor, tau=1.0)
+    got = cv.verify_caption(model, images[0], "a puppy on grass", synonyms={"dog": ["puppy"]})
+    assert got["mentions"] == ["dog"]
+    empty = cv.verify_caption(model, images[0], "nothing to see")
+    assert empty["mentions"] == [] and empty["unverified"] == [] and empty["details"] == {}
+    with pytest.raises(ValueError, match="object"):
+        cv.verify_caption(model, images[0], "a dog", question="is there a dog?")
