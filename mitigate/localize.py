@@ -6,8 +6,8 @@ regions every prompt attends to cancel out); then the window of a few sizes that
 most of that ratio is the object's box.
 
 Only the chosen layers compute attention weights: a pre-forward hook gives those
-attention modules an eager copy of their config for the one call (and the causal mask
-when sdpa would have relied on ``is_causal``), a forward hook takes the weights and puts
+attention modules an eager copy of their config for the one call (and an additive mask
+where sdpa would have relied on ``is_causal`` or a boolean mask), a forward hook takes the weights and puts
 the config back. The rest of the model keeps its attention implementation. One forward
 per prompt, no generation, no cache.
 
@@ -54,9 +54,14 @@ def last_token_image_attention(model: nn.Module, inputs: dict, layers: Sequence[
         module._localize_config = config
         module.config = eager
         hidden = kwargs.get("hidden_states", args[0] if args else None)
-        if kwargs.get("attention_mask") is None and hidden is not None and hidden.shape[1] > 1:
+        mask = kwargs.get("attention_mask")
+        # eager attention adds its mask: sdpa's "no mask, is_causal" and its boolean masks
+        # (e.g. the one built for contrast-branch rows) must become additive first
+        needs = (mask is None and hidden is not None and hidden.shape[1] > 1) or (
+            mask is not None and mask.dtype == torch.bool)
+        if needs:
             q = torch.arange(hidden.shape[1], device=hidden.device)
-            mask = _additive_mask(None, q, q, bool(getattr(module, "is_causal", True)), hidden.dtype)
+            mask = _additive_mask(mask, q, q, bool(getattr(module, "is_causal", True)), hidden.dtype)
             return args, {**kwargs, "attention_mask": mask}
         return None
 
@@ -74,6 +79,9 @@ def last_token_image_attention(model: nn.Module, inputs: dict, layers: Sequence[
         model(**inputs, use_cache=False)
     attention = torch.stack(taken).mean(0)  # (batch, seq)
     image = points.image_token_mask(inputs["input_ids"])
+    # Under an attached contrast mitigation (VCD, prior suppression's output mode) the
+    # forward also ran the branches, appended after the original rows: keep the originals.
+    attention = attention[: image.shape[0]]
     return [attention[row][image[row]] for row in range(attention.shape[0])]
 
 

@@ -147,3 +147,17 @@ def test_caption_with_custom_synonyms_and_no_mentions(organism_like):
     assert empty["mentions"] == [] and empty["unverified"] == [] and empty["details"] == {}
     with pytest.raises(ValueError, match="object"):
         cv.verify_caption(model, images[0], "a dog", question="is there a dog?")
+
+
+def test_localisation_under_attached_contrast_branches_reads_the_original_rows(organism_like):
+    from mitigate import VCD, attach
+
+    model, processor, images = organism_like
+    cv = CropVerify(processor)
+    enc = cv._inputs(images[:2], ["is there a dog in the image ? answer yes or no ."] * 2, model)
+    plain = last_token_image_attention(model, dict(enc))
+    with attach(model, VCD(distortion="no_image")):
+        under = last_token_image_attention(model, dict(enc))
+    assert len(under) == 2
+    for a, b in zip(plain, under):
+        torch.testing.assert_close(a, b)
