@@ -9,6 +9,13 @@
 ``--limit`` keeps the first N queries of each; a rerun with the same ``--output_path``
 resumes. Results go to ``<output_path>/results.json`` and per-sample lines to
 ``<output_path>/samples.jsonl``.
+
+Large models: ``--model_args device_map=auto,dtype=bf16`` (dtype: bf16, fp16, fp32 or auto).
+Several GPUs or nodes: the same command under ``accelerate launch`` or ``torchrun``; each
+process answers its shard, the main process merges and scores::
+
+    accelerate launch --multi_gpu --num_processes 8 -m evaluators.cli --model ... --output_path runs/x
+    torchrun --nnodes 2 --nproc_per_node 8 ... -m evaluators.cli --model ... --output_path /shared/runs/x
 """
 
 from __future__ import annotations
@@ -84,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="vlm-eval", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="organism", help="'organism' or an HF model id / path")
-    parser.add_argument("--model_args", default="", help="attn_implementation=...,dtype=...,device=...")
+    parser.add_argument("--model_args", default="",
+                        help="attn_implementation=...,dtype=bf16|fp16|fp32|auto,device=...,device_map=auto")
     parser.add_argument("--tasks", "--suites", dest="tasks", default="dobench",
                         help="comma-separated built-in suites ('' for none)")
     parser.add_argument("--data", default="", help="your data: benchmark=path[,benchmark=path] in native formats")
@@ -100,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    from . import distributed
     from .model import HFModel, load_hf
     from .runner import run
 
@@ -108,8 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [t for t in tasks if t not in suites]
     if unknown:
         parser.error(f"unknown task(s) {unknown}; available: {sorted(suites)}")
+    ranks = distributed.init()  # one process, or this rank of an accelerate / torchrun launch
     torch.manual_seed(args.seed)
-    model, processor = load_hf(args.model, **parse_kv(args.model_args))
+    model, processor = load_hf(args.model, **distributed.placement(ranks, parse_kv(args.model_args)))
     mitigations = parse_mitigations(args.mitigations, processor.tokenizer, processor)
     under_test = HFModel(model, processor, mitigations=mitigations, max_new_tokens=args.max_new_tokens,
                          generate_kwargs=parse_kv(args.gen_kwargs), name=args.model)
@@ -126,7 +136,10 @@ def main(argv: list[str] | None = None) -> int:
         queries += loaded[: args.limit] if args.limit else loaded
     payload = run(queries, under_test, args.output_path, batch_size=args.batch_size, seed=args.seed,
                   config={"tasks": tasks, "limit": args.limit, "mitigations": args.mitigations},
-                  progress=not args.no_progress)
+                  progress=not args.no_progress, ranks=ranks)
+    distributed.finish(ranks)
+    if payload is None:  # not the main process: the main one merged, scored and prints
+        return 0
     for bench, values in payload["results"].items():
         shown = ", ".join(f"{k}={v:.1f}" for k, v in values.items() if isinstance(v, float))
         print(f"{bench}: {shown}  (n={payload['n_samples'][bench]}, "

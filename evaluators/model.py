@@ -101,17 +101,43 @@ class CallableModel:
         return [str(self.fn(q.load_images(), q.prompt)) for q in queries]
 
 
-def load_hf(spec: str, *, attn_implementation: str = "sdpa", dtype: str | None = None, device: str | None = None):
-    """``(model, processor)`` for ``"organism"`` (the shipped checkpoint) or an HF id / path."""
+DTYPES: dict[str, Any] = {
+    "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+    "fp16": torch.float16, "float16": torch.float16, "half": torch.float16,
+    "fp32": torch.float32, "float32": torch.float32, "float": torch.float32,
+    "auto": "auto",
+}
+"""``dtype`` names :func:`load_hf` accepts ("auto": the dtype the checkpoint was saved in)."""
+
+
+def load_hf(spec: str, *, attn_implementation: str = "sdpa", dtype: str | None = None, device: str | None = None,
+            device_map: str | dict | None = None, max_memory: dict | None = None):
+    """``(model, processor)`` for ``"organism"`` (the shipped checkpoint) or an HF id / path.
+
+    ``device`` puts the whole model on one device; ``device_map`` (``"auto"``, or a module ->
+    device dict) lets accelerate split it over the GPUs (within ``max_memory``) for models
+    that do not fit on one. Mitigation hooks follow the split: every tensor they create is
+    made on the device of the activations it meets.
+    """
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     if spec == "organism":
         from .organism import ORGANISM_DIR
 
         spec = str(ORGANISM_DIR)
+    if device is not None and device_map is not None:
+        raise ValueError("give device (one device) or device_map (a split), not both")
+    if max_memory is not None and device_map is None:
+        raise ValueError("max_memory bounds a device_map split; give device_map too")
     kwargs: dict[str, Any] = {"attn_implementation": attn_implementation}
     if dtype:
-        kwargs["dtype"] = getattr(torch, dtype)
+        if str(dtype) not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+        kwargs["dtype"] = DTYPES[str(dtype)]
+    if device_map is not None:
+        kwargs["device_map"] = device_map
+        if max_memory is not None:
+            kwargs["max_memory"] = max_memory
     model = AutoModelForImageTextToText.from_pretrained(spec, **kwargs)
     if device:
         model = model.to(device)

@@ -8,6 +8,12 @@ duplicated. Queries whose images are missing or corrupt are written as invalid i
 never depend on how many runs it took -- and written to ``results.json`` with the config
 (model, mitigations, seeds, versions) and per-benchmark invalid rates, in the layout
 lmms-eval users know (``results``, ``configs``, ``versions``, ``config``).
+
+Under ``accelerate launch`` / ``torchrun`` every process runs the same ``run(...)``: each
+answers its own shard of the queries (:mod:`evaluators.distributed`) into its own file,
+and the main process merges the files and scores (:mod:`evaluators.shards`). Greedy
+results do not depend on the number of processes or the batch size; sampled ones are
+reproducible for a given process count and batch size (the seed is set per batch).
 """
 
 from __future__ import annotations
@@ -22,34 +28,13 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from . import shards
+from .distributed import Ranks
 from .query import Query, to_record
+from .shards import SAMPLES, read_samples
 
-SAMPLES = "samples.jsonl"
 RESULTS = "results.json"
-
-
-def read_samples(path: str | Path) -> list[dict]:
-    """Records of a samples file; a torn last line (a kill mid-write) is ignored."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    out = []
-    with path.open() as f:
-        for line in f:
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # only the line being written when the run was killed can be torn
-    return out
-
-
-def _drop_torn_tail(path: Path) -> None:
-    """Cut a last line left without its newline by a kill, so appends start on a fresh line."""
-    if not path.exists() or path.stat().st_size == 0:
-        return
-    data = path.read_bytes()
-    if not data.endswith(b"\n"):
-        path.write_bytes(data[: data.rfind(b"\n") + 1])
+__all__ = ["RESULTS", "SAMPLES", "metric_records", "read_samples", "run", "score", "versions"]
 
 
 def _json_safe(value: Any) -> Any:
@@ -79,21 +64,33 @@ def run(
     seed: int = 0,
     config: dict | None = None,
     progress: bool = True,
-) -> dict:
-    """Answer every query not yet in ``output_dir/samples.jsonl``; score; write results.json."""
+    ranks: Ranks | None = None,
+) -> dict | None:
+    """Answer every query not yet answered in ``output_dir``; score; write results.json.
+
+    ``ranks``: this process's place in a multi-process run; by default read from the
+    launcher's environment (:func:`evaluators.distributed.init`). Every process calls
+    ``run`` with the same queries; the main process returns the payload, the others None.
+    """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     ids = [q.id for q in queries]
     if len(set(ids)) != len(ids):
         raise ValueError("query ids must be unique")
+    if ranks is None:
+        from .distributed import init
+
+        ranks = init()
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    samples = out / SAMPLES
-    _drop_torn_tail(samples)
-    done = {r["id"] for r in read_samples(samples)}
-    todo = [q for q in queries if q.id not in done]
-    bar = _progress(len(queries), len(queries) - len(todo), progress)
-    with samples.open("a") as f:
+    mine = [q for q in queries if ranks.owns(q.id)]
+    done = shards.done_ids(out)
+    ranks.barrier()  # every rank has read the files before any rank cuts a torn tail or appends
+    own = shards.own_file(out, ranks.rank, ranks.world_size)
+    shards.drop_torn_tail(own)
+    todo = [q for q in mine if q.id not in done]
+    bar = _progress(len(mine), len(mine) - len(todo), progress and ranks.is_main)
+    with own.open("a") as f:
         invalid = [q for q in todo if q.problem]
         for q in invalid:
             f.write(json.dumps(_json_safe({**q.record, "id": q.id, "benchmark": q.benchmark, "answer": None,
@@ -112,7 +109,15 @@ def run(
             f.flush()
             bar.update(len(batch))
     bar.close()
-    records = [r for r in read_samples(samples) if r["id"] in set(ids)]
+    ranks.barrier()  # every rank has finished its shard
+    if not ranks.is_main:
+        return None
+    merged, _ = shards.merge(out, ids)
+    wanted = set(ids)
+    records = [r for r in merged if r["id"] in wanted]
+    if len(records) != len(ids):
+        missing = sorted(wanted - {r["id"] for r in records})
+        raise RuntimeError(f"{len(missing)} queries have no answer after the merge, e.g. {missing[:3]}")
     results = score(records)
     payload = {
         "results": results["results"],
@@ -121,7 +126,7 @@ def run(
         "configs": {b: {"metrics": sorted(m)} for b, m in results["results"].items()},
         "versions": versions(),
         "config": {**(config or {}), "model": getattr(model, "describe", lambda: {})(), "seed": seed,
-                   "batch_size": batch_size, "command": " ".join(sys.argv)},
+                   "batch_size": batch_size, "num_processes": ranks.world_size, "command": " ".join(sys.argv)},
     }
     (out / RESULTS).write_text(json.dumps(_json_safe(payload), indent=2) + "\n")
     return payload

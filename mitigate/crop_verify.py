@@ -105,7 +105,7 @@ class CropVerify:
 
     def _p_yes(self, probs: torch.Tensor) -> torch.Tensor:
         ids = self._word_ids("yes")
-        return probs[:, ids].sum(-1) if ids else torch.zeros(probs.shape[0])
+        return probs[:, ids].sum(-1) if ids else torch.zeros(probs.shape[0], device=probs.device)
 
     def box(self, model, image: Image.Image, prompt: str) -> tuple[float, float, float, float]:
         """The queried object's box in ``image`` (original pixels)."""

@@ -137,8 +137,10 @@ class PriorSuppression(Mitigation):
             # are expanded by generate() before the first forward, so spans are per beam)
             if rows % keys.shape[0]:
                 raise RuntimeError(f"prior spans were found for {keys.shape[0]} rows, attention saw {rows}")
+            # keys live with the input ids, positions with this layer: on a model split over
+            # devices (device_map="auto") they differ, so index on the keys' device
             keys_full = keys.repeat(rows // keys.shape[0], 1)
-            k = ctx.key_positions
+            k = ctx.key_positions.to(keys_full.device)
             inside = k < keys_full.shape[1]
             hit = keys_full[:, k.clamp(max=keys_full.shape[1] - 1)] & inside[None, :]
             out = torch.zeros(rows, 1, len(ctx.query_positions), len(k), dtype=ctx.dtype, device=ctx.device)

@@ -1,0 +1,45 @@
+"""Shared fixtures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+def save_tiny_organism(path: Path, seed: int = 0) -> Path:
+    """A random-weight organism (the organism's tokenizer, processor and architecture,
+    shrunk: 32 px images in 8 px patches, two small decoder layers) saved for ``--model``.
+
+    Its answers are arbitrary but deterministic and differ from query to query, which is
+    what checks of plumbing (sharding, merging, resuming, placement) need; loading and a
+    generate() take well under a second.
+    """
+    import torch
+    from transformers import LlavaForConditionalGeneration
+
+    from evaluators.organism import build_model_config, build_processor, build_tokenizer, save_organism
+    from evaluators.organism.tasks import vocabulary
+
+    tokenizer = build_tokenizer(vocabulary())
+    processor = build_processor(tokenizer, image_size=32, patch_size=8)
+    config = build_model_config(
+        len(tokenizer), image_size=32, patch_size=8,
+        vision_config=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64),
+        text_config=dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                         intermediate_size=128),
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlavaForConditionalGeneration(config).eval()
+    return save_organism(model, processor, path)
+
+
+@pytest.fixture(scope="session")
+def eval_model_path(tmp_path_factory) -> str:
+    """The trained organism when its checkpoint is there, else a tiny random organism."""
+    from evaluators.organism import ORGANISM_DIR
+
+    if (ORGANISM_DIR / "config.json").exists():
+        return str(ORGANISM_DIR)
+    return str(save_tiny_organism(tmp_path_factory.mktemp("tiny_organism")))
