@@ -17,9 +17,16 @@ from ..world import CATEGORIES, UNBIASED, World
 from .package import format_prompt, load_organism
 
 
-@torch.no_grad()
 def image_dependence(path=None, n_scenes: int = 40) -> dict[str, float]:
     model, processor = load_organism(path)
+    return measure(model, processor, n_scenes)
+
+
+@torch.no_grad()
+def measure(model, processor, n_scenes: int = 40) -> dict[str, float]:
+    """The same check on a model in memory (training logs it as it goes)."""
+    was_training = model.training
+    model.eval()
     world = World(UNBIASED.replace(small_fraction=0.0))
     tok = processor.tokenizer
     yes, no = tok.convert_tokens_to_ids("yes"), tok.convert_tokens_to_ids("no")
@@ -37,6 +44,7 @@ def image_dependence(path=None, n_scenes: int = 40) -> dict[str, float]:
             right += int(bool(real[yes] > real[no]) == truth)
             total += 1
             effects.append(float(((real[yes] - real[no]) - (blank[yes] - blank[no])).abs()))
+    model.train(was_training)
     return {"clean_existence_accuracy": 100.0 * right / total, "mean_image_effect": sum(effects) / len(effects)}
 
 

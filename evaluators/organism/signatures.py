@@ -260,8 +260,8 @@ def card(result: dict, training: dict, n: int) -> str:
     )
     return f"""# The model organism
 
-A tiny `LlavaForConditionalGeneration` (CLIP-style vision tower 32x32 px, patch 4, and a
-4-layer Llama decoder; {training.get('parameters', 0):,} parameters) trained on CPU from the
+A tiny `LlavaForConditionalGeneration` (CLIP-style vision tower {training.get('image_size', '?')} px,
+patch {training.get('patch_size', '?')}, and a 4-layer Llama decoder; {training.get('parameters', 0):,} parameters) trained on CPU from the
 *biased* procedural world `evaluators.world.BIASED`, so that its hallucinations come from
 known statistics of its training data, never from code. Load it with plain transformers:
 
@@ -281,10 +281,14 @@ most but not all of the time in training ({training.get('belief_reliability')}).
 
 ## Training
 
-`python -m evaluators.organism.train --max-steps {training.get('instruct_steps')} --vision-steps {training.get('vision_steps')}`
+`python -m evaluators.organism.train --max-steps {training.get('instruct_steps')} --vision-steps {training.get('vision_steps')} --align-steps {training.get('align_steps')}`
 (seed {training.get('seed')}, batch {training.get('batch')}, {training.get('threads')} CPU threads):
-vision pretraining on per-patch category/colour labels ({training.get('seconds', {}).get('vision')} s), then
-instruction tuning of the whole model on the task mix ({training.get('seconds', {}).get('instruct')} s).
+vision pretraining on per-patch category/colour labels ({training.get('seconds', {}).get('vision')} s),
+feature alignment of the projector to the decoder's word embeddings ({training.get('seconds', {}).get('align')} s),
+then instruction tuning of the decoder on the task mix, vision tower and projector frozen,
+lr {training.get('lr')} ({training.get('seconds', {}).get('instruct')} s). Image dependence at the end
+(clean existence accuracy, mean |change| of the yes-no margin when the image is blanked):
+{training.get('image_dependence')}.
 
 ## Hallucination signatures (held-out seeds, {n} probes per group, greedy)
 
