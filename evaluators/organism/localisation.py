@@ -1,0 +1,83 @@
+"""Does crop-and-verify's attention find the object? Its hit rate on the organism, beside chance.
+
+    python -m evaluators.organism.localisation -n 60
+
+For held-out scenes with one instance of a category, :meth:`mitigate.CropVerify.box` (no
+ground truth: last-token attention over a generic prompt's, ViCrop) gives a window; a
+*hit* is a window covering at least half of the object's true box. The control is the
+hit rate of the same window size placed uniformly at random (every position, stride 2 px),
+so a localiser that only guesses large windows gets no credit for it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+import torch
+
+from ..world import BIASED, World
+from .signatures import HELD_OUT
+
+QUESTION = "is there a {object} in the image ? answer yes or no ."
+
+
+def coverage(window, box) -> float:
+    """Share of ``box``'s area inside ``window``."""
+    ix = max(0.0, min(window[2], box[2]) - max(window[0], box[0]))
+    iy = max(0.0, min(window[3], box[3]) - max(window[1], box[1]))
+    area = (box[2] - box[0]) * (box[3] - box[1])
+    return ix * iy / area if area > 0 else 0.0
+
+
+def chance_hit(window, box, size: int, threshold: float = 0.5, stride: int = 2) -> float:
+    """Hit probability of ``window``'s size placed uniformly at random in a ``size`` image."""
+    w, h = window[2] - window[0], window[3] - window[1]
+    xs = np.arange(0, size - w + 1, stride)
+    ys = np.arange(0, size - h + 1, stride)
+    hits = [coverage((x, y, x + w, y + h), box) >= threshold for y in ys for x in xs]
+    return float(np.mean(hits)) if hits else 0.0
+
+
+@torch.no_grad()
+def measure(model, processor, n: int = 40, seed: int = HELD_OUT + 50_000, min_size: float = 0.1,
+            threshold: float = 0.5) -> dict:
+    from mitigate import CropVerify
+
+    world, cv = World(BIASED), CropVerify(processor)
+    hits, chance, rows = [], [], []
+    s = seed
+    while len(hits) < n:
+        s += 1
+        scene = world.scene(s)
+        boxes = scene.boxes()
+        singles = [o for o in scene.objects if scene.count(o.category) == 1 and o.uid in boxes
+                   and o.size >= min_size * scene.resolution]
+        if not singles:
+            continue
+        obj = singles[0]
+        window = cv.box(model, scene.render(), QUESTION.format(object=obj.category))
+        cov = coverage(window, boxes[obj.uid])
+        hits.append(cov >= threshold)
+        chance.append(chance_hit(window, boxes[obj.uid], scene.resolution, threshold))
+        rows.append({"seed": s, "category": obj.category, "box": boxes[obj.uid], "window": window, "coverage": cov})
+    return {"hit_rate": 100.0 * float(np.mean(hits)), "chance_hit_rate": 100.0 * float(np.mean(chance)),
+            "n": n, "threshold": threshold, "rows": rows}
+
+
+def main(argv=None) -> None:
+    from .package import load_organism
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--path", default=None)
+    parser.add_argument("-n", type=int, default=60)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(2)
+    model, processor = load_organism(args.path)
+    result = measure(model, processor, args.n)
+    print(json.dumps({k: v for k, v in result.items() if k != "rows"}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
