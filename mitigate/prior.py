@@ -79,6 +79,11 @@ class PriorSuppression(Mitigation):
     def uses_output(self) -> bool:
         return self.mode in ("output", "both")
 
+    @property
+    def extra_rows(self) -> int:
+        """One image-free branch in output mode (cost reports count forward rows per token)."""
+        return 1 if self.uses_output else 0
+
     # -- output mode: an image-free branch -------------------------------------------------
     def branches(self, points: ModelPoints) -> list[Branch]:
         return [Branch("prior:no_image", hide_image=True)] if self.uses_output else []

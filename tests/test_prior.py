@@ -189,3 +189,15 @@ def test_bad_input_is_a_clear_error():
         model(**inputs)
     with pytest.raises(ValueError, match="rows"), attach(model, PriorSuppression(WordIds(), spans=[[], [], []])):
         model(**inputs)
+
+
+def test_extra_rows_count_the_image_free_branch():
+    from mitigate import PriorSuppression
+
+    assert PriorSuppression(mode="output").extra_rows == 1
+    from evaluators.organism import tasks
+    from evaluators.organism.package import build_tokenizer
+
+    tokenizer = build_tokenizer(tasks.vocabulary())
+    assert PriorSuppression(tokenizer, mode="context").extra_rows == 0
+    assert PriorSuppression(tokenizer, mode="both").extra_rows == 1
