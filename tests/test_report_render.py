@@ -1,0 +1,37 @@
+"""report.html renders in a real browser: headless Chromium screenshots a small report on
+the organism, and the page is neither blank nor cut short. Slow (a report run), and
+skipped where Chromium is not installed (``apt-get install chromium``)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from evaluators.organism import ORGANISM_DIR
+
+BROWSER = next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(BROWSER is None, reason="no headless Chromium installed")
+@pytest.mark.skipif(not (ORGANISM_DIR / "config.json").exists(), reason="organism checkpoint missing")
+def test_report_html_renders_in_chromium(tmp_path):
+    from evaluators.report.main import main
+
+    assert main(["--tasks", "dobench,mioh", "--arms", "VCD (greedy)", "--resamples", "50", "--no_progress",
+                 "--output_path", str(tmp_path)]) == 0
+    html = tmp_path / "report.html"
+    text = html.read_text()
+    assert 'src="http' not in text and 'href="http' not in text, "self-contained: nothing fetched"
+    shot = tmp_path / "shot.png"
+    subprocess.run([BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                    f"--screenshot={shot}", "--window-size=1200,1600", html.as_uri()],
+                   check=True, capture_output=True, timeout=120)
+    pixels = np.asarray(Image.open(shot).convert("L"), dtype=float)
+    assert pixels.std() > 10, "the page rendered blank"
+    dark = (pixels < 128).mean(axis=1)  # text and plot lines per pixel row
+    assert (dark[: len(dark) // 2] > 0).mean() > 0.2, "little drawn in the upper half: table and curves missing"
