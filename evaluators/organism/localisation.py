@@ -42,10 +42,10 @@ def chance_hit(window, box, size: int, threshold: float = 0.5, stride: int = 2) 
 
 @torch.no_grad()
 def measure(model, processor, n: int = 40, seed: int = HELD_OUT + 50_000, min_size: float = 0.1,
-            threshold: float = 0.5) -> dict:
+            threshold: float = 0.5, layers=None) -> dict:
     from mitigate import CropVerify
 
-    world, cv = World(BIASED), CropVerify(processor)
+    world, cv = World(BIASED), CropVerify(processor, layers=layers)
     hits, chance, rows = [], [], []
     s = seed
     while len(hits) < n:
@@ -63,7 +63,7 @@ def measure(model, processor, n: int = 40, seed: int = HELD_OUT + 50_000, min_si
         chance.append(chance_hit(window, boxes[obj.uid], scene.resolution, threshold))
         rows.append({"seed": s, "category": obj.category, "box": boxes[obj.uid], "window": window, "coverage": cov})
     return {"hit_rate": 100.0 * float(np.mean(hits)), "chance_hit_rate": 100.0 * float(np.mean(chance)),
-            "n": n, "threshold": threshold, "rows": rows}
+            "n": n, "threshold": threshold, "layers": layers, "rows": rows}
 
 
 def main(argv=None) -> None:
@@ -72,10 +72,12 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--path", default=None)
     parser.add_argument("-n", type=int, default=60)
+    parser.add_argument("--layers", default=None, help="comma-separated decoder layers (default: CropVerify's)")
     args = parser.parse_args(argv)
     torch.set_num_threads(2)
     model, processor = load_organism(args.path)
-    result = measure(model, processor, args.n)
+    layers = [int(v) for v in args.layers.split(",")] if args.layers else None
+    result = measure(model, processor, args.n, layers=layers)
     print(json.dumps({k: v for k, v in result.items() if k != "rows"}, indent=2))
 
 

@@ -98,7 +98,12 @@ def main(argv: list[str] | None = None) -> int:
         if not timing.exists():  # the first complete run's wall clock (a resumed run would understate it)
             timing.write_text(json.dumps({"seconds": seconds}))
         rows = 1 + sum(getattr(m, "extra_rows", 0) for m in mitigations)
-        verify = next((m.stats for m in mitigations if hasattr(m, "stats")), None)
+        verify = next((dict(m.stats) for m in mitigations if hasattr(m, "stats")), None)
+        stats_file = folder / "verification.json"  # like timing.json: a resumed run only sees its new queries
+        if verify is not None and verify.get("queries") and not stats_file.exists():
+            stats_file.write_text(json.dumps(verify))
+        if stats_file.exists():
+            verify = json.loads(stats_file.read_text())
         costs[arm.name] = {"seconds": json.loads(timing.read_text())["seconds"], "forward_rows_per_token": rows,
                            "verification": verify}
         lines = read_samples(folder / "samples.jsonl")
