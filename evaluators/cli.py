@@ -127,12 +127,13 @@ def main(argv: list[str] | None = None) -> int:
     for task in tasks:
         built = suites[task](args.seed)
         queries += built[: args.limit] if args.limit else built
-    from .benchmarks.protocols import PROTOCOLS
+    from .benchmarks.protocols import load_data
 
     for bench, path in parse_kv(args.data).items():
-        if bench not in PROTOCOLS:
-            parser.error(f"--data: unknown benchmark {bench!r}; available: {sorted(PROTOCOLS)}")
-        loaded = PROTOCOLS[bench](str(path))
+        try:
+            loaded = load_data({bench: path})
+        except ValueError as err:
+            parser.error(str(err))
         queries += loaded[: args.limit] if args.limit else loaded
     payload = run(queries, under_test, args.output_path, batch_size=args.batch_size, seed=args.seed,
                   config={"tasks": tasks, "limit": args.limit, "mitigations": args.mitigations},

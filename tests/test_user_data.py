@@ -10,7 +10,7 @@ from PIL import Image
 
 from evaluators.benchmarks.protocols import PROTOCOLS
 from evaluators.model import CallableModel
-from evaluators.runner import run
+from evaluators.runner import read_samples, run
 
 
 def _png(path, array=None):
@@ -65,3 +65,30 @@ def test_causal_and_jsonl_benchmarks_end_to_end(tmp_path):
     assert out["causal_halbench"]["accuracy"] == pytest.approx(100.0)
     assert out["dobench"]["yes_rate"] == pytest.approx(100.0)
     assert out["mioh"]["easy"] == pytest.approx(0.0)  # "yes, 3. a" is no lone option letter
+
+
+@pytest.mark.skipif(not __import__("evaluators.organism", fromlist=["ORGANISM_DIR"]).ORGANISM_DIR.joinpath(
+    "config.json").exists(), reason="organism checkpoint missing")
+def test_vlm_report_on_user_data(tmp_path):
+    """The report takes users' data in a native format, like vlm-eval does."""
+    from evaluators.organism.tasks import do_prior, existence_question
+    from evaluators.report.main import main
+    from evaluators.world import BIASED, World
+
+    scene = World(BIASED).scene(10**9 + 3)
+    target = scene.objects[0].category
+    scene.render().save(tmp_path / "s.png")
+    rows = [{"id": f"{s}{lv}", "scene_id": "s", "image": "s.png", "series": s, "level": lv, "view": "Full",
+             "object": target if s == "A" else "dog", "answer": "yes" if s == "A" else "no",
+             "question": existence_question(target if s == "A" else "dog",
+                                            do_prior(lv, target if s == "A" else "dog", s == "A"))}
+            for s in "AB" for lv in range(4)]
+    (tmp_path / "do.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    out = tmp_path / "report"
+    assert main(["--tasks", "", "--data", f"dobench={tmp_path / 'do.jsonl'}", "--arms", "VCD (greedy)",
+                 "--resamples", "20", "--no_progress", "--output_path", str(out)]) == 0
+    result = json.loads((out / "results.json").read_text())
+    assert result["data"] == {"dobench": str(tmp_path / "do.jsonl")}
+    assert len(read_samples(out / "vcd-greedy" / "samples.jsonl")) == len(rows)
+    with pytest.raises(SystemExit):
+        main(["--tasks", "", "--data", "pope=x.jsonl", "--output_path", str(tmp_path / "bad")])

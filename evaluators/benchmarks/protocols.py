@@ -85,3 +85,12 @@ PROTOCOLS: dict[str, Callable[[str | Path], list[Query]]] = {
     "hallusegbench": hallusegbench, "causal_halbench": causal_halbench, "dobench": dobench,
     "reactbench": reactbench, "mioh": mioh,
 }
+
+
+def load_data(data: dict[str, str | Path]) -> list[Query]:
+    """Queries from users' files, ``{benchmark: path}`` (the ``--data`` flag of ``vlm-eval``
+    and ``vlm-report``); an unknown benchmark name is a ``ValueError`` listing the known ones."""
+    unknown = [b for b in data if b not in PROTOCOLS]
+    if unknown:
+        raise ValueError(f"--data: unknown benchmark(s) {unknown}; available: {sorted(PROTOCOLS)}")
+    return [q for bench, path in data.items() for q in PROTOCOLS[bench](str(path))]

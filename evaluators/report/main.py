@@ -3,6 +3,7 @@ probe suites, and say which failure mechanism each mitigation fixes and which it
 
     vlm-report --output_path runs/report                     # the shipped organism, ~minutes on CPU
     vlm-report --model <hf id or path> --model_args dtype=bfloat16,device=cuda --output_path runs/x
+    vlm-report --tasks "" --data dobench=my_do.jsonl,hallusegbench=hsb/data.json --output_path runs/mine
 
 Writes ``<output_path>/results.json`` (every number, config, versions, seeds),
 ``<output_path>/<arm>/samples.jsonl`` (per-sample answers; reruns resume),
@@ -54,7 +55,9 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="organism")
     parser.add_argument("--model_args", default="")
-    parser.add_argument("--tasks", default="dobench,mioh,causal_halbench,hallusegbench,reactbench")
+    parser.add_argument("--tasks", default="dobench,mioh,causal_halbench,hallusegbench,reactbench",
+                        help="built-in probe suites ('' for none)")
+    parser.add_argument("--data", default="", help="your data: benchmark=path[,benchmark=path] in native formats")
     parser.add_argument("--arms", default="", help="comma-separated arm names (default: all)")
     parser.add_argument("--scale", default="small", choices=sorted(SCALES))
     parser.add_argument("--output_path", default="runs/report")
@@ -76,7 +79,14 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)
     out = Path(args.output_path)
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
-    queries = build_queries(tasks, args.seed, args.scale)
+    from ..benchmarks.protocols import load_data
+
+    try:
+        queries = build_queries(tasks, args.seed, args.scale) + load_data(parse_kv(args.data))
+    except ValueError as err:
+        parser.error(str(err))
+    if not queries:
+        parser.error("nothing to evaluate: give --tasks and/or --data")
     model, processor = load_hf(args.model, **parse_kv(args.model_args))
     arms = default_arms()
     if args.arms:
@@ -132,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         base = costs.get(arm.baseline or arm.name)
         costs[arm.name]["wall_clock_vs_baseline"] = costs[arm.name]["seconds"] / base["seconds"] if base else None
     result = {
-        "model": args.model, "tasks": tasks, "scale": args.scale, "seed": args.seed, "resamples": args.resamples,
+        "model": args.model, "tasks": tasks, "data": parse_kv(args.data), "scale": args.scale, "seed": args.seed,
+        "resamples": args.resamples,
         "arms": [{"name": a.name, "baseline": a.baseline, "control": a.control, "generate_kwargs": a.generate_kwargs,
                   "mitigations": [repr(m) for m in a.build(processor)]} for a in arms],
         "scores": {a.name: payloads[a.name]["results"] for a in arms},
