@@ -67,6 +67,15 @@ def patch_labels(scene, min_cover: float = 0.2) -> tuple[np.ndarray, np.ndarray]
     return cats.reshape(-1), cols.reshape(-1)
 
 
+def patch_batch(processor, scenes) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Pixels of ``scenes`` and their per-patch category / colour labels (stages 1 and 2)."""
+    pixels = processor.image_processor([s.render() for s in scenes], return_tensors="pt")["pixel_values"]
+    labels = [patch_labels(s) for s in scenes]
+    cat = torch.tensor(np.stack([c for c, _ in labels]))
+    col = torch.tensor(np.stack([c for _, c in labels]))
+    return pixels, cat, col
+
+
 def pretrain_vision(model, processor, world: World, steps: int, batch: int, seed: int, log) -> None:
     vision = model.model.vision_tower
     hidden = vision.config.hidden_size
@@ -75,10 +84,7 @@ def pretrain_vision(model, processor, world: World, steps: int, batch: int, seed
     vision.train()
     for step in range(steps):
         scenes = [world.scene(seed * 1_000_003 + step * batch + i) for i in range(batch)]
-        pixels = processor.image_processor([s.render() for s in scenes], return_tensors="pt")["pixel_values"]
-        labels = [patch_labels(s) for s in scenes]
-        cat = torch.tensor(np.stack([c for c, _ in labels]))
-        col = torch.tensor(np.stack([c for _, c in labels]))
+        pixels, cat, col = patch_batch(processor, scenes)
         feats = vision(pixel_values=pixels).last_hidden_state[:, -GRID * GRID:]
         lc, lo = heads["cat"](feats), heads["col"](feats)
         # weight object patches up: most patches are background
@@ -136,10 +142,7 @@ def align_projector(model, processor, world: World, steps: int, batch: int, seed
     opt = torch.optim.Adam(projector.parameters(), lr=1e-3)
     for step in range(steps):
         scenes = [world.scene(seed * 1_000_003 + 2_000_000 + step * batch + i) for i in range(batch)]
-        pixels = processor.image_processor([s.render() for s in scenes], return_tensors="pt")["pixel_values"]
-        labels = [patch_labels(s) for s in scenes]
-        cat = torch.tensor(np.stack([c for c, _ in labels]))
-        col = torch.tensor(np.stack([c for _, c in labels]))
+        pixels, cat, col = patch_batch(processor, scenes)
         target = torch.zeros(batch, model.config.image_seq_length, emb.shape[1])
         obj = cat > 0
         patch_target = target[:, n_cls:]
