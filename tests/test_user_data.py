@@ -90,5 +90,8 @@ def test_vlm_report_on_user_data(tmp_path):
     result = json.loads((out / "results.json").read_text())
     assert result["data"] == {"dobench": str(tmp_path / "do.jsonl")}
     assert len(read_samples(out / "vcd-greedy" / "samples.jsonl")) == len(rows)
+    # on the organism the report says which mechanisms the model exhibits (its model card)
+    assert result["model_card"]["checks"]["prior_rise_level0_to_3"] is True
+    assert "What this organism can show" in (out / "report.html").read_text()
     with pytest.raises(SystemExit):
         main(["--tasks", "", "--data", "pope=x.jsonl", "--output_path", str(tmp_path / "bad")])

@@ -132,6 +132,16 @@ def write_html(result: dict, queries, records, path: Path) -> None:
         plots.append(_lines_svg({a: [mioh_accuracy(records[a]["mioh"], condition="NI", n_images=k) for k in (2, 4, 8, 10)]
                                  for a in arms}, ["2", "4", "8", "10"], "MIOH: accuracy vs number of images", "acc %"))
     bars = "".join(_bars_svg(result["comparisons"][a], a) for a in compared)
+    card = ""
+    if result.get("model_card"):
+        items = "".join(f"<li>{html.escape(k)}: {result['model_card']['measured'][k]:.1f} "
+                        f"({'target met' if ok else '<b>target not met</b>'})</li>"
+                        for k, ok in result["model_card"]["checks"].items())
+        card = ("<h2>What this organism can show</h2><p>A mitigation can only fix a failure the model has. "
+                "The organism's measured signatures (its model card, "
+                f"<code>{html.escape(result['model_card']['card'])}</code>); where a target is not met, the "
+                "mechanism is weak or absent in this model and its row cannot show a fix:</p>"
+                f"<ul>{items}</ul>")
     flags = "".join(f"<li>{html.escape(a)}: the gain on {html.escape(', '.join(m))} is matched by its control</li>"
                     for a, m in result["explained_by_control"].items() if m)
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>Hallucination mechanism report</title>
@@ -142,7 +152,7 @@ vertical-align:top;width:280px;margin:8px}}.ex table td{{font-size:11px}}svg{{ma
 <p>Model: <code>{html.escape(result['model'])}</code>; suites: {html.escape(', '.join(result['tasks']))} (scale {result['scale']},
 seed {result['seed']}). Every arm answered the same queries as its baseline; cells read the 95% paired-bootstrap
 interval of each mechanism's metrics ({result['resamples']} resamples): FIXES / BREAKS only when the interval excludes 0.</p>
-<table><tr><th>mechanism</th>{head}</tr>{body}</table><ul>{flags}</ul>
+<table><tr><th>mechanism</th>{head}</tr>{body}</table><ul>{flags}</ul>{card}
 <h2>Curves</h2>{''.join(plots)}
 <h2>Effects per metric</h2>{bars}
 <h2>Examples (DO-Bench A3 and Full-view A0, HalluSegBench boxes)</h2>{_examples(queries, records, arms)}

@@ -46,6 +46,20 @@ def build_queries(tasks: list[str], seed: int, scale: str) -> list:
     return [q for t in tasks for q in builders[t]()]
 
 
+def _organism_card(model: str) -> dict | None:
+    """For the shipped organism: its measured signatures and which targets they meet, so
+    the report can say which cells *could* show a fix (a mechanism the model does not
+    exhibit gives a mitigation nothing to repair)."""
+    from ..organism import ORGANISM_DIR
+
+    path = ORGANISM_DIR / "signatures.json"
+    if model != "organism" or not path.exists():
+        return None
+    measured = json.loads(path.read_text())
+    return {"checks": measured.get("checks", {}), "measured": {k: measured[k] for k in measured.get("checks", {})},
+            "card": str(ORGANISM_DIR / "README.md")}
+
+
 def slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
@@ -154,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     from ..runner import _json_safe
 
+    card = _organism_card(args.model)
+    if card:
+        result["model_card"] = card
     (out / "results.json").write_text(json.dumps(_json_safe(result), indent=2, default=str) + "\n")
     write_html(result, queries, records, out / "report.html")
     print(text_table(result))
