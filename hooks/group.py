@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable
 
+_MISSING = object()
+
 import torch
 from torch import nn
 
@@ -41,11 +43,17 @@ def hook_state(model: nn.Module) -> dict[str, dict[str, tuple]]:
     """Snapshot of every hook dictionary of every submodule (keys only, in order).
 
     Two snapshots compare equal exactly when the same hooks are registered, in the same
-    order, on the same modules.
+    order, on the same modules, and the same instance-level method overrides are in place.
     """
     state: dict[str, dict[str, tuple]] = {}
     for name, module in model.named_modules():
         state[name] = {attr: tuple(getattr(module, attr, {}).keys()) for attr in HOOK_DICTS}
+        # instance attributes that shadow a method of the class (HookGroup.patch_attribute,
+        # accelerate's forward wrapper): their identities, so a leftover patch shows
+        state[name]["method_overrides"] = tuple(
+            (key, id(value)) for key, value in sorted(vars(module).items())
+            if callable(getattr(type(module), key, None)) and not isinstance(value, nn.Module)
+        )
     return state
 
 
@@ -64,7 +72,7 @@ class HookGroup:
 
     def __init__(self, name: str = "hooks") -> None:
         self.name = name
-        self._handles: list[torch.utils.hooks.RemovableHandle] = []
+        self._handles: list[Any] = []  # RemovableHandle | AttributePatch
 
     # -- registration -----------------------------------------------------------------
     def add_forward_pre_hook(self, module: nn.Module, fn: Callable, *, prepend: bool = False):
@@ -89,6 +97,24 @@ class HookGroup:
         """Register one hook per module; ``fn_for(index, module)`` builds each hook function."""
         register = self.add_forward_pre_hook if pre else self.add_forward_hook
         return [register(module, fn_for(i, module)) for i, module in enumerate(modules)]
+
+    def patch_attribute(self, owner: Any, name: str, value: Any) -> "AttributePatch":
+        """Set ``owner.<name> = value`` on this instance until the group is removed.
+
+        For the few entry points that are methods, not modules -- ``generate()`` calls
+        ``model.base_model.get_image_features`` before its decoding loop, where no forward
+        hook can see the pixels. Removal restores the instance exactly: the attribute is
+        deleted again if the instance did not have its own, else the previous value is put
+        back (class attributes are never touched). Patching the same attribute twice in one
+        group is refused.
+        """
+        if not name.isidentifier():
+            raise ValueError(f"attribute name must be an identifier, got {name!r}")
+        if any(isinstance(h, AttributePatch) and h.owner is owner and h.name == name for h in self._handles):
+            raise ValueError(f"{self.name}: {type(owner).__name__}.{name} is already patched by this group")
+        handle = AttributePatch(owner, name, value)
+        self._handles.append(handle)
+        return handle
 
     # -- removal ----------------------------------------------------------------------
     def remove(self) -> None:
@@ -125,6 +151,25 @@ class HookGroup:
 
     def __repr__(self) -> str:
         return f"HookGroup(name={self.name!r}, hooks={len(self._handles)})"
+
+
+class AttributePatch:
+    """An owned instance-attribute override; ``remove()`` restores the instance exactly."""
+
+    def __init__(self, owner: Any, name: str, value: Any) -> None:
+        self.owner, self.name = owner, name
+        self._previous = vars(owner).get(name, _MISSING)
+        setattr(owner, name, value)
+        self._removed = False
+
+    def remove(self) -> None:
+        if self._removed:
+            return
+        self._removed = True
+        if self._previous is _MISSING:
+            vars(self.owner).pop(self.name, None)
+        else:
+            setattr(self.owner, self.name, self._previous)
 
 
 def _check_module(module: Any, fn: Any) -> None:

@@ -16,14 +16,20 @@ pass per token; here every branch is a copy of the batch's rows appended to the 
   and everything built on it (sampling, beam search, streamers, pipelines) see an
   ordinary model.
 
-transformers >= 5.2 encodes images once before ``generate()``'s loop
-(``get_image_features``) and passes ``mm_encoder_outputs`` to ``forward``. Image-free
-branches then reuse the encoded features (their rows never attend to them). Branches
-with a *distorted* image need the vision encoder to see the distorted pixels: a
-pre-forward hook on the vision tower appends them there, which is exact for adapters
-whose ``contrast_encoder`` is ``"vision_tower"`` (the tower's output is consumed image by
-image). For the other families a distorted-image branch works in direct ``model(...)``
-calls and raises a clear error inside ``generate()``.
+transformers >= 5.2 encodes images once before ``generate()``'s loop (the model's own
+``get_image_features``) and passes ``mm_encoder_outputs`` to ``forward``. Image-free
+branches reuse the encoded features (their rows never attend to them). Branches with a
+*distorted* image need the encoder to see the distorted pixels, and no forward hook sees
+that call whole (``image_sizes``, ``grid_thw``, tile packing are arguments of
+``get_image_features``, not of the vision tower). So the branches wrap
+``base_model.get_image_features`` for the time they are attached (an owned
+:meth:`hooks.HookGroup.patch_attribute`, restored exactly on detach): outside a forward,
+the wrapper also encodes each branch's distorted pixels with the model's own function and
+keeps them beside the original output. At the prefill, the forward hook appends them as
+the branches' image blocks, expanded per beam / returned sequence the same way
+``generate()`` expanded the original (its ``_expand_multimodal_outputs``). One path for
+every family: fixed grids, AnyRes tiles (LLaVA-NeXT/OneVision), image splitting
+(Idefics3/SmolVLM), dynamic resolution (Qwen-VL, Mistral3).
 
 Beam search reorders the KV cache with indices of the original rows; the hook extends
 the reordering to every branch's rows (on the cache object of that ``generate()`` call).
@@ -31,6 +37,7 @@ the reordering to every branch's rows (on the cache object of that ``generate()`
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -62,7 +69,16 @@ class Branch:
 class _CallState:
     rows: int  # original batch rows (batch x beams)
     prompt_image_mask: torch.Tensor | None  # (rows, prompt_len) image-token positions
-    encoder_expanded: bool = False
+
+
+@dataclass
+class _Encoded:
+    """What the wrapped ``get_image_features`` produced in one ``generate()`` pre-encoding."""
+
+    original: Any  # the output object generate() keeps (and may expand in place)
+    vectors: int  # its feature vectors before any expansion
+    branches: list  # per branch: the distorted images' output, or None (reuse the original)
+    expanded: dict = field(default_factory=dict)  # expand_size -> per-branch expanded outputs
 
 
 class ContrastBranches:
@@ -76,9 +92,7 @@ class ContrastBranches:
         self.combine = combine
         self.state: _CallState | None = None
         self._inside_forward = False
-        self._pending_encoder_expansion = False
-        self._captured: list[dict] = []
-        self._reencoding = False
+        self._encoded: _Encoded | None = None
         self.forward_calls = 0  # forwards that ran with branches (for cost accounting)
 
     @property
@@ -89,21 +103,19 @@ class ContrastBranches:
         model = self.points.model
         group.add_forward_pre_hook(model, self._pre_forward)
         group.add_forward_hook(model, self._post_forward, always_call=True)
-        mode = self.points.adapter.contrast_encoder
-        if any(b.needs_pixels for b in self.branches) and mode == "vision_tower":
-            group.add_forward_pre_hook(self.points.vision_encoder, self._pre_vision)
-        elif any(b.needs_pixels for b in self.branches) and mode == "reencode":
-            group.add_forward_pre_hook(self.points.vision_encoder, self._capture_vision)
+        owner = model.base_model
+        if any(b.needs_pixels for b in self.branches) and callable(getattr(owner, "get_image_features", None)):
+            group.patch_attribute(owner, "get_image_features", self._wrap_encoder(owner.get_image_features))
 
     # -- helpers ------------------------------------------------------------------------
     def _expand_rows(self, name: str, x: torch.Tensor) -> torch.Tensor:
         dim = 1 if name == "position_ids" and x.dim() == 3 else 0
         return torch.cat([x] * (self.k + 1), dim=dim)
 
-    def _expand_pixels(self, x: torch.Tensor, distort: bool) -> torch.Tensor:
+    def _expand_pixels(self, x: torch.Tensor) -> torch.Tensor:
         parts = [x]
         for branch in self.branches:
-            parts.append(branch.pixels(x) if (distort and branch.needs_pixels) else x)
+            parts.append(self._distorted(branch, x) if branch.needs_pixels else x)
         return torch.cat(parts, dim=0)
 
     def _hide(self, mask: torch.Tensor, rows: int) -> torch.Tensor:
@@ -119,51 +131,73 @@ class ContrastBranches:
                 mask[i * rows : (i + 1) * rows, :cols] = block.masked_fill(image[:, :cols], 0)
         return mask
 
-    # -- hooks ----------------------------------------------------------------------------
-    def _pre_vision(self, module: nn.Module, args: tuple, kwargs: dict):
-        if self._inside_forward:  # pixels were already expanded at the forward level
-            return None
-        # generate() pre-encoding: append the branches' (distorted) images
-        if args:
-            pixels, rest = args[0], args[1:]
-            n = pixels.shape[0]
-            args = (self._expand_pixels(pixels, True), *[self._dup_if(a, n) for a in rest])
-        else:
-            key = next(k for k in ("pixel_values", "hidden_states") if k in kwargs)
-            n = kwargs[key].shape[0]
-            kwargs = {k: (self._expand_pixels(v, True) if k == key else self._dup_if(v, n)) for k, v in kwargs.items()}
-        self._pending_encoder_expansion = True
-        return args, kwargs
+    def _distorted(self, branch: Branch, pixels: torch.Tensor) -> torch.Tensor:
+        out = branch.pixels(pixels)
+        if self.points.adapter.pixel_layout == "batch_images_chw" and pixels.dim() == 5:
+            # all-zero images are the processor's padding, dropped by the model: keep them so
+            # every branch has the same images as the original
+            padding = (pixels == 0).flatten(2).all(-1)[..., None, None, None]
+            out = out.masked_fill(padding, 0)
+        return out
 
-    def _capture_vision(self, module: nn.Module, args: tuple, kwargs: dict):
-        """generate() pre-encoding on a "reencode" family: remember get_image_features' inputs."""
-        if self._inside_forward or self._reencoding:
-            return None
-        captured = {}
-        for source, target in self.points.adapter.encoder_inputs.items():
-            value = args[int(source)] if source.isdigit() and int(source) < len(args) else kwargs.get(source)
-            if value is not None:
-                captured[target] = value
-        self._captured.append(captured)
-        return None
-
-    def _reencode(self, encoded: dict) -> dict:
-        """Encode the branches' distorted images with the model's own get_image_features."""
-        if set(encoded) - {"image"} or len(self._captured) != 1:
-            raise ValueError("a distorted-image branch supports image inputs only (no video) inside generate()")
-        captured = self._captured[0]
+    def _wrap_encoder(self, original: Callable) -> Callable:
         pixel_name = self.points.pixel_inputs[0]
-        outputs = [encoded["image"]]
-        self._reencoding = True
-        try:
+
+        @functools.wraps(original)  # generate() reads the signature to pick the arguments
+        def get_image_features(*args: Any, **kwargs: Any) -> Any:
+            out = original(*args, **kwargs)
+            if self._inside_forward:  # a forward's own encoding: pixels were expanded there
+                return out
+            # generate()'s pre-encoding: encode every branch's distorted pixels now
+            if args or pixel_name not in kwargs:
+                raise ValueError(
+                    f"a distorted-image branch expects get_image_features({pixel_name}=...) from generate(); "
+                    f"got positional arguments or no {pixel_name!r}"
+                )
+            branches = []
             for branch in self.branches:
                 if branch.needs_pixels:
-                    kw = {**captured, pixel_name: branch.pixels(captured[pixel_name])}
-                    outputs.append(self.points.model.base_model.get_image_features(**kw, return_dict=True))
+                    branches.append(original(**{**kwargs, pixel_name: self._distorted(branch, kwargs[pixel_name])}))
                 else:
-                    outputs.append(encoded["image"])
-        finally:
-            self._reencoding = False
+                    branches.append(None)
+            pooled = getattr(out, "pooler_output", None)
+            vectors = _count_vectors(pooled) if pooled is not None else -1
+            self._encoded = _Encoded(out, vectors, branches)
+            return out
+
+        return get_image_features
+
+    def _expand_encoded(self, encoded: dict, ids: torch.Tensor | None) -> dict:
+        """The branches' blocks of ``mm_encoder_outputs``, after the original rows' block."""
+        if not any(b.needs_pixels for b in self.branches):
+            return {modality: _duplicate_output(out, self.k + 1) for modality, out in encoded.items()}
+        image = encoded.get("image")
+        mine = self._encoded
+        if set(encoded) - {"image"} or image is None:
+            raise ValueError("a distorted-image branch supports image inputs only (no video) inside generate()")
+        if mine is None or image is not mine.original:
+            raise ValueError(
+                "a distorted-image branch needs to encode the distorted pixels itself: pass pixel inputs "
+                "(not pre-computed mm_encoder_outputs) to generate() while the mitigation is attached"
+            )
+        branches = mine.branches
+        vectors = _count_vectors(image.pooler_output) if getattr(image, "pooler_output", None) is not None else -1
+        if vectors != mine.vectors:  # beam search / num_return_sequences expanded the original
+            if mine.vectors <= 0 or vectors % mine.vectors or ids is None:
+                raise ValueError(
+                    "a distorted-image branch cannot follow how generate() expanded the encoded images "
+                    f"({mine.vectors} feature vectors became {vectors})"
+                )
+            times = vectors // mine.vectors
+            if times not in mine.expanded:
+                first = ids[::times]  # generate() repeat_interleaves the rows
+                mine.expanded[times] = [
+                    None if b is None else
+                    self.points.model._expand_multimodal_outputs(first, {"image": _shallow(b)}, expand_size=times)["image"]
+                    for b in branches
+                ]
+            branches = mine.expanded[times]
+        outputs = [image] + [image if b is None else b for b in branches]
         return {"image": _concat_outputs(outputs)}
 
     def _dup_if(self, value: Any, n: int) -> Any:
@@ -187,8 +221,7 @@ class ContrastBranches:
             image = self.points.image_token_mask(ids, include_video=True) if ids is not None else None
             if any(b.hide_image for b in self.branches) and ids is None:
                 raise ValueError("an image-free branch needs input_ids to find the image tokens")
-            self.state = _CallState(rows, image, self._pending_encoder_expansion)
-            self._pending_encoder_expansion = False
+            self.state = _CallState(rows, image)
             has_pixels = bool(self.points.pixel_kwargs(kwargs)) or bool(kwargs.get("mm_encoder_outputs"))
             if any(b.needs_pixels for b in self.branches) and not has_pixels:
                 raise ValueError(
@@ -217,45 +250,19 @@ class ContrastBranches:
 
         pixel_kwargs = self.points.pixel_kwargs(kwargs)
         if pixel_kwargs:
-            self._inside_forward = True
             for name, value in pixel_kwargs.items():
                 if name in ROW_INPUTS:
                     continue
                 if name in self.points.pixel_inputs:
-                    new[name] = self._expand_pixels(value, True)
+                    new[name] = self._expand_pixels(value)
                 else:
                     new[name] = torch.cat([value] * (self.k + 1), dim=0)
         encoded = kwargs.get("mm_encoder_outputs")
         if encoded:
             new["mm_encoder_outputs"] = self._expand_encoded(encoded, ids)
+        self._inside_forward = True  # get_image_features inside this forward sees expanded pixels
         self.forward_calls += 1
         return args, new
-
-    def _expand_encoded(self, encoded: dict, ids: torch.Tensor | None) -> dict:
-        if self.state.encoder_expanded or (self._captured and any(b.needs_pixels for b in self.branches)):
-            if not self.state.encoder_expanded:
-                encoded = self._reencode(encoded)
-                self._captured = []
-            # beam search expands the encoded images per beam before the branches exist, which
-            # drops (vision_tower) or misaligns (reencode) the branches' images: refuse it
-            image = encoded.get("image")
-            if ids is not None and image is not None and getattr(image, "pooler_output", None) is not None:
-                tokens = int((ids == self.points.image_token_id).sum()) * (self.k + 1)
-                if _count_vectors(image.pooler_output) != tokens:
-                    raise ValueError(
-                        "a distorted-image branch does not support beam search or num_return_sequences > 1 yet: "
-                        "generate() expands the encoded images per beam before the branches exist. Use greedy or "
-                        "sampling, or distortion='no_image'."
-                    )
-            return encoded
-        if any(b.needs_pixels for b in self.branches):
-            raise ValueError(
-                f"a distorted-image branch cannot run inside generate() on model_type "
-                f"{self.points.model_type!r}: transformers encodes the images before decoding and this family's "
-                "feature post-processing is per image (adapter contrast_encoder is not 'vision_tower'). Use "
-                "distortion='no_image', or call the model directly."
-            )
-        return {modality: _duplicate_output(out, self.k + 1) for modality, out in encoded.items()}
 
     def _extend_reorder(self, cache: Any) -> None:
         if getattr(cache, "_contrast_branches_reorder", False) or not hasattr(cache, "reorder_cache"):
@@ -298,6 +305,11 @@ def _count_vectors(value: Any) -> int:
     if isinstance(value, torch.Tensor):
         return value.numel() // value.shape[-1]
     return sum(_count_vectors(v) for v in value)
+
+
+def _shallow(out: Any) -> Any:
+    """A copy of a ModelOutput whose fields can be replaced without touching ``out``."""
+    return type(out)(**{k: v for k, v in out.items()})
 
 
 def _concat_outputs(outputs: list) -> Any:

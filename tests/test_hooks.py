@@ -162,6 +162,36 @@ def test_group_run_removes_when_the_call_raises(tiny):
     assert hook_state(model) == before
 
 
+def test_attribute_patch_is_owned_and_restored_exactly():
+    model = build_tiny_model("llava")
+    owner = model.model
+    pixels = torch.zeros(1, 3, 32, 32)
+    owner.get_image_features(pixel_values=pixels)  # transformers installs its output recorders once
+    before = hook_state(model)
+    original = owner.get_image_features
+    calls = []
+
+    def wrapped(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    with HookGroup() as group:
+        group.patch_attribute(owner, "get_image_features", wrapped)
+        assert owner.get_image_features is wrapped and hook_state(model) != before, "a patch shows in hook_state"
+        with pytest.raises(ValueError, match="already patched"):
+            group.patch_attribute(owner, "get_image_features", wrapped)
+        owner.get_image_features(pixel_values=pixels)
+    assert calls == [1]
+    assert "get_image_features" not in vars(owner), "the instance has no attribute of its own again"
+    assert hook_state(model) == before
+    # an instance attribute that existed before is put back, not deleted
+    owner.custom = "mine"
+    with HookGroup() as group:
+        group.patch_attribute(owner, "custom", "theirs")
+        assert owner.custom == "theirs"
+    assert owner.custom == "mine"
+
+
 def _removable_positions(ids, image_mask, attention_mask):
     """Per row, two text positions to drop: one early in the real tokens, one after the image."""
     keys = torch.zeros_like(ids, dtype=torch.bool)

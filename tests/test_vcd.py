@@ -99,10 +99,58 @@ def test_alpha_zero_with_beam_search_and_branch_caches_follow_the_beams(llava):
     assert torch.equal(cached, fresh)
 
 
-def test_distorted_branch_refuses_beam_search_clearly(llava):
+@pytest.mark.parametrize("model_type", TINY_MODEL_TYPES)
+def test_distorted_branch_follows_the_beams_on_every_architecture(model_type):
+    """generate() expands the encoded images per beam before the branches exist; the
+    distorted images must be expanded the same way: every beam's first step equals the
+    direct forward of its sample, and the cached beam search equals one recomputed
+    from scratch at every step (branch rows reordered with the beams)."""
+    model = build_tiny_model(model_type)
+    inputs = tiny_inputs(model, batch_size=2, text_lengths=[6, 3], seed=6)
+    with attach(model, VCD(alpha=1.0, seed=2)):
+        with torch.no_grad():
+            direct = model(**inputs).logits[:, -1]
+        out = _gen(model, inputs, do_sample=False, num_beams=3, output_logits=True, return_dict_in_generate=True)
+        torch.testing.assert_close(out.logits[0], direct.repeat_interleave(3, dim=0), rtol=0, atol=1e-5)
+        # a random tiny model may emit the image token, which a cache-free rerun would
+        # read as an image placeholder: keep it out of both runs
+        no_image_token = {"suppress_tokens": [resolve(model).image_token_id]}
+        cached = _gen(model, inputs, do_sample=False, num_beams=3, **no_image_token)
+        fresh = _gen(model, inputs, do_sample=False, num_beams=3, use_cache=False, **no_image_token)
+    assert torch.equal(cached, fresh)
+
+
+def test_distorted_branch_with_several_returned_samples(llava):
+    inputs = tiny_inputs(llava, batch_size=2, text_lengths=[6, 3], seed=8)
+    with attach(llava, VCD(alpha=1.0, seed=2)):
+        with torch.no_grad():
+            direct = llava(**inputs).logits[:, -1]
+        out = _gen(llava, inputs, do_sample=True, num_return_sequences=2, output_logits=True,
+                   return_dict_in_generate=True)
+    torch.testing.assert_close(out.logits[0], direct.repeat_interleave(2, dim=0), rtol=0, atol=1e-5)
+    assert out.sequences.shape[0] == 4
+
+
+def test_distorted_branch_refuses_pre_encoded_features(llava):
     inputs = tiny_inputs(llava, batch_size=1, seed=6)
-    with attach(llava, VCD()), pytest.raises(ValueError, match="beam search"):
-        _gen(llava, inputs, num_beams=3)
+    with torch.no_grad():
+        encoded = llava.model.get_image_features(pixel_values=inputs["pixel_values"], return_dict=True)
+    rest = {k: v for k, v in inputs.items() if k != "pixel_values"}
+    with attach(llava, VCD()), pytest.raises(ValueError, match="mm_encoder_outputs"):
+        _gen(llava, {**rest, "mm_encoder_outputs": {"image": encoded}})
+
+
+def test_distortion_keeps_padding_images_of_image_splitting_models():
+    """Idefics3/SmolVLM pad rows with fewer images by all-zero images, which the model
+    drops; a distorted branch must keep them zero or it would add images."""
+    model = build_tiny_model("idefics3")
+    pixels = torch.randn(2, 2, 3, 8, 8)
+    pixels[1, 1] = 0
+    with attach(model, VCD(seed=1)) as handle:
+        branch = handle.branches.branches[0]
+        out = handle.branches._distorted(branch, pixels)
+    assert torch.equal(out[1, 1], torch.zeros(3, 8, 8))
+    assert not torch.equal(out[0], pixels[0]) and not torch.equal(out[1, 0], pixels[1, 0])
 
 
 @pytest.mark.parametrize("distortion", ["diffusion_noise", "no_image"])
@@ -161,13 +209,9 @@ def test_every_architecture(model_type):
     with attach(model, VCD(alpha=1.0)):
         with torch.no_grad():
             direct = model(**inputs).logits[:, -1]  # distorted branch, pixels expanded at the forward
-        if points.adapter.contrast_encoder:
-            out = _gen(model, inputs, do_sample=False, output_logits=True, return_dict_in_generate=True)
-            # generate() pre-encodes images: its first step must equal the direct forward
-            torch.testing.assert_close(out.logits[0], direct, rtol=0, atol=1e-5)
-        else:
-            with pytest.raises(ValueError, match="cannot run inside generate"):
-                _gen(model, inputs, do_sample=False)
+        out = _gen(model, inputs, do_sample=False, output_logits=True, return_dict_in_generate=True)
+        # generate() pre-encodes images: its first step must equal the direct forward
+        torch.testing.assert_close(out.logits[0], direct, rtol=0, atol=1e-5)
     assert hook_state(model) == before
     rope = points.adapter.rope_state
     if rope:

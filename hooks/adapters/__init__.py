@@ -59,16 +59,6 @@ class Adapter:
     # rather than those rows in order.
     packed_image_features: bool = False
     image_newline: str | None = None
-    # How a distorted-image contrast branch gets its features inside generate(), which
-    # encodes images before decoding: "vision_tower" when the tower's output is consumed
-    # image by image, so appending distorted images to the tower's input is exact;
-    # "reencode" when the tower's call carries get_image_features' own inputs (mapped by
-    # encoder_inputs: tower argument -- a position like "0" or a keyword -- to the
-    # get_image_features keyword), so the distorted images are encoded again by the model's
-    # own get_image_features; None when neither holds (tiles/real-image selection happen
-    # before the tower): such families raise a clear error.
-    contrast_encoder: str | None = None
-    encoder_inputs: dict = field(default_factory=dict)
     notes: str = ""
     source: str = field(default="table", compare=False)
 
@@ -83,10 +73,6 @@ class Adapter:
             )
         for name in ("image_token_id", "video_token_id", "pixel_inputs", "image_inputs"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
-        if self.contrast_encoder not in (None, "vision_tower", "reencode"):
-            raise ValueError(f"adapter {self.model_type!r}: contrast_encoder must be null, 'vision_tower' or 'reencode'")
-        if self.contrast_encoder == "reencode" and not self.encoder_inputs:
-            raise ValueError(f"adapter {self.model_type!r}: contrast_encoder 'reencode' needs encoder_inputs")
         if not self.image_token_id:
             raise ValueError(f"adapter {self.model_type!r}: image_token_id must name at least one config attribute")
 
