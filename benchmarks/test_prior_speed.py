@@ -33,17 +33,17 @@ def _run(model, inputs):
 
 @pytest.mark.parametrize("batch", [1, 8])
 @pytest.mark.parametrize("mode", ["plain", "context", "output"])
-def test_prior_suppression_speed(benchmark, organism, batch, mode):
+def test_prior_suppression_speed(benchmark, organism, rounds, batch, mode):
     model, processor = organism
     inputs = _inputs(processor, batch)
     benchmark.group = f"prior_batch{batch}"
     benchmark.extra_info.update(role="baseline" if mode == "plain" else mode, tokens=batch * NEW_TOKENS)
     if mode == "plain":
-        out = benchmark.pedantic(_run, args=(model, inputs), rounds=3, warmup_rounds=1)
+        out = benchmark.pedantic(_run, args=(model, inputs), rounds=rounds, warmup_rounds=2)
     else:
         mitigation = PriorSuppression(processor.tokenizer, mode=mode)
         with attach(model, mitigation):
-            out = benchmark.pedantic(_run, args=(model, inputs), rounds=3, warmup_rounds=1)
+            out = benchmark.pedantic(_run, args=(model, inputs), rounds=rounds, warmup_rounds=2)
         if mode == "context":
             assert all(len(spans) == 1 for spans in mitigation.found), "the DO-Bench A3 sentence was found"
     assert out.shape[0] == batch

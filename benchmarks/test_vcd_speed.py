@@ -68,12 +68,12 @@ def _naive(model, inputs):
 
 @pytest.mark.parametrize("batch", [1, 8])
 @pytest.mark.parametrize("impl, role", [(_plain, "baseline"), (_naive, "naive"), (_ours, "ours")])
-def test_vcd_speed(benchmark, organism, batch, impl, role):
+def test_vcd_speed(benchmark, organism, rounds, batch, impl, role):
     model, processor = organism
     inputs = _inputs(processor, batch)
     benchmark.group = f"vcd_batch{batch}"
     benchmark.extra_info.update(role=role, tokens=batch * NEW_TOKENS)
-    out = benchmark.pedantic(impl, args=(model, inputs), rounds=3, warmup_rounds=1)
+    out = benchmark.pedantic(impl, args=(model, inputs), rounds=rounds, warmup_rounds=2)
     assert out.shape[0] == batch
 
 

@@ -125,34 +125,44 @@ class PriorSuppression(Mitigation):
         if not self.uses_context or self.strength == 0:
             return
         value = -math.inf if self.strength >= 1.0 else math.log1p(-self.strength)
-        state: dict[str, torch.Tensor] = {}
+        state: dict[str, Any] = {}
 
         def capture(module, args, kwargs):
             ids = kwargs.get("input_ids")
             cache = kwargs.get("past_key_values")
             if ids is not None and (cache is None or cache.get_seq_length() == 0):
+                state.clear()
                 state["keys"] = self.span_mask(points, ids)
+
+        def row_bias(rows: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
+            """``(rows, 1, 1, prompt_len)``: ``value`` on the span keys, built once per prompt."""
+            memo = (rows, dtype, device)
+            if state.get("row_key") != memo:
+                keys = state["keys"]
+                # contrast branches append their rows in blocks after the original rows (beams
+                # are expanded by generate() before the first forward, so spans are per beam)
+                if rows % keys.shape[0]:
+                    raise RuntimeError(f"prior spans were found for {keys.shape[0]} rows, attention saw {rows}")
+                # keys live with the input ids, the scores with this layer: on a model split
+                # over devices (device_map="auto") they differ
+                hit = keys.repeat(rows // keys.shape[0], 1).to(device)
+                zero = torch.zeros(hit.shape, dtype=dtype, device=device)
+                state["row_key"], state["row"] = memo, zero.masked_fill(hit, value)[:, None, None, :]
+            return state["row"]
 
         def bias(ctx: BiasContext) -> torch.Tensor | None:
             keys = state.get("keys")
-            if keys is None or not bool(keys.any()):
+            if keys is None or not state.setdefault("any", bool(keys.any())):
                 return None
-            rows = ctx.batch_size
-            # contrast branches append their rows in blocks after the original rows (beams
-            # are expanded by generate() before the first forward, so spans are per beam)
-            if rows % keys.shape[0]:
-                raise RuntimeError(f"prior spans were found for {keys.shape[0]} rows, attention saw {rows}")
-            # keys live with the input ids, positions with this layer: on a model split over
-            # devices (device_map="auto") they differ, so index on the keys' device
-            keys_full = keys.repeat(rows // keys.shape[0], 1)
-            k = ctx.key_positions.to(keys_full.device)
-            inside = k < keys_full.shape[1]
-            hit = keys_full[:, k.clamp(max=keys_full.shape[1] - 1)] & inside[None, :]
-            out = torch.zeros(rows, 1, len(ctx.query_positions), len(k), dtype=ctx.dtype, device=ctx.device)
-            return out.masked_fill(hit[:, None, None, :].to(ctx.device), value)
+            row = row_bias(ctx.batch_size, ctx.dtype, ctx.device)
+            start, count = int(ctx.key_positions[0]), len(ctx.key_positions)  # a contiguous range
+            prompt = row.shape[-1]
+            if start + count > prompt:  # generated tokens are never in a span
+                row = torch.nn.functional.pad(row, (0, start + count - prompt))
+            return row[..., start : start + count].expand(-1, -1, len(ctx.query_positions), -1)
 
         group.add_forward_pre_hook(points.model, capture, prepend=True)
-        add_attention_bias(group, points, bias, layers=self.layers)
+        add_attention_bias(group, points, bias, layers=self.layers, same_for_all_layers=True)
 
 
 __all__ = ["MODES", "PriorSuppression"]

@@ -278,6 +278,35 @@ def test_bias_follows_generation_steps():
     assert seen[1:] == [([prompt], prompt + 1), ([prompt + 1], prompt + 2)]
 
 
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("model_type, masks", [("llava", 1), ("gemma3", 2)])  # gemma3: sliding + full masks
+def test_a_layer_independent_bias_is_built_once_per_forward_with_the_same_result(model_type, masks, attn):
+    model = build_tiny_model(model_type, attn_implementation=attn)
+    inputs = tiny_inputs(model, batch_size=2, text_lengths=[6, 3], seed=5)
+    points = resolve(model)
+    keys = torch.zeros_like(inputs["input_ids"], dtype=torch.bool)
+    keys[:, 1] = True
+    calls = []
+    base = hooks.key_bias(keys, -2.0)
+
+    def counted(ctx):
+        calls.append(ctx.layer)
+        return base(ctx)
+
+    outputs = {}
+    for shared in (False, True):
+        calls.clear()
+        with HookGroup() as group, torch.no_grad():
+            hooks.add_attention_bias(group, points, counted, same_for_all_layers=shared)
+            outputs[shared] = (model(**inputs).logits, len(calls))
+            model(**inputs)  # a second forward must rebuild, not reuse the first one's mask
+            outputs[shared] += (len(calls),)
+    (per_layer, n_per_layer, _), (memo, n_memo, n_memo2) = outputs[False], outputs[True]
+    assert torch.equal(per_layer, memo)
+    assert n_per_layer == points.num_layers
+    assert n_memo == masks and n_memo2 == 2 * n_memo
+
+
 def test_bias_refuses_flash_attention():
     model = build_tiny_model("llava")
     points = resolve(model)
