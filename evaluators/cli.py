@@ -24,28 +24,7 @@ import argparse
 import dataclasses
 import json
 import sys
-from typing import Any, Callable
-
-SUITES: dict[str, Callable[..., list]] = {}
-
-
-def _suites() -> dict[str, Callable[..., list]]:
-    if not SUITES:
-        from .benchmarks.causal_halbench.suite import build as causal_halbench
-        from .benchmarks.dobench.suite import build as dobench
-        from .benchmarks.hallusegbench.suite import build as hallusegbench
-        from .benchmarks.mioh.suite import build as mioh
-        from .benchmarks.reactbench.suite import build as reactbench
-
-        SUITES.update({
-            "dobench": lambda seed: dobench(n_scenes=30, seed=seed),
-            "mioh": lambda seed: mioh(n_per_condition=12, seed=seed),
-            "causal_halbench": lambda seed: causal_halbench(n_pairs=30, seed=seed),
-            "hallusegbench": lambda seed: hallusegbench(n_pairs=30, seed=seed),
-            "reactbench": lambda seed: reactbench(n_per_task=12, seed=seed),
-        })
-    return SUITES
-
+from typing import Any
 
 def _value(text: str) -> Any:
     try:
@@ -99,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mitigations", default="", help="e.g. vcd:alpha=1;beta=0.1,prior_suppression")
     parser.add_argument("--batch_size", type=int, default=8)
     parser.add_argument("--limit", type=int, default=None, help="first N queries of each suite")
+    parser.add_argument("--scale", default="full", choices=("small", "full"),
+                        help="built-in suite sizes (evaluators/benchmarks/suites.py)")
     parser.add_argument("--output_path", required=True)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max_new_tokens", type=int, default=8)
@@ -112,11 +93,13 @@ def main(argv: list[str] | None = None) -> int:
     from .model import HFModel, load_hf
     from .runner import run
 
-    suites = _suites()
+    from .benchmarks.suites import build_suite, check_tasks
+
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
-    unknown = [t for t in tasks if t not in suites]
-    if unknown:
-        parser.error(f"unknown task(s) {unknown}; available: {sorted(suites)}")
+    try:
+        check_tasks(tasks)
+    except ValueError as err:
+        parser.error(str(err))
     ranks = distributed.init()  # one process, or this rank of an accelerate / torchrun launch
     torch.manual_seed(args.seed)
     model, processor = load_hf(args.model, **distributed.placement(ranks, parse_kv(args.model_args)))
@@ -125,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
                          generate_kwargs=parse_kv(args.gen_kwargs), name=args.model)
     queries = []
     for task in tasks:
-        built = suites[task](args.seed)
+        built = build_suite(task, args.seed, args.scale)
         queries += built[: args.limit] if args.limit else built
     from .benchmarks.protocols import load_data
 

@@ -23,10 +23,9 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable
 
-_MISSING = object()
-
-import torch
 from torch import nn
+
+_MISSING = object()
 
 # The per-module dictionaries a hook registration may write to. Used by tests and by
 # :func:`hook_state` to prove that removal restores a model exactly.

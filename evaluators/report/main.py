@@ -19,31 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-SCALES = {  # queries per suite: "small" keeps the default run within minutes on 2 CPU cores
-    "small": {"dobench": 12, "mioh": 4, "causal_halbench": 12, "hallusegbench": 10, "reactbench": 5},
-    "full": {"dobench": 40, "mioh": 12, "causal_halbench": 40, "hallusegbench": 30, "reactbench": 12},
-}
-
-
-def build_queries(tasks: list[str], seed: int, scale: str) -> list:
-    from ..benchmarks.causal_halbench.suite import build as causal
-    from ..benchmarks.dobench.suite import build as dobench
-    from ..benchmarks.hallusegbench.suite import build as hsb
-    from ..benchmarks.mioh.suite import build as mioh
-    from ..benchmarks.reactbench.suite import build as react
-
-    n = SCALES[scale]
-    builders = {
-        "dobench": lambda: dobench(n_scenes=n["dobench"], seed=seed),
-        "mioh": lambda: mioh(n_per_condition=n["mioh"], seed=seed),
-        "causal_halbench": lambda: causal(n_pairs=n["causal_halbench"], seed=seed),
-        "hallusegbench": lambda: hsb(n_pairs=n["hallusegbench"], seed=seed),
-        "reactbench": lambda: react(n_per_task=n["reactbench"], seed=seed),
-    }
-    unknown = [t for t in tasks if t not in builders]
-    if unknown:
-        raise ValueError(f"unknown task(s) {unknown}; available: {sorted(builders)}")
-    return [q for t in tasks for q in builders[t]()]
+from ..benchmarks.suites import SCALES, build_queries
 
 
 def _organism_card(model: str) -> dict | None:

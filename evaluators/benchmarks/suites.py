@@ -1,0 +1,60 @@
+"""The built-in probe suites of the five protocols and their sizes, in one place for both
+CLIs (``vlm-eval --scale`` and ``vlm-report --scale``).
+
+Each suite is generated from the counterfactual world (:mod:`evaluators.world`), seeded.
+Sizes are in the suite's own unit (scenes for DO-Bench -> 10 queries each, pairs for
+Causal-HalBench and HalluSegBench, items per task / condition for ReactBench and MIOH).
+"small" keeps ``vlm-report``'s nine arms within minutes on 2 CPU cores; "full" is what an
+effect measurement on the organism uses (DO-Bench 400 queries: PriorRobust per series
+rests on 40 queries per level).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from hooks.errors import unknown
+
+SCALES: dict[str, dict[str, int]] = {
+    "small": {"dobench": 12, "mioh": 4, "causal_halbench": 12, "hallusegbench": 10, "reactbench": 5},
+    "full": {"dobench": 40, "mioh": 12, "causal_halbench": 40, "hallusegbench": 30, "reactbench": 12},
+}
+
+
+def _builders() -> dict[str, Callable[[int, int], list]]:
+    from .causal_halbench.suite import build as causal
+    from .dobench.suite import build as dobench
+    from .hallusegbench.suite import build as hsb
+    from .mioh.suite import build as mioh
+    from .reactbench.suite import build as react
+
+    return {
+        "dobench": lambda n, seed: dobench(n_scenes=n, seed=seed),
+        "mioh": lambda n, seed: mioh(n_per_condition=n, seed=seed),
+        "causal_halbench": lambda n, seed: causal(n_pairs=n, seed=seed),
+        "hallusegbench": lambda n, seed: hsb(n_pairs=n, seed=seed),
+        "reactbench": lambda n, seed: react(n_per_task=n, seed=seed),
+    }
+
+
+SUITE_NAMES = tuple(SCALES["full"])
+
+
+def check_tasks(tasks: list[str]) -> None:
+    bad = [t for t in tasks if t not in SUITE_NAMES]
+    if bad:
+        raise ValueError(f"unknown task(s) {bad}; available: {sorted(SUITE_NAMES)}")
+
+
+def build_suite(task: str, seed: int = 0, scale: str = "full") -> list:
+    """The built-in queries of one suite."""
+    if scale not in SCALES:
+        raise ValueError(unknown("scale", scale, SCALES))
+    check_tasks([task])
+    return _builders()[task](SCALES[scale][task], seed)
+
+
+def build_queries(tasks: list[str], seed: int = 0, scale: str = "full") -> list:
+    """The built-in queries of several suites, in the order given."""
+    check_tasks(tasks)
+    return [q for t in tasks for q in build_suite(t, seed, scale)]

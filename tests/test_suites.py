@@ -1,0 +1,22 @@
+"""The built-in suites are sized in one place for both CLIs."""
+
+from __future__ import annotations
+
+import pytest
+
+from evaluators.benchmarks.suites import SCALES, build_queries, build_suite
+
+
+def test_scales_size_each_suite():
+    for task, n in SCALES["small"].items():
+        assert n < SCALES["full"][task]
+    assert len(build_suite("dobench", seed=0, scale="small")) == 10 * SCALES["small"]["dobench"]
+    queries = build_queries(["dobench", "reactbench"], seed=0, scale="small")
+    assert {q.benchmark for q in queries} == {"dobench", "reactbench"}
+
+
+def test_bad_task_or_scale_is_named():
+    with pytest.raises(ValueError, match="dobnch"):
+        build_queries(["dobnch"])
+    with pytest.raises(ValueError, match="scale 'huge'"):
+        build_suite("dobench", scale="huge")
