@@ -66,15 +66,18 @@ def parse_choice(text: str, choices: Sequence[str]) -> str | None:
     return None
 
 
-def parse_box(text: str, size: float, bins: int = 16) -> tuple[float, float, float, float] | str | None:
-    """A box from coordinate tokens ``<c3> <c5> <c9> <c12>`` (bin index, inclusive end) or a
-    JSON list ``[x0, y0, x1, y1]`` in pixels; ``"none"`` for an explicit abstention; None if
+def parse_box(
+    text: str, size: float, bins: int = 16, *, height: float | None = None
+) -> tuple[float, float, float, float] | str | None:
+    """A box from coordinate tokens ``<c3> <c5> <c9> <c12>`` (bin index, inclusive end; bins
+    of ``size`` -- the width -- and of ``height``, default ``size``) or a JSON list
+    ``[x0, y0, x1, y1]`` in pixels; ``"none"`` for an explicit abstention; None if
     unreadable."""
     tokens = [int(b) for b in re.findall(r"<c(\d+)>", text)]
     if len(tokens) >= 4:
         x0, y0, x1, y1 = tokens[:4]
-        step = size / bins
-        return (x0 * step, y0 * step, (x1 + 1) * step, (y1 + 1) * step)
+        sx, sy = size / bins, (size if height is None else height) / bins
+        return (x0 * sx, y0 * sy, (x1 + 1) * sx, (y1 + 1) * sy)
     found = re.search(r"\[[^\[\]]+\]", text)
     if found:
         try:

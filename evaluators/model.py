@@ -87,18 +87,41 @@ class HFModel:
 
 
 class CallableModel:
-    """``fn(images, prompt) -> str`` for a model outside Hugging Face."""
+    """``fn(images, prompt) -> answer`` for a model outside Hugging Face.
 
-    def __init__(self, fn: Callable[[list, str], str], name: str = "callable") -> None:
+    The answer is text, or -- for a segmentation model -- a mask (2-D numpy array, PIL
+    image or torch tensor; ``> 0`` is the object; ``None`` abstains). Masks are stored as
+    COCO uncompressed-RLE JSON (:func:`evaluators.masks.encode_mask`), so every line of
+    ``samples.jsonl`` stays text and a rerun re-scores it.
+    """
+
+    def __init__(self, fn: Callable[[list, str], Any], name: str = "callable") -> None:
         if not callable(fn):
-            raise ValueError("fn must be callable: fn(images, prompt) -> str")
+            raise ValueError("fn must be callable: fn(images, prompt) -> str or mask")
         self.fn, self.name = fn, name
 
     def describe(self) -> dict[str, Any]:
         return {"model": self.name, "model_class": "callable"}
 
     def __call__(self, queries: Sequence[Query]) -> list[str]:
-        return [str(self.fn(q.load_images(), q.prompt)) for q in queries]
+        from .masks import encode_mask
+
+        out = []
+        for q in queries:
+            answer = self.fn(q.load_images(), q.prompt)
+            if answer is None:
+                out.append("none")  # an explicit abstention
+            elif isinstance(answer, str):
+                out.append(answer)
+            else:
+                try:
+                    out.append(encode_mask(answer))
+                except ValueError as err:
+                    raise TypeError(
+                        f"{self.name} answered query {q.id!r} with {type(answer).__name__}: expected text or a "
+                        f"2-D mask ({err})"
+                    ) from None
+        return out
 
 
 DTYPES: dict[str, Any] = {

@@ -133,9 +133,8 @@ def run(
 
 
 def score(records: Sequence[dict]) -> dict:
-    """Every registered metric of every benchmark present in ``records``."""
-    from .metrics import metrics_for
-
+    """Every registered metric of every benchmark present in ``records`` (pooled, and apart
+    by the field its paper reports apart by, e.g. ``results["hallusegbench"]["by_split"]``)."""
     by_bench: dict[str, list] = defaultdict(list)
     for r in records:
         by_bench[r["benchmark"]].append(r)
@@ -143,17 +142,42 @@ def score(records: Sequence[dict]) -> dict:
     for bench, rows in sorted(by_bench.items()):
         answered = metric_records(bench, rows)
         results[bench] = {}
-        for spec in metrics_for(bench):
-            try:
-                results[bench][spec.name.split(".", 1)[1]] = spec.fn(answered)
-            except (KeyError, ValueError, TypeError) as exc:  # a metric whose fields this suite lacks
-                results[bench].setdefault("_not_computed", {})[spec.name] = f"{type(exc).__name__}: {exc}"
+        results[bench] = _compute(bench, answered)
+        key = _reported_apart(bench)
+        values = sorted({str(r[key]) for r in answered if key and r.get(key) is not None})
+        if key and values:  # e.g. HalluSegBench's referring / reasoning splits (Table 1)
+            results[bench][f"by_{key}"] = {v: _compute(bench, [r for r in answered if str(r.get(key)) == v])
+                                           for v in values}
         invalid[bench] = {
             "invalid_answer_rate": 100.0 * sum(bool(r.get("invalid")) for r in answered) / max(len(answered), 1),
             "invalid_inputs": sum(bool(r.get("invalid_input")) for r in rows),
         }
         counts[bench] = len(rows)
     return {"results": results, "invalid": invalid, "n_samples": counts}
+
+
+def _compute(bench: str, answered: Sequence[dict]) -> dict:
+    from .metrics import metrics_for
+
+    out: dict = {}
+    for spec in metrics_for(bench):
+        try:
+            out[spec.name.split(".", 1)[1]] = spec.fn(answered)
+        except (KeyError, ValueError, TypeError) as exc:  # a metric whose fields this suite lacks
+            out.setdefault("_not_computed", {})[spec.name] = f"{type(exc).__name__}: {exc}"
+    return out
+
+
+def _reported_apart(bench: str) -> str | None:
+    """The record field a benchmark's paper reports its metrics apart by, if any
+    (``REPORTED_APART`` in ``evaluators.benchmarks.<bench>.metrics``)."""
+    import importlib
+
+    try:
+        module = importlib.import_module(f"evaluators.benchmarks.{bench}.metrics")
+    except ModuleNotFoundError:
+        return None
+    return getattr(module, "REPORTED_APART", None)
 
 
 def metric_records(bench: str, rows: Sequence[dict]) -> list[dict]:

@@ -49,7 +49,7 @@ class PriorSuppression(Mitigation):
     the decoded prompt. ``layers``: decoder layers that get the bias (None = all).
     """
 
-    tokenizer: Any = None
+    tokenizer: Any = field(default=None, repr=False)  # results.json records the config, not the vocabulary
     mode: str = "context"
     strength: float = 1.0
     layers: Sequence[int] | None = None

@@ -15,11 +15,11 @@ from .sets import (
     image_set, segmentation_pair,
 )
 from .views import MARGINS, cluster_box, crop_box, cut, grow
-from .vocab import CATEGORIES, COLOURS, CONTEXT_CATEGORIES, CONTEXTS, RELATIONS, SYNONYMS
+from .vocab import CATEGORIES, COLOURS, CONTEXT_CATEGORIES, CONTEXTS, REASONING, RELATIONS, SYNONYMS
 
 __all__ = [
     "BIASED", "CATEGORIES", "CONTEXT_CATEGORIES", "box_gap", "check_count", "CHANGE_KINDS", "COLOURS", "CONTEXTS", "ChangePair", "ImageSet", "MARGINS",
-    "MIOH_CONDITIONS", "Obj", "RELATIONS", "SYNONYMS", "Scene", "SegmentationPair", "UNBIASED", "Views", "World",
+    "MIOH_CONDITIONS", "Obj", "REASONING", "RELATIONS", "SYNONYMS", "Scene", "SegmentationPair", "UNBIASED", "Views", "World",
     "WorldConfig", "change_pair", "check_seed", "cluster_box", "crop_box", "cut", "do_views", "edits", "grow",
     "image_set", "segmentation_pair",
 ]

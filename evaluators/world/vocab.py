@@ -72,6 +72,23 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
     "bird": ("bird", "birds"),
 }
 
+# Reasoning descriptions, for HalluSegBench's reasoning split (Sec. 3: queries that name an
+# object by what it is for, e.g. "item used for watering plants"; the counterfactual query
+# swaps in the replacing class's description). One per category, each true of that
+# category only within this vocabulary.
+REASONING: dict[str, str] = {
+    "cup": "something you drink from",
+    "plate": "something food is served on",
+    "fork": "something with prongs to pick up food",
+    "knife": "something with a blade to cut food",
+    "banana": "a fruit you peel before eating",
+    "tree": "something with leaves and a trunk",
+    "dog": "an animal that barks",
+    "ball": "something you throw and catch",
+    "bench": "a seat in a park",
+    "bird": "an animal with wings and feathers",
+}
+
 RELATIONS = ("left of", "right of", "above", "below")
 
 

@@ -7,9 +7,10 @@ edit). Three queries per pair, as the metrics need (Eqs. 1-3):
 * ``textual``: "where is the c' ?" on I (c' is not there)      -> M^_{c'} vs M_c
 * ``visual``: "where is the c ?" on the counterfactual I'      -> M^'_c   vs M'_{c'}
 
-Models that answer with a box (the organism: coordinate tokens, or "none" to abstain) get
-the box rasterised into a mask at the source resolution (our choice for box-only models;
-a segmentation model's mask is used as it is). Ground-truth masks are recomputed from the
+Answers become masks through :func:`evaluators.masks.answer_mask`: a box (the organism:
+coordinate tokens, or "none" to abstain) is rasterised at the source resolution (our
+choice for box-only models), a polygon is filled, a returned or run-length-encoded mask is
+used as it is (resized to the ground truth by the metrics). Ground-truth masks are recomputed from the
 scene stored in each record, so the per-sample file stays small.
 """
 
@@ -17,26 +18,45 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...answers import parse_box
+from ...masks import answer_mask
 from ...query import Query
-from ...world import BIASED, Scene, World, check_count, check_seed, segmentation_pair
+from ...world import BIASED, REASONING, Scene, World, check_count, check_seed, segmentation_pair
 
 
-def build(n_pairs: int = 30, seed: int = 0, world: World | None = None) -> list[Query]:
+SPLITS = ("referring", "reasoning")
+
+
+def _prompt(split: str, label: str) -> str:
+    if split == "referring":
+        return f"where is the {label} ?"
+    return f"where is {REASONING[label]} ?"
+
+
+def build(n_pairs: int = 30, seed: int = 0, world: World | None = None,
+          splits: tuple[str, ...] = SPLITS) -> list[Query]:
+    """Three queries per pair and split. The splits share the pairs (the same factual and
+    counterfactual images): the referring split names the class ("where is the dog ?"),
+    the reasoning split describes it (:data:`evaluators.world.REASONING`, "where is an
+    animal that barks ?"), the paper's two query styles, reported apart by the metrics."""
     seed = check_seed(seed)
     check_count(n_pairs, "n_pairs")
+    bad = [s for s in splits if s not in SPLITS]
+    if bad or not splits:
+        raise ValueError(f"splits: must be a non-empty subset of {SPLITS}, got {tuple(splits)!r}")
     world = world or World(BIASED)
     queries = []
     for k in range(n_pairs):
         pair = segmentation_pair(world, seed * 1_000_003 + 5_000_000 + k)
-        sid = f"hsb-{seed}-{k}"
-        common = {"sample_id": sid, "split": "referring", "uid": pair.uid,
-                  "factual_scene": pair.factual.to_dict(), "counterfactual_scene": pair.counterfactual.to_dict()}
-        for role, image, label in (("fact", pair.factual, pair.factual_label),
-                                   ("textual", pair.factual, pair.counterfactual_label),
-                                   ("visual", pair.counterfactual, pair.factual_label)):
-            queries.append(Query(f"{sid}-{role}", "hallusegbench", [image.render()], f"where is the {label} ?",
-                                 "text", None, {**common, "role": role, "label": label}))
+        images = {"factual": pair.factual.render(), "counterfactual": pair.counterfactual.render()}
+        for split in splits:
+            sid = f"hsb-{seed}-{k}" + ("" if split == "referring" else f"-{split}")
+            common = {"sample_id": sid, "split": split, "uid": pair.uid,
+                      "factual_scene": pair.factual.to_dict(), "counterfactual_scene": pair.counterfactual.to_dict()}
+            for role, image, label in (("fact", "factual", pair.factual_label),
+                                       ("textual", "factual", pair.counterfactual_label),
+                                       ("visual", "counterfactual", pair.factual_label)):
+                queries.append(Query(f"{sid}-{role}", "hallusegbench", [images[image]], _prompt(split, label),
+                                     "text", None, {**common, "role": role, "label": label}))
     return queries
 
 
@@ -55,22 +75,6 @@ def _ground_truth(record: dict) -> tuple[np.ndarray, np.ndarray]:
     return read(record["factual_mask_path"]), read(record["counterfactual_mask_path"])
 
 
-def box_mask(answer: str | None, shape) -> tuple[np.ndarray, bool]:
-    """(mask, invalid): a box answer rasterised at the ground truth's ``shape`` (coordinate
-    tokens are fractions of the image; JSON boxes are pixels); "none" is an abstention
-    (empty, valid); an unreadable answer is an empty mask and counted invalid."""
-    height, width = (shape, shape) if isinstance(shape, int) else shape
-    mask = np.zeros((height, width), dtype=bool)
-    box = parse_box(answer or "", width)
-    if box is None:
-        return mask, True
-    if box == "none":
-        return mask, False
-    x0, y0, x1, y1 = (int(round(v)) for v in box)
-    mask[max(y0, 0) : max(min(y1, height), 0), max(x0, 0) : max(min(x1, width), 0)] = True
-    return mask, False
-
-
 def assemble(records: list[dict]) -> list[dict]:
     """Per-query lines -> one metric record per pair (masks rebuilt from the scenes)."""
     by: dict[str, dict] = {}
@@ -87,7 +91,7 @@ def assemble(records: list[dict]) -> list[dict]:
         preds, invalid = {}, False
         for role in ("fact", "textual", "visual"):
             answer = None if roles[role].get("invalid_input") else roles[role]["answer"]
-            preds[role], bad = box_mask(answer, gt_fact.shape)
+            preds[role], bad = answer_mask(answer, gt_fact.shape)
             invalid |= bad or bool(roles[role].get("invalid_input"))
         out.append({"id": sid, "split": first["split"], "gt_fact": gt_fact, "gt_counterfact": gt_counterfact,
                     "pred_fact": preds["fact"], "pred_textual": preds["textual"], "pred_visual": preds["visual"],
