@@ -134,7 +134,8 @@ def run(
 
 def score(records: Sequence[dict]) -> dict:
     """Every registered metric of every benchmark present in ``records`` (pooled, and apart
-    by the field its paper reports apart by, e.g. ``results["hallusegbench"]["by_split"]``)."""
+    by the field its paper reports apart by, e.g. ``results["hallusegbench"]["by_split"]``),
+    plus the benchmark's ``details`` tables where it defines them (ReactBench's Table 4)."""
     by_bench: dict[str, list] = defaultdict(list)
     for r in records:
         by_bench[r["benchmark"]].append(r)
@@ -143,7 +144,10 @@ def score(records: Sequence[dict]) -> dict:
         answered = metric_records(bench, rows)
         results[bench] = {}
         results[bench] = _compute(bench, answered)
-        key = _reported_apart(bench)
+        details = _metrics_attr(bench, "details")
+        if details is not None and answered:  # the paper's tables beyond the registered metrics
+            results[bench]["details"] = details(answered)
+        key = _metrics_attr(bench, "REPORTED_APART")
         values = sorted({str(r[key]) for r in answered if key and r.get(key) is not None})
         if key and values:  # e.g. HalluSegBench's referring / reasoning splits (Table 1)
             results[bench][f"by_{key}"] = {v: _compute(bench, [r for r in answered if str(r.get(key)) == v])
@@ -168,16 +172,17 @@ def _compute(bench: str, answered: Sequence[dict]) -> dict:
     return out
 
 
-def _reported_apart(bench: str) -> str | None:
-    """The record field a benchmark's paper reports its metrics apart by, if any
-    (``REPORTED_APART`` in ``evaluators.benchmarks.<bench>.metrics``)."""
+def _metrics_attr(bench: str, name: str):
+    """``evaluators.benchmarks.<bench>.metrics.<name>`` if defined: ``REPORTED_APART`` (the
+    record field the paper reports its metrics apart by) or ``details`` (records -> the
+    paper's breakdown tables, stored under ``results[bench]["details"]``)."""
     import importlib
 
     try:
         module = importlib.import_module(f"evaluators.benchmarks.{bench}.metrics")
     except ModuleNotFoundError:
         return None
-    return getattr(module, "REPORTED_APART", None)
+    return getattr(module, name, None)
 
 
 def metric_records(bench: str, rows: Sequence[dict]) -> list[dict]:

@@ -167,14 +167,48 @@ def test_reactbench_suite_with_a_scripted_yes(tmp_path):
     from evaluators.benchmarks.reactbench.suite import build as react
     from evaluators.organism.tasks import vocabulary
 
-    queries = react(n_per_task=4, seed=5)
-    assert len(queries) == 48  # 4 tasks x 3 question types x 4
+    direct = react(n_per_task=4, seed=5, dimensions=("direct",), hints=("none",))
+    assert len(direct) == 48  # 4 tasks x 3 question types x 4
     vocab = set(vocabulary())
-    for q in queries:
+    for q in direct:  # the direct, no-hint questions speak the organism's vocabulary
         assert set(re.findall(r"<c\d+>|\w+|[^\w\s]", q.prompt)) <= vocab, q.prompt
+    queries = react(n_per_task=4, seed=5)
+    # + commonsense YN, premise YN+SA, absurd MC (erasure); commonsense, premise, absurd (attribute);
+    # location and operation hints (tracing)
+    assert len(queries) == 48 + 4 * 4 + 4 * 3 + 4 * 2
+    assert [q.id for q in queries if q.id in {d.id for d in direct}] == [d.id for d in direct], "direct ids kept"
+    assert {q.prompt for q in direct} <= {q.prompt for q in queries}
     res = run(queries, CallableModel(lambda i, p: "yes"), tmp_path, progress=False)["results"]["reactbench"]
     # "yes" is only a right answer to yes/no questions whose truth is yes: in alteration
     # tracing all of them (S = 0.25 * 100), in erasure and attribute none of them
     assert res["alteration_tracing"] == pytest.approx(25.0)
     assert res["relational_erasure"] == pytest.approx(0.0)
     assert res["counterfactual_attribute"] == pytest.approx(0.0)
+
+
+def test_reactbench_every_dimension_and_hint_has_consistent_truths(tmp_path):
+    """An oracle that answers each query with its ground truth scores 100 in every
+    breakdown cell of Table 4 and in both modes: the templates, options and truths agree."""
+    from evaluators.benchmarks.reactbench.suite import build as react
+
+    queries = react(n_per_task=4, seed=7, modes=("standard", "cot"))
+    truth = {}
+    for q in queries:
+        if q.kind == "keywords":
+            answer = " ".join(q.truth)
+        elif q.kind == "yes_no":
+            answer = q.truth
+        else:
+            answer = str(q.truth)
+        truth[(q.prompt, b"".join(img.tobytes() for img in q.images))] = answer
+    oracle = CallableModel(lambda images, prompt: truth[(prompt, b"".join(i.tobytes() for i in images))])
+    res = run(queries, oracle, tmp_path, progress=False)["results"]["reactbench"]
+    assert res["react_score"] == pytest.approx(100.0)
+    for task, cells in res["details"]["breakdown"].items():
+        for value, acc in cells.items():
+            assert acc == pytest.approx(100.0), (task, value)
+    assert all(v == pytest.approx(100.0) for modes in res["details"]["accuracy_by_mode"].values() for v in modes.values())
+    cot = [q for q in queries if q.record["mode"] == "cot"]
+    assert len(cot) == len(queries) // 2 and all(q.prompt.endswith("final answer .") for q in cot)
+    with pytest.raises(ValueError, match="dimensions"):
+        react(n_per_task=1, dimensions=("sarcastic",))

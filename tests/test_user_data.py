@@ -51,9 +51,11 @@ def test_causal_and_jsonl_benchmarks_end_to_end(tmp_path):
                                          + [("A", 0, "Cluster"), ("A", 0, "Crop")])]
     (tmp_path / "do.jsonl").write_text("\n".join(json.dumps(r) for r in do))
     react = [{"id": 1, "task": "dense_counting", "images": ["s.png"], "question": "How many dogs?",
-              "question_type": "SA", "answer": 3, "count_setting": "exact"},
+              "question_type": "SA", "answer": 3, "count_query": "exact"},
              {"id": 2, "task": "dense_counting", "images": ["s.png"], "question": "More than two?",
-              "question_type": "YN", "answer": "yes", "count_setting": "exact"}]
+              "question_type": "YN", "answer": "yes", "count_query": "exact", "mode": "cot"},
+             {"id": 3, "task": "relational_erasure", "images": ["s.png"], "question": "A leash goes with a dog. Dog?",
+              "question_type": "YN", "answer": "no", "inducing": "commonsense"}]
     (tmp_path / "react.jsonl").write_text("\n".join(json.dumps(r) for r in react))
     mioh = [{"id": 1, "task": "existence", "question_type": "selective", "condition": "easy",
              "images": ["s.png", "s.png"], "question": "In which image is there a dog?",
@@ -65,6 +67,13 @@ def test_causal_and_jsonl_benchmarks_end_to_end(tmp_path):
     assert out["causal_halbench"]["accuracy"] == pytest.approx(100.0)
     assert out["dobench"]["yes_rate"] == pytest.approx(100.0)
     assert out["mioh"]["easy"] == pytest.approx(0.0)  # "yes, 3. a" is no lone option letter
+    # the schema's inducing / count_query / mode reach the breakdowns of Tables 3-4
+    details = out["reactbench"]["details"]
+    assert details["breakdown"]["relational_erasure"]["commonsense"] == pytest.approx(0.0)
+    assert details["breakdown"]["relational_erasure"]["direct"] is None  # no such question: empty cell
+    assert details["breakdown"]["dense_counting"]["exact"] == pytest.approx(100.0)
+    assert details["accuracy_by_mode"]["dense_counting"] == {"standard": pytest.approx(100.0),
+                                                             "cot": pytest.approx(100.0)}
 
 
 @pytest.mark.skipif(not __import__("evaluators.organism", fromlist=["ORGANISM_DIR"]).ORGANISM_DIR.joinpath(

@@ -57,8 +57,11 @@ def reactbench(path: str | Path) -> list[Query]:
 
     out = []
     for r in load(path):
-        record = {k: r[k] for k in ("task", "dimension", "hint", "count_setting") if r.get(k) is not None}
-        record.update(qtype=r["question_type"], mode="standard")
+        # schema names (the paper's words) -> the record fields the metrics break down by
+        fields = {"task": "task", "inducing": "dimension", "hint": "hint", "count_query": "count_setting",
+                  "interval": "interval"}
+        record = {ours: r[theirs] for theirs, ours in fields.items() if r.get(theirs) is not None}
+        record.update(qtype=r["question_type"], mode=r.get("mode") or "standard")
         if r["question_type"] == "YN":
             kind, truth, options = "yes_no", str(r["answer"]).lower(), None
         elif r["question_type"] == "MC":

@@ -194,6 +194,21 @@ def reactbench_scores(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     }
 
 
+def details(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """What ``results.json`` carries beside the registered metrics: Table 4's breakdowns
+    (inducing dimension, hint, exact/interval; NaN -> None for JSON) and the per-mode
+    pooled accuracies of Table 3."""
+    records = list(records)
+
+    def clean(value: float) -> float | None:
+        return None if isinstance(value, float) and math.isnan(value) else value
+
+    return {
+        "breakdown": {t: {k: clean(v) for k, v in breakdown(records, t).items()} for t in TASKS},
+        "accuracy_by_mode": {t: {m: clean(accuracy(records, task=t, mode=m)) for m in MODES} for t in TASKS},
+    }
+
+
 @metric("reactbench.relational_erasure", "reactbench", "cooccurrence", True, "weighted_sum")
 def relational_erasure(records) -> float:
     """S_r (Eq. 2): question-weighted Relational Erasure score, mean over modes (%)."""
@@ -226,7 +241,7 @@ def react_score(records) -> float:
 
 __all__ = [
     "BREAKDOWN_FIELD", "BREAKDOWN_VALUES", "MODES", "QTYPES", "QTYPE_WEIGHTS", "TASKS", "TASK_WEIGHTS",
-    "accuracy", "alteration_tracing", "breakdown", "count_correct", "counterfactual_attribute", "dense_counting",
+    "accuracy", "alteration_tracing", "breakdown", "details", "count_correct", "counterfactual_attribute", "dense_counting",
     "react_score", "react_score_value", "reactbench_scores", "relational_erasure", "task_mode_score",
     "task_score",
 ]

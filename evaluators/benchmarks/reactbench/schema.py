@@ -17,6 +17,8 @@ SCHEMA = (
           doc="inducing dimension (relational erasure, counterfactual attribute)"),
     Field("hint", str, optional=True, choices=("none", "location", "operation"), doc="alteration tracing hint"),
     Field("count_query", str, optional=True, choices=("exact", "interval"), doc="dense counting setting"),
+    Field("mode", str, optional=True, choices=("standard", "cot"),
+          doc="prompting mode the question is asked in (default standard; cot = chain of thought)"),
     Field("interval", list, optional=True, doc="[low, high] bounds of an interval count answer"),
     Field("synonyms", list, optional=True, doc="accepted short-answer variants"),
 )

@@ -13,10 +13,30 @@ multiple choice (MC), short answer (SA) and yes/no (YN) in the standard mode.
 * **Dense Counting** (fine-grained perception): 3-9 small instances. SA exact count; MC
   over four intervals (the interval setting); YN "are there k ...?" (k right half the time).
 
-Only the ``direct`` inducing dimension, the ``none`` hint and the standard mode are built
-here (the organism's vocabulary has no commonsense/premise/absurd phrasings); user data in
-the JSON Lines schema can carry the others. Records: ``task``, ``qtype``, ``mode`` and the
-task's breakdown field.
+Every inducing dimension and hint of Table 4 is built (our templates: the paper prints
+none, Appendix C.1 is not in the text we have):
+
+* Relational Erasure -- *direct* (the three forms above); *commonsense* "a knife usually
+  comes with a fork . is there a fork in the image ?" (YN, no); *premise* "is the fork left
+  of the knife ?" (YN, no: there is no fork) and "how many fork are next to the knife ?"
+  (SA, zero); *absurd* "which is in the image ? a ) a fork b ) a dog flying above the
+  knife c ) neither" (MC, c).
+* Counterfactual Attribute -- *direct*; *commonsense* "a banana is usually yellow . is the
+  banana yellow ?" (YN, no); *premise* "what colour is the yellow banana ?" (SA, the drawn
+  colour); *absurd* MC over the usual colour, the drawn colour and "every colour at once".
+* Alteration Tracing -- hint *none* (the three forms above); *location* "look at the upper
+  left of the images . what changed between the two images ?" (SA; the quadrant of the
+  altered object, before the change or, when added, after it); *operation* "an object was removed . what changed between the two
+  images ?" (SA).
+
+The direct and no-hint questions use only the organism's vocabulary; the others use
+English words it never saw (they reach it as ``<unk>``), so on the organism they measure
+how it copes with unfamiliar phrasing as much as the inducing cue -- read them per
+dimension (``results.json`` ``details.breakdown``), and on real models. Only the standard
+mode is built by default; ``modes=("standard", "cot")`` adds chain-of-thought prompts
+(the question followed by "think step by step , then give the final answer ."), for
+models that can reason. Records: ``task``, ``qtype``, ``mode`` and the task's breakdown
+field.
 """
 
 from __future__ import annotations
@@ -27,6 +47,11 @@ from ...organism.tasks import NUMBERS, OPTION_LETTERS, existence_question
 from ...query import Query
 from ...world import BIASED, CATEGORIES, COLOURS, World, change_pair, check_count, check_seed, edits
 from ...world.sets import CHANGE_KINDS
+
+DIMENSIONS = ("direct", "commonsense", "premise", "absurd")
+HINTS = ("none", "location", "operation")
+MODES = ("standard", "cot")
+COT_SUFFIX = "think step by step , then give the final answer ."
 
 VERB = {"remove": "removed", "add": "added", "replace": "replaced", "move": "moved"}
 
@@ -42,18 +67,46 @@ def _shuffle(rng, right: str, wrong: list[str]) -> tuple[list[str], str]:
     return options, OPTION_LETTERS[options.index(right)]
 
 
-def build(n_per_task: int = 10, seed: int = 0, world: World | None = None) -> list[Query]:
+def _region(pair) -> str:
+    """Where the altered object is ("upper left", "lower right", ...): its place before the
+    change (moved, removed, replaced) or after it (added), from the scenes' exact masks."""
+    before, after = pair.before.masks(), pair.after.masks()
+    changed = [u for u in sorted(set(before) | set(after))
+               if u not in before or u not in after or not np.array_equal(before[u], after[u])]
+    uid = changed[0]
+    mask = before[uid] if uid in before else after[uid]
+    ys, xs = np.nonzero(mask)
+    cy, cx = ys.mean() / mask.shape[0], xs.mean() / mask.shape[1]
+    return f"{'upper' if cy < 0.5 else 'lower'} {'left' if cx < 0.5 else 'right'}"
+
+
+def _subset(values, allowed, name):
+    values = tuple(values)
+    bad = [v for v in values if v not in allowed]
+    if bad or not values:
+        raise ValueError(f"{name}: must be a non-empty subset of {allowed}, got {values!r}")
+    return values
+
+
+def build(n_per_task: int = 10, seed: int = 0, world: World | None = None, *,
+          dimensions=DIMENSIONS, hints=HINTS, modes=("standard",)) -> list[Query]:
     seed = check_seed(seed)
     check_count(n_per_task, "n_per_task")
+    dimensions = _subset(dimensions, DIMENSIONS, "dimensions")
+    hints = _subset(hints, HINTS, "hints")
+    modes = _subset(modes, MODES, "modes")
     world = world or World(BIASED)
     rng = np.random.default_rng([seed, 61])
+    extra_rng = np.random.default_rng([seed, 62])  # the inducing variants draw apart: direct queries stay as they were
     queries: list[Query] = []
     base = seed * 1_000_003 + 6_000_000_000
     dominant = {c: colour for c, (colour, _) in world.config.dominant_colour.items()}
 
     def q(qid, task, qtype, images, prompt, kind, truth, extra, options=None):
-        queries.append(Query(qid, "reactbench", images, prompt, kind, truth,
-                             {"task": task, "qtype": qtype, "mode": "standard", **extra}, options=options))
+        for mode in modes:
+            text, qid_m = (prompt, qid) if mode == "standard" else (f"{prompt} {COT_SUFFIX}", f"{qid}-cot")
+            queries.append(Query(qid_m, "reactbench", images, text, kind, truth,
+                                 {"task": task, "qtype": qtype, "mode": mode, **extra}, options=options))
 
     # Relational Erasure
     k, s = 0, base
@@ -65,15 +118,31 @@ def build(n_per_task: int = 10, seed: int = 0, world: World | None = None) -> li
             continue
         cue, target = pair
         erased = edits.remove_category(scene, target)
-        img, rid, extra = [erased.render()], f"react-{seed}-re-{k}", {"dimension": "direct", "target": target}
-        q(f"{rid}-YN", "relational_erasure", "YN", img, existence_question(target), "yes_no", "no", extra)
-        q(f"{rid}-SA", "relational_erasure", "SA", img, f"how many {target} are there ?", "number", 0, extra)
+        img, rid = [erased.render()], f"react-{seed}-re-{k}"
         present = sorted(erased.categories())
         absent = [c for c in CATEGORIES if c not in present and c != target]
         right = present[int(rng.integers(len(present)))]
         options, letter = _shuffle(rng, right, [target] + list(rng.choice(absent, 2, replace=False)))
-        q(f"{rid}-MC", "relational_erasure", "MC", img, _mc("which is in the image ?", options), "option", letter,
-          extra, options)
+        animal = "dog" if target != "dog" and cue != "dog" else "bird"
+        for dim in dimensions:
+            extra = {"dimension": dim, "target": target}
+            if dim == "direct":
+                q(f"{rid}-YN", "relational_erasure", "YN", img, existence_question(target), "yes_no", "no", extra)
+                q(f"{rid}-SA", "relational_erasure", "SA", img, f"how many {target} are there ?", "number", 0, extra)
+                q(f"{rid}-MC", "relational_erasure", "MC", img, _mc("which is in the image ?", options), "option",
+                  letter, extra, options)
+            elif dim == "commonsense":
+                q(f"{rid}-{dim}-YN", "relational_erasure", "YN", img,
+                  f"a {cue} usually comes with a {target} . {existence_question(target)}", "yes_no", "no", extra)
+            elif dim == "premise":
+                q(f"{rid}-{dim}-YN", "relational_erasure", "YN", img,
+                  f"is the {target} left of the {cue} ? answer yes or no .", "yes_no", "no", extra)
+                q(f"{rid}-{dim}-SA", "relational_erasure", "SA", img, f"how many {target} are next to the {cue} ?",
+                  "number", 0, extra)
+            else:  # absurd contrast: the erased object beside an absurd alternative, and "neither"
+                absurd = [f"a {target}", f"a {animal} flying above the {cue}", "neither"]
+                q(f"{rid}-{dim}-MC", "relational_erasure", "MC", img, _mc("which is in the image ?", absurd),
+                  "option", OPTION_LETTERS[2], extra, absurd)
         k += 1
 
     # Counterfactual Attribute
@@ -89,15 +158,28 @@ def build(n_per_task: int = 10, seed: int = 0, world: World | None = None) -> li
         usual = dominant[obj.category]
         other = [c for c in COLOURS if c != usual][k % (len(COLOURS) - 1)]
         img = [edits.recolour(scene, obj.uid, other).render() if obj.colour != other else scene.render()]
-        rid, extra = f"react-{seed}-ca-{k}", {"dimension": "direct", "object": obj.category}
-        q(f"{rid}-SA", "counterfactual_attribute", "SA", img, f"what colour is the {obj.category} ?", "choice", other,
-          extra, list(COLOURS))
-        q(f"{rid}-YN", "counterfactual_attribute", "YN", img, f"is the {obj.category} {usual} ? answer yes or no .",
-          "yes_no", "no", extra)
+        rid, cat = f"react-{seed}-ca-{k}", obj.category
         wrong = [usual] + [c for c in COLOURS if c not in (usual, other)]
         options, letter = _shuffle(rng, other, [wrong[0], *rng.choice(wrong[1:], 2, replace=False)])
-        q(f"{rid}-MC", "counterfactual_attribute", "MC", img, _mc(f"what colour is the {obj.category} ?", options),
-          "option", letter, extra, options)
+        absurd, absurd_letter = _shuffle(extra_rng, other, [usual, "every colour at once"])
+        for dim in dimensions:
+            extra = {"dimension": dim, "object": cat}
+            if dim == "direct":
+                q(f"{rid}-SA", "counterfactual_attribute", "SA", img, f"what colour is the {cat} ?", "choice", other,
+                  extra, list(COLOURS))
+                q(f"{rid}-YN", "counterfactual_attribute", "YN", img, f"is the {cat} {usual} ? answer yes or no .",
+                  "yes_no", "no", extra)
+                q(f"{rid}-MC", "counterfactual_attribute", "MC", img, _mc(f"what colour is the {cat} ?", options),
+                  "option", letter, extra, options)
+            elif dim == "commonsense":
+                q(f"{rid}-{dim}-YN", "counterfactual_attribute", "YN", img,
+                  f"a {cat} is usually {usual} . is the {cat} {usual} ? answer yes or no .", "yes_no", "no", extra)
+            elif dim == "premise":
+                q(f"{rid}-{dim}-SA", "counterfactual_attribute", "SA", img, f"what colour is the {usual} {cat} ?",
+                  "choice", other, extra, list(COLOURS))
+            else:
+                q(f"{rid}-{dim}-MC", "counterfactual_attribute", "MC", img, _mc(f"what colour is the {cat} ?", absurd),
+                  "option", absurd_letter, extra, absurd)
         k += 1
 
     # Alteration Tracing
@@ -113,15 +195,23 @@ def build(n_per_task: int = 10, seed: int = 0, world: World | None = None) -> li
             said, keys = f"a {pair.category} was added", [pair.category, "added"]
         else:
             said, keys = f"the {pair.category} was removed", [pair.category, "removed"]
-        imgs, rid, extra = [pair.before.render(), pair.after.render()], f"react-{seed}-at-{k}", {"hint": "none"}
-        q(f"{rid}-SA", "alteration_tracing", "SA", imgs, "what changed between the two images ?", "keywords", keys,
-          extra)
-        q(f"{rid}-YN", "alteration_tracing", "YN", imgs, f"was the {pair.category} {VERB[kind]} ? answer yes or no .",
-          "yes_no", "yes", extra)
+        imgs, rid = [pair.before.render(), pair.after.render()], f"react-{seed}-at-{k}"
         others = [f"the {c} was removed" for c in CATEGORIES if c != pair.category]
         options, letter = _shuffle(rng, said, list(rng.choice(others, 3, replace=False)))
-        q(f"{rid}-MC", "alteration_tracing", "MC", imgs, _mc("what changed between the two images ?", options),
-          "option", letter, extra, options)
+        asked = "what changed between the two images ?"
+        for hint in hints:
+            extra = {"hint": hint}
+            if hint == "none":
+                q(f"{rid}-SA", "alteration_tracing", "SA", imgs, asked, "keywords", keys, extra)
+                q(f"{rid}-YN", "alteration_tracing", "YN", imgs,
+                  f"was the {pair.category} {VERB[kind]} ? answer yes or no .", "yes_no", "yes", extra)
+                q(f"{rid}-MC", "alteration_tracing", "MC", imgs, _mc(asked, options), "option", letter, extra, options)
+            elif hint == "location":
+                q(f"{rid}-{hint}-SA", "alteration_tracing", "SA", imgs,
+                  f"look at the {_region(pair)} of the images . {asked}", "keywords", keys, extra)
+            else:
+                q(f"{rid}-{hint}-SA", "alteration_tracing", "SA", imgs, f"an object was {VERB[kind]} . {asked}",
+                  "keywords", keys, extra)
 
     # Dense Counting
     intervals = [(0, 2), (3, 5), (6, 8), (9, 11)]
