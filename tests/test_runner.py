@@ -99,6 +99,33 @@ def test_cli_end_to_end_on_the_organism(tmp_path):
     assert (tmp_path / "vcd" / SAMPLES).read_text() == before
 
 
+@pytest.mark.parametrize("task, limit", [("dobench", 10), ("mioh", 12), ("causal_halbench", 8),
+                                         ("hallusegbench", 12), ("reactbench", 12)])
+def test_every_suite_end_to_end_on_the_organism(tmp_path, task, limit):
+    """vlm-eval on each built-in suite with --limit: every registered metric computed (or
+    said why not), invalid rates reported, the paper's breakdowns in results.json."""
+    from evaluators.cli import main
+    from evaluators.metrics import metrics_for
+    from evaluators.organism import ORGANISM_DIR
+
+    if not (ORGANISM_DIR / "config.json").exists():
+        pytest.skip("organism checkpoint missing")
+    out = tmp_path / task
+    assert main(["--model", "organism", "--tasks", task, "--limit", str(limit), "--output_path", str(out),
+                 "--no_progress"]) == 0
+    payload = json.loads((out / RESULTS).read_text())
+    assert payload["n_samples"][task] == limit
+    assert set(payload["invalid"][task]) == {"invalid_answer_rate", "invalid_inputs"}
+    results = payload["results"][task]
+    names = {spec.name.split(".", 1)[1] for spec in metrics_for(task)}
+    skipped = {n.split(".", 1)[1] for n in results.get("_not_computed", {})}
+    assert names <= set(results) | skipped
+    assert any(isinstance(results.get(n), float) for n in names), "at least one metric has a value"
+    extra = {"dobench": "details", "mioh": "details", "reactbench": "details", "hallusegbench": "by_split"}
+    if task in extra:
+        assert extra[task] in results
+
+
 def test_mioh_suite_and_a_scripted_none_of_the_above(tmp_path):
     from evaluators.benchmarks.mioh.suite import build as mioh
 

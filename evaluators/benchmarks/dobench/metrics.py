@@ -223,7 +223,14 @@ def dobench_scores(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def details(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """What ``results.json`` carries beside the registered metrics: Fig. 4's FN/FP curves
+    per level and view, and the two normalised AUCs PriorRobust is made of."""
+    c = curves(list(records))
+    return {"curves": c, "a_auc": normalised_auc(c["A_FN"]), "b_auc": normalised_auc(c["B_FP"])}
+
+
 __all__ = [
-    "LEVELS", "SERIES", "VIEWS", "accuracy", "classification", "curves", "dobench_scores", "error_rate", "f1",
+    "LEVELS", "details", "SERIES", "VIEWS", "accuracy", "classification", "curves", "dobench_scores", "error_rate", "f1",
     "fn_grid", "normalised_auc", "perception_ability", "precision", "prior_robust", "recall", "yes_rate",
 ]

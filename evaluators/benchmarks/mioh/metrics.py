@@ -138,6 +138,14 @@ def mioh_table(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     }
 
 
+def details(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """What ``results.json`` carries beside the registered metrics: Table 1 / Fig. 3 --
+    accuracy per task x question type x condition, per task, per question type, NI per
+    number of images (:func:`mioh_table`)."""
+    table = mioh_table(records)
+    return {k: table[k] for k in ("by_task", "by_qtype", "by_task_qtype_condition", "ni_by_count", "overall_macro")}
+
+
 # -- §5.5: decomposed single-image answers --------------------------------------------------
 def combine_existence(per_image: Sequence[bool | None]) -> str | None:
     """Combine per-image yes/no answers into the comprehensive option: "all", "some" or
@@ -243,7 +251,7 @@ def overall(records) -> float:
 
 __all__ = [
     "CONDITIONS", "EXISTENCE_OPTIONS", "NONE_OF_THE_ABOVE", "N_IMAGES", "QTYPES", "TASKS", "accuracy",
-    "combine_existence", "combine_which_in_all", "condition_score", "decomposed_accuracy", "decomposition_gap",
+    "combine_existence", "combine_which_in_all", "details", "condition_score", "decomposed_accuracy", "decomposition_gap",
     "easy", "hard_negative", "hard_positive", "instructional_override", "mioh_table", "normalise_condition",
     "number_of_images", "overall", "sycophantic",
 ]
