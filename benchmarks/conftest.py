@@ -8,6 +8,12 @@ and tokens/s are printed and written to ``benchmarks/results/<group>.json``, mea
 Medians of ``ROUNDS`` rounds: a decoding run of a tiny model takes ~0.1 s, and on a shared
 2-core machine a single slow round moved a mean of 3 by 5-10 % (ratios of 1.13 and 1.05
 for the same code in two runs), more than the differences the targets are about.
+
+**Paired ratios.** Even medians drift when the baseline's rounds and a mitigation's rounds
+run minutes apart (the same code measured 0.95x-1.25x in five runs). The ``paired``
+fixture therefore runs one plain ``generate()`` right before every timed round of the
+mitigation (in pytest-benchmark's untimed ``setup``, timed by the fixture) and reports the
+median of the per-round ratios, ``paired_ratio``: the headline figure.
 """
 
 from __future__ import annotations
@@ -25,6 +31,44 @@ ROUNDS = 15
 def rounds() -> int:
     """Timed rounds per benchmark (after 2 warm-up rounds)."""
     return ROUNDS
+
+
+@pytest.fixture
+def paired(benchmark, rounds):
+    """``paired(target, baseline, attach=None)``: benchmark ``target`` with ``baseline`` run
+    (and timed here) right before each round; ``attach()`` -> handle is called after each
+    baseline run and the handle detached before the next, so the baseline runs unmitigated.
+    Stores the per-round ratios' median in ``extra_info["paired_ratio"]``."""
+    import statistics
+    import time
+
+    def measure(target, baseline, attach=None):
+        base: list[float] = []
+        handle = {"h": None}
+
+        def setup():
+            if handle["h"] is not None:
+                handle["h"].detach()
+                handle["h"] = None
+            start = time.perf_counter()
+            baseline()
+            base.append(time.perf_counter() - start)
+            if attach is not None:
+                handle["h"] = attach()
+
+        try:
+            out = benchmark.pedantic(target, setup=setup, rounds=rounds, warmup_rounds=2)
+        finally:
+            if handle["h"] is not None:
+                handle["h"].detach()
+        timed = benchmark.stats.stats.data[-rounds:]
+        ratios = [t / b for t, b in zip(timed, base[-rounds:])]
+        benchmark.extra_info.update(paired_ratio=statistics.median(ratios),
+                                    paired_baseline_median_s=statistics.median(base[-rounds:]),
+                                    paired_ratio_quartiles=statistics.quantiles(ratios, n=4))
+        return out
+
+    return measure
 
 
 @pytest.fixture(scope="session")
@@ -60,13 +104,16 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         for b in benches:
             median, mean = b.stats.median, b.stats.mean
             tokens = b.extra_info.get("tokens", 0)
+            paired = b.extra_info.get("paired_ratio")
             row = {
                 "name": b.name, "role": b.extra_info.get("role"), "rounds": len(b.stats.data),
                 "median_s": median, "mean_s": mean,
+                "paired_ratio": paired, "paired_ratio_quartiles": b.extra_info.get("paired_ratio_quartiles"),
                 "ratio_to_baseline": median / base.stats.median, "ratio_of_means": mean / base.stats.mean,
                 "tokens_per_s": tokens / median if tokens else None,
             }
             rows.append(row)
-            write(f"  {b.name:<48} {median:8.3f} s  x{row['ratio_to_baseline']:.2f} (means x{row['ratio_of_means']:.2f})  "
+            shown = f"paired x{paired:.2f}" if paired is not None else "baseline" if b is base else "unpaired"
+            write(f"  {b.name:<48} {median:8.3f} s  {shown:<14} (medians x{row['ratio_to_baseline']:.2f})  "
                   f"{row['tokens_per_s'] or 0:8.1f} tok/s")
         (RESULTS / f"{group}.json").write_text(json.dumps(rows, indent=2) + "\n")

@@ -33,7 +33,7 @@ def _run(model, inputs):
 
 @pytest.mark.parametrize("batch", [1, 8])
 @pytest.mark.parametrize("mode", ["plain", "context", "output"])
-def test_prior_suppression_speed(benchmark, organism, rounds, batch, mode):
+def test_prior_suppression_speed(benchmark, paired, organism, rounds, batch, mode):
     model, processor = organism
     inputs = _inputs(processor, batch)
     benchmark.group = f"prior_batch{batch}"
@@ -42,8 +42,8 @@ def test_prior_suppression_speed(benchmark, organism, rounds, batch, mode):
         out = benchmark.pedantic(_run, args=(model, inputs), rounds=rounds, warmup_rounds=2)
     else:
         mitigation = PriorSuppression(processor.tokenizer, mode=mode)
-        with attach(model, mitigation):
-            out = benchmark.pedantic(_run, args=(model, inputs), rounds=rounds, warmup_rounds=2)
+        out = paired(lambda: _run(model, inputs), lambda: _run(model, inputs),
+                     attach=lambda: attach(model, mitigation))
         if mode == "context":
             assert all(len(spans) == 1 for spans in mitigation.found), "the DO-Bench A3 sentence was found"
     assert out.shape[0] == batch
