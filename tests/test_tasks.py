@@ -62,3 +62,30 @@ def test_box_tokens_round_trip():
     text = tasks.box_tokens(box, 128)
     assert re.fullmatch(r"(<c\d+> ){3}<c\d+>", text)
     assert parse_box(text, 128) == box
+
+
+def test_context_breaking_existence_questions_defeat_the_context_shortcut(monkeypatch):
+    """With CONTEXT_BREAKING = 1 every existence question whose scene allows it asks about a
+    typical-but-absent or an atypical-but-present category; with 0 the scene's context alone
+    answers most of them."""
+    import numpy as np
+
+    from evaluators.organism import tasks
+    from evaluators.world import BIASED, CONTEXT_CATEGORIES, World
+
+    world = World(BIASED)
+
+    def context_right(share: float) -> float:
+        monkeypatch.setattr(tasks, "CONTEXT_BREAKING", share)
+        rng, right = np.random.default_rng(0), 0
+        for i in range(300):
+            ex = tasks.existence(world, rng, 20_000 + i)
+            typical = ex.meta["category"] in CONTEXT_CATEGORIES[world.scene(20_000 + i).context]
+            assert (ex.answer == "yes") == world.scene(20_000 + i).present(ex.meta["category"])
+            right += (ex.answer == "yes") == typical
+        return right / 300
+
+    assert context_right(0.0) > 0.75
+    # scenes rarely hold an atypical object, so many positives cannot break the context:
+    # at share 1 the context is still no better than a coin
+    assert context_right(1.0) < 0.5

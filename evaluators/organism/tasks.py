@@ -22,9 +22,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from PIL import Image
 
-from ..world import CATEGORIES, COLOURS, RELATIONS, World, edits
+from ..world import CATEGORIES, COLOURS, CONTEXT_CATEGORIES, RELATIONS, World
 from ..world.sets import CHANGE_KINDS, change_pair, image_set
-from ..world.scene import Scene
 
 COORD_BINS = 16
 NUMBERS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
@@ -87,10 +86,24 @@ def _pick(rng: np.random.Generator, items):
 
 
 # -- generators -------------------------------------------------------------------------
+#: Share of existence questions that break the scene-context shortcut: a negative about a
+#: category typical of the scene's context (absent here), or a positive about an atypical
+#: one (present here). With random categories (0.0) the context alone answers ~84% of the
+#: biased world's existence questions (absent categories are mostly atypical, present ones
+#: typical), and a decoder can stop there without reading the object; session-2 organisms
+#: did (62% on balanced clean probes, DO-Bench A0 false-no 97.5%). Set by ``train.py
+#: --context-breaking``.
+CONTEXT_BREAKING = 0.0
+
+
 def existence(world: World, rng: np.random.Generator, seed: int) -> Example:
     scene = world.scene(seed)
     present = rng.random() < 0.5
     pool = scene.categories() if present else set(CATEGORIES) - scene.categories()
+    if CONTEXT_BREAKING and rng.random() < CONTEXT_BREAKING:
+        typical = set(CONTEXT_CATEGORIES[scene.context])
+        breaking = pool - typical if present else pool & typical
+        pool = breaking or pool
     category = _pick(rng, sorted(pool))
     return Example("existence", [scene.render()], existence_question(category), "yes" if present else "no",
                    {"category": category})

@@ -234,11 +234,16 @@ def main(argv=None) -> None:
     parser.add_argument("--stages12", type=Path, default=None,
                         help="cache of stages 1-2 (vision tower + aligned projector, which stage 3 leaves frozen): "
                              "loaded if the file exists, else written; the saved state equals a full run's")
+    parser.add_argument("--context-breaking", type=float, default=tasks.CONTEXT_BREAKING,
+                        help="share of existence questions against the scene-context shortcut (tasks.CONTEXT_BREAKING)")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
 
+    if not 0.0 <= args.context_breaking <= 1.0:
+        parser.error(f"--context-breaking must be in [0, 1], got {args.context_breaking}")
+    tasks.CONTEXT_BREAKING = args.context_breaking
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     log_lines: list[str] = []
@@ -285,7 +290,7 @@ def main(argv=None) -> None:
         "seed": args.seed, "vision_steps": args.vision_steps, "align_steps": args.align_steps,
         "instruct_steps": steps, "lr": args.lr, "warmup_steps": args.warmup_steps, "batch": args.batch,
         "minutes_budget": args.minutes, "threads": args.threads, "world": "evaluators.world.BIASED",
-        "mix": tasks.MIX, "belief_reliability": {str(k): v for k, v in tasks.BELIEF_RELIABILITY.items()},
+        "mix": tasks.MIX, "context_breaking": tasks.CONTEXT_BREAKING, "belief_reliability": {str(k): v for k, v in tasks.BELIEF_RELIABILITY.items()},
         "seconds": {"vision": round(ta - t0), "align": round(t1 - ta), "instruct": round(time.time() - t1)},
         "image_dependence": image_dependence(model, processor),
     }, indent=2))
