@@ -120,22 +120,27 @@ def _polygons(value: Any) -> list | None:
 
 
 def _json_values(text: str) -> list:
-    """Every JSON object or array in ``text`` that parses, outermost first."""
-    found = []
-    for start, opener in ((m.start(), m.group(0)) for m in re.finditer(r"[\[{]", text)):
-        closer = "]" if opener == "[" else "}"
-        depth = 0
-        for end in range(start, len(text)):
-            depth += {opener: 1, closer: -1}.get(text[end], 0)
-            if depth == 0:
-                try:
-                    found.append(json.loads(text[start : end + 1]))
-                except ValueError:
-                    pass
-                break
-        if found:
+    """Every outermost JSON object or array in ``text`` that parses, in order."""
+    found, pos = [], 0
+    while True:
+        match = re.compile(r"[\[{]").search(text, pos)
+        if match is None:
             return found
-    return found
+        start, opener = match.start(), match.group(0)
+        closer = "]" if opener == "[" else "}"
+        depth, end = 0, None
+        for i in range(start, len(text)):
+            depth += {opener: 1, closer: -1}.get(text[i], 0)
+            if depth == 0:
+                end = i
+                break
+        if end is None:
+            return found
+        try:
+            found.append(json.loads(text[start : end + 1]))
+            pos = end + 1
+        except ValueError:
+            pos = start + 1  # not JSON here: look inside it
 
 
 def answer_mask(answer: Any, shape: Sequence[int]) -> tuple[np.ndarray, bool]:

@@ -89,10 +89,11 @@ class HFModel:
 class CallableModel:
     """``fn(images, prompt) -> answer`` for a model outside Hugging Face.
 
-    The answer is text, or -- for a segmentation model -- a mask (2-D numpy array, PIL
-    image or torch tensor; ``> 0`` is the object; ``None`` abstains). Masks are stored as
-    COCO uncompressed-RLE JSON (:func:`evaluators.masks.encode_mask`), so every line of
-    ``samples.jsonl`` stays text and a rerun re-scores it.
+    The answer is text; a number or bool (stored as text); Python lists / dicts (a box, a
+    polygon, an RLE: stored as JSON text); or -- for a segmentation model -- a mask (2-D
+    numpy array, PIL image or torch tensor; ``> 0`` is the object). ``None`` abstains.
+    Masks are stored as COCO uncompressed-RLE JSON (:func:`evaluators.masks.encode_mask`),
+    so every line of ``samples.jsonl`` stays text and a rerun re-scores it.
     """
 
     def __init__(self, fn: Callable[[list, str], Any], name: str = "callable") -> None:
@@ -106,6 +107,8 @@ class CallableModel:
     def __call__(self, queries: Sequence[Query]) -> list[str]:
         from .masks import encode_mask
 
+        import json
+
         out = []
         for q in queries:
             answer = self.fn(q.load_images(), q.prompt)
@@ -113,13 +116,17 @@ class CallableModel:
                 out.append("none")  # an explicit abstention
             elif isinstance(answer, str):
                 out.append(answer)
+            elif isinstance(answer, (bool, int, float)):
+                out.append(str(answer).lower() if isinstance(answer, bool) else str(answer))
+            elif isinstance(answer, (list, tuple, dict)):  # a box, polygon or RLE as Python data
+                out.append(json.dumps(answer))
             else:
                 try:
                     out.append(encode_mask(answer))
                 except ValueError as err:
                     raise TypeError(
-                        f"{self.name} answered query {q.id!r} with {type(answer).__name__}: expected text or a "
-                        f"2-D mask ({err})"
+                        f"{self.name} answered query {q.id!r} with {type(answer).__name__}: expected text, a "
+                        f"number, JSON-like data (box, polygon, RLE) or a 2-D mask array/image/tensor ({err})"
                     ) from None
         return out
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from .answers import parse_choice, parse_number, parse_option, parse_yes_no, words
 
-ANSWER_KINDS = ("yes_no", "option", "number", "choice", "keywords", "text")
+ANSWER_KINDS = ("yes_no", "option", "number", "interval", "choice", "keywords", "text")
 
 
 @dataclass
@@ -43,7 +43,7 @@ def parse(query: Query, text: str) -> Any:
         return parse_yes_no(text)
     if query.kind == "option":
         return parse_option(text, query.options or [])
-    if query.kind == "number":
+    if query.kind in ("number", "interval"):
         return parse_number(text)
     if query.kind == "choice":
         return parse_choice(text, query.options or [])
@@ -63,6 +63,9 @@ def to_record(query: Query, text: str) -> dict:
         record["correct"] = value is not None and value == (query.truth == "yes")
     elif query.kind == "keywords":
         record["correct"] = value is not None and set(value) == set(query.truth)
+    elif query.kind == "interval":  # a count inside the inclusive [low, high] of the question
+        low, high = query.truth
+        record["correct"] = value is not None and low <= value <= high
     else:
         record["correct"] = value is not None and value == query.truth
     return record

@@ -146,7 +146,10 @@ def score(records: Sequence[dict]) -> dict:
         results[bench] = _compute(bench, answered)
         details = _metrics_attr(bench, "details")
         if details is not None and answered:  # the paper's tables beyond the registered metrics
-            results[bench]["details"] = details(answered)
+            try:
+                results[bench]["details"] = details(answered)
+            except (KeyError, ValueError, TypeError) as exc:  # fields this data lacks: say so, score the rest
+                results[bench].setdefault("_not_computed", {})[f"{bench}.details"] = f"{type(exc).__name__}: {exc}"
         key = _metrics_attr(bench, "REPORTED_APART")
         values = sorted({str(r[key]) for r in answered if key and r.get(key) is not None})
         if key and values:  # e.g. HalluSegBench's referring / reasoning splits (Table 1)

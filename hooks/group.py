@@ -119,12 +119,14 @@ class HookGroup:
     def remove(self) -> None:
         """Remove every hook this group registered (idempotent). Hooks of others are untouched."""
         handles, self._handles = self._handles, []
-        errors = []
+        errors, kept = [], []
         for handle in reversed(handles):
             try:
                 handle.remove()
-            except Exception as exc:  # pragma: no cover - RemovableHandle.remove does not raise today
+            except Exception as exc:  # an attribute patch replaced by someone else since
                 errors.append(exc)
+                kept.append(handle)
+        self._handles = kept[::-1]  # still owned: a later remove() retries them
         if errors:
             raise RuntimeError(f"{self.name}: {len(errors)} hook(s) could not be removed: {errors!r}")
 
@@ -156,7 +158,7 @@ class AttributePatch:
     """An owned instance-attribute override; ``remove()`` restores the instance exactly."""
 
     def __init__(self, owner: Any, name: str, value: Any) -> None:
-        self.owner, self.name = owner, name
+        self.owner, self.name, self.value = owner, name, value
         self._previous = vars(owner).get(name, _MISSING)
         setattr(owner, name, value)
         self._removed = False
@@ -164,6 +166,14 @@ class AttributePatch:
     def remove(self) -> None:
         if self._removed:
             return
+        current = vars(self.owner).get(self.name, _MISSING)
+        if current is not self.value:
+            # someone patched the same attribute after us and has not restored it yet:
+            # restoring ours now would put their value back forever after
+            raise RuntimeError(
+                f"{type(self.owner).__name__}.{self.name} was replaced after this patch; remove the later "
+                "patch first (detach mitigations in the reverse order of attaching)"
+            )
         self._removed = True
         if self._previous is _MISSING:
             vars(self.owner).pop(self.name, None)

@@ -38,6 +38,7 @@ the reordering to every branch's rows (on the cache object of that ``generate()`
 from __future__ import annotations
 
 import functools
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -45,6 +46,10 @@ import torch
 from torch import nn
 
 from hooks import HookGroup, ModelPoints
+
+# generate()'s function that calls get_image_features before decoding (transformers >= 5.2)
+GENERATE_ENCODER = "_prepare_multimodal_encoder_kwargs_for_generation"
+_MARK = "_contrast_branches"  # instance attribute marking a model with branches attached
 
 # per-row inputs of a VLM forward; position ids are (B, S) or (3|4, B, S) for M-RoPE
 ROW_INPUTS = ("input_ids", "inputs_embeds", "attention_mask", "token_type_ids", "mm_token_type_ids", "position_ids")
@@ -101,6 +106,12 @@ class ContrastBranches:
 
     def attach(self, group: HookGroup) -> None:
         model = self.points.model
+        if vars(model).get(_MARK) is not None:
+            raise ValueError(
+                "contrast branches are already attached to this model by another attach(); detach it first, or "
+                "attach all mitigations in one call: attach(model, VCD(), PriorSuppression(...))"
+            )
+        group.patch_attribute(model, _MARK, self)  # one set of branches per model (they expand one batch)
         group.add_forward_pre_hook(model, self._pre_forward)
         group.add_forward_hook(model, self._post_forward, always_call=True)
         owner = model.base_model
@@ -146,14 +157,13 @@ class ContrastBranches:
         @functools.wraps(original)  # generate() reads the signature to pick the arguments
         def get_image_features(*args: Any, **kwargs: Any) -> Any:
             out = original(*args, **kwargs)
-            if self._inside_forward:  # a forward's own encoding: pixels were expanded there
+            # only generate()'s pre-encoding needs the branches' images: a forward's own
+            # encoding sees pixels already expanded, and other callers (feature extraction,
+            # get_video_features) get the plain output. Should transformers rename the
+            # caller, generate() fails with the clear error of _expand_encoded, never silently.
+            caller = sys._getframe(1).f_code.co_name
+            if self._inside_forward or caller != GENERATE_ENCODER or args or pixel_name not in kwargs:
                 return out
-            # generate()'s pre-encoding: encode every branch's distorted pixels now
-            if args or pixel_name not in kwargs:
-                raise ValueError(
-                    f"a distorted-image branch expects get_image_features({pixel_name}=...) from generate(); "
-                    f"got positional arguments or no {pixel_name!r}"
-                )
             branches = []
             for branch in self.branches:
                 if branch.needs_pixels:
@@ -177,8 +187,10 @@ class ContrastBranches:
             raise ValueError("a distorted-image branch supports image inputs only (no video) inside generate()")
         if mine is None or image is not mine.original:
             raise ValueError(
-                "a distorted-image branch needs to encode the distorted pixels itself: pass pixel inputs "
-                "(not pre-computed mm_encoder_outputs) to generate() while the mitigation is attached"
+                "a distorted-image branch needs to encode the distorted pixels itself, and this forward got encoded "
+                "images it did not see being made: pass pixel inputs (not pre-computed mm_encoder_outputs) to "
+                "generate() while the mitigation is attached, and do not use prefill_chunk_size (it hands each "
+                "chunk a slice of the encoded images)"
             )
         branches = mine.branches
         vectors = _count_vectors(image.pooler_output) if getattr(image, "pooler_output", None) is not None else -1
@@ -234,6 +246,8 @@ class ContrastBranches:
                 self._extend_reorder(cache)
         elif self.state is None or self.state.rows != rows:
             raise RuntimeError("contrast branches lost track of the batch: decoding step without a prefill")
+        else:
+            self._encoded = None  # decoding with a cache: the encoded images are not needed again
 
         new = dict(kwargs)
         for name in ROW_INPUTS:

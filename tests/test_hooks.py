@@ -184,6 +184,18 @@ def test_attribute_patch_is_owned_and_restored_exactly():
     assert calls == [1]
     assert "get_image_features" not in vars(owner), "the instance has no attribute of its own again"
     assert hook_state(model) == before
+    # removed out of order, a patch refuses to clobber the later one; in order, all is restored
+    first, second = HookGroup("first"), HookGroup("second")
+    first.patch_attribute(owner, "get_image_features", wrapped)
+    second.patch_attribute(owner, "get_image_features", original)
+    with pytest.raises(RuntimeError, match="replaced after this patch"):
+        first.remove()
+    assert owner.get_image_features is original
+    assert first.active, "the patch that could not be removed is still owned by its group"
+    second.remove()
+    assert owner.get_image_features is wrapped
+    first.remove()  # retried, now in order
+    assert "get_image_features" not in vars(owner) and hook_state(model) == before
     # an instance attribute that existed before is put back, not deleted
     owner.custom = "mine"
     with HookGroup() as group:

@@ -57,6 +57,8 @@ def test_polygons_in_every_form():
                  json.dumps([[2, 1, 5, 1, 5, 4, 2, 4]])):
         mask, invalid = answer_mask(text, (8, 8))
         assert not invalid and np.array_equal(mask, expected), text
+    mask, invalid = answer_mask("See [1]. polygon: " + json.dumps(square), (8, 8))  # not only the first JSON
+    assert not invalid and np.array_equal(mask, expected)
     two = json.dumps({"polygons": [square, [[6, 6], [7, 6], [7, 7], [6, 7]]]})
     mask, _ = answer_mask(two, (8, 8))
     assert mask.sum() == expected.sum() + 4
@@ -118,7 +120,12 @@ def test_a_callable_answering_neither_text_nor_mask_is_named():
     from evaluators.benchmarks.hallusegbench.suite import build as hsb
 
     queries = hsb(n_pairs=1, seed=0, splits=("referring",))
-    with pytest.raises(TypeError, match="expected text or a 2-D mask"):
-        CallableModel(lambda i, p: 3.5, name="seg")(queries[:1])
+    with pytest.raises(TypeError, match="expected text, a number"):
+        CallableModel(lambda i, p: object(), name="seg")(queries[:1])
+    # numbers and Python data are stored as text / JSON, not mistaken for masks
+    polygon = [[10, 10], [50, 10], [50, 50]]
+    for answer, stored in ((3, "3"), (True, "true"), (2.5, "2.5"), (polygon, "[[10, 10], [50, 10], [50, 50]]"),
+                           ([1, 2, 3, 4], "[1, 2, 3, 4]")):
+        assert CallableModel(lambda i, p, a=answer: a)(queries[:1]) == [stored]
     with pytest.raises(ValueError, match="splits"):
         hsb(n_pairs=1, splits=("implicit",))

@@ -55,7 +55,11 @@ def test_causal_and_jsonl_benchmarks_end_to_end(tmp_path):
              {"id": 2, "task": "dense_counting", "images": ["s.png"], "question": "More than two?",
               "question_type": "YN", "answer": "yes", "count_query": "exact", "mode": "cot"},
              {"id": 3, "task": "relational_erasure", "images": ["s.png"], "question": "A leash goes with a dog. Dog?",
-              "question_type": "YN", "answer": "no", "inducing": "commonsense"}]
+              "question_type": "YN", "answer": "no", "inducing": "commonsense"},
+             {"id": 4, "task": "dense_counting", "images": ["s.png"], "question": "About how many dogs?",
+              "question_type": "SA", "answer": "2-4", "count_query": "interval", "interval": [2, 4]},
+             {"id": 5, "task": "dense_counting", "images": ["s.png"], "question": "About how many cats?",
+              "question_type": "SA", "answer": "5-9", "count_query": "interval", "interval": [5, 9]}]
     (tmp_path / "react.jsonl").write_text("\n".join(json.dumps(r) for r in react))
     mioh = [{"id": 1, "task": "existence", "question_type": "selective", "condition": "easy",
              "images": ["s.png", "s.png"], "question": "In which image is there a dog?",
@@ -72,7 +76,9 @@ def test_causal_and_jsonl_benchmarks_end_to_end(tmp_path):
     assert details["breakdown"]["relational_erasure"]["commonsense"] == pytest.approx(0.0)
     assert details["breakdown"]["relational_erasure"]["direct"] is None  # no such question: empty cell
     assert details["breakdown"]["dense_counting"]["exact"] == pytest.approx(100.0)
-    assert details["accuracy_by_mode"]["dense_counting"] == {"standard": pytest.approx(100.0),
+    # "3" lies in [2, 4] (right) but not in [5, 9] (wrong): interval queries score by the interval
+    assert details["breakdown"]["dense_counting"]["interval"] == pytest.approx(50.0)
+    assert details["accuracy_by_mode"]["dense_counting"] == {"standard": pytest.approx(200 / 3),
                                                              "cot": pytest.approx(100.0)}
 
 

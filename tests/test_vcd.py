@@ -8,7 +8,7 @@ import torch
 
 from hooks import hook_state, resolve
 from hooks.testing import TINY_MODEL_TYPES, build_tiny_model, tiny_inputs
-from mitigate import VCD, Plausibility, attach
+from mitigate import VCD, Plausibility, PriorSuppression, attach
 from mitigate.vcd import plausibility_mask
 
 NEW = 5
@@ -138,6 +138,37 @@ def test_distorted_branch_refuses_pre_encoded_features(llava):
     rest = {k: v for k, v in inputs.items() if k != "pixel_values"}
     with attach(llava, VCD()), pytest.raises(ValueError, match="mm_encoder_outputs"):
         _gen(llava, {**rest, "mm_encoder_outputs": {"image": encoded}})
+
+
+def test_a_second_attach_with_branches_is_refused_and_the_first_stays_exact(llava):
+    inputs = tiny_inputs(llava, batch_size=1, seed=6)
+    before = hook_state(llava)
+    with attach(llava, VCD(seed=1)):
+        with pytest.raises(ValueError, match="already attached"):
+            attach(llava, VCD())
+        with pytest.raises(ValueError, match="already attached"):
+            attach(llava, PriorSuppression(mode="output"))
+        out = _gen(llava, inputs, output_logits=True, return_dict_in_generate=True)
+        with torch.no_grad():
+            direct = llava(**inputs).logits[:, -1]
+        torch.testing.assert_close(out.logits[0], direct, rtol=0, atol=1e-5)
+    assert hook_state(llava) == before and "_contrast_branches" not in vars(llava)
+
+
+@pytest.mark.parametrize("model_type", ["qwen2_vl", "llava"])
+def test_feature_extraction_while_attached_gets_the_plain_features(model_type):
+    """Only generate()'s pre-encoding encodes the branches' images: a user's own
+    get_image_features call (Qwen's top level passes pixels positionally) is untouched."""
+    model = build_tiny_model(model_type)
+    inputs = tiny_inputs(model, batch_size=1, seed=3)
+    kw = {k: v for k, v in inputs.items() if k in ("pixel_values", "image_grid_thw")}
+    with torch.no_grad():
+        plain = model.get_image_features(**kw, return_dict=True).pooler_output
+        with attach(model, VCD()) as handle:
+            got = model.get_image_features(**kw, return_dict=True).pooler_output
+            assert handle.branches._encoded is None
+    for a, b in zip(plain if isinstance(plain, (list, tuple)) else [plain], got if isinstance(got, (list, tuple)) else [got]):
+        assert torch.equal(a, b)
 
 
 def test_distortion_keeps_padding_images_of_image_splitting_models():

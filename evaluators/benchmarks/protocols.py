@@ -66,6 +66,13 @@ def reactbench(path: str | Path) -> list[Query]:
             kind, truth, options = "yes_no", str(r["answer"]).lower(), None
         elif r["question_type"] == "MC":
             kind, truth, options = "option", str(r["answer"]).lower(), r.get("options") or []
+        elif r["task"] == "dense_counting" and r.get("count_query") == "interval":
+            # an interval query is right when the count answered lies in the question's
+            # ground-truth interval (metrics.count_correct's rule)
+            bounds = r.get("interval")
+            if not (isinstance(bounds, list) and len(bounds) == 2 and all(isinstance(b, int) for b in bounds)):
+                raise ValueError(f"{path}: question {r['id']!r}: an interval count query needs 'interval': [low, high]")
+            kind, truth, options = "interval", bounds, None
         elif r["task"] == "dense_counting":
             kind, truth, options = "number", int(r["answer"]), None
         else:  # short answer: right when it holds every word of the answer (or of a synonym)

@@ -19,8 +19,8 @@ none, Appendix C.1 is not in the text we have):
 * Relational Erasure -- *direct* (the three forms above); *commonsense* "a knife usually
   comes with a fork . is there a fork in the image ?" (YN, no); *premise* "is the fork left
   of the knife ?" (YN, no: there is no fork) and "how many fork are next to the knife ?"
-  (SA, zero); *absurd* "which is in the image ? a ) a fork b ) a dog flying above the
-  knife c ) neither" (MC, c).
+  (SA, zero); *absurd* "which is in the image ?" over "a fork", "a knife reading a book" and
+  "neither" in shuffled order (MC, neither).
 * Counterfactual Attribute -- *direct*; *commonsense* "a banana is usually yellow . is the
   banana yellow ?" (YN, no); *premise* "what colour is the yellow banana ?" (SA, the drawn
   colour); *absurd* MC over the usual colour, the drawn colour and "every colour at once".
@@ -123,7 +123,6 @@ def build(n_per_task: int = 10, seed: int = 0, world: World | None = None, *,
         absent = [c for c in CATEGORIES if c not in present and c != target]
         right = present[int(rng.integers(len(present)))]
         options, letter = _shuffle(rng, right, [target] + list(rng.choice(absent, 2, replace=False)))
-        animal = "dog" if target != "dog" and cue != "dog" else "bird"
         for dim in dimensions:
             extra = {"dimension": dim, "target": target}
             if dim == "direct":
@@ -140,9 +139,9 @@ def build(n_per_task: int = 10, seed: int = 0, world: World | None = None, *,
                 q(f"{rid}-{dim}-SA", "relational_erasure", "SA", img, f"how many {target} are next to the {cue} ?",
                   "number", 0, extra)
             else:  # absurd contrast: the erased object beside an absurd alternative, and "neither"
-                absurd = [f"a {target}", f"a {animal} flying above the {cue}", "neither"]
+                absurd, absurd_letter = _shuffle(extra_rng, "neither", [f"a {target}", f"a {cue} reading a book"])
                 q(f"{rid}-{dim}-MC", "relational_erasure", "MC", img, _mc("which is in the image ?", absurd),
-                  "option", OPTION_LETTERS[2], extra, absurd)
+                  "option", absurd_letter, extra, absurd)
         k += 1
 
     # Counterfactual Attribute
