@@ -156,7 +156,22 @@ def sample_scores(gt_fact: Any, gt_counterfact: Any, pred_fact: Any, pred_textua
     }
 
 
+_CACHE = "_sample_scores"  # per-record memo {alpha: scores}: records are not edited once scored
+
+
 def _record_scores(record: Mapping[str, Any], alpha: float) -> dict[str, float]:
+    """The per-sample values of one record, computed once per record and alpha (a paired
+    bootstrap scores the same records ~1000 times; the masks do not change)."""
+    memo = record.get(_CACHE) if isinstance(record, dict) else None
+    if memo is not None and alpha in memo:
+        return memo[alpha]
+    scores = _compute_record_scores(record, alpha)
+    if isinstance(record, dict):
+        record.setdefault(_CACHE, {})[alpha] = scores
+    return scores
+
+
+def _compute_record_scores(record: Mapping[str, Any], alpha: float) -> dict[str, float]:
     missing = [k for k in ("gt_fact", "gt_counterfact") if k not in record]
     if missing:
         raise KeyError(f"HalluSegBench record lacks {missing}; it needs gt_fact, gt_counterfact, "

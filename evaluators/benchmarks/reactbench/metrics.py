@@ -44,6 +44,7 @@ Choices:
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -81,6 +82,14 @@ def _pct(num: float, den: int) -> float:
 
 
 def _norm(field: str, value: Any) -> str:
+    try:
+        return _norm_hashable(field, value)
+    except TypeError:  # an unhashable value (a list where a name belongs): same rule, no memo
+        return _norm_hashable.__wrapped__(field, value)
+
+
+@functools.lru_cache(maxsize=4096)  # pure; called for every record and filter in every bootstrap resample
+def _norm_hashable(field: str, value: Any) -> str:
     key = str(value).lower().replace(" ", "_") if field == "task" else str(value).lower()
     try:
         return _ALIASES[field][key]
