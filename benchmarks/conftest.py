@@ -111,6 +111,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
                 "paired_ratio": paired, "paired_ratio_quartiles": b.extra_info.get("paired_ratio_quartiles"),
                 "ratio_to_baseline": median / base.stats.median, "ratio_of_means": mean / base.stats.mean,
                 "tokens_per_s": tokens / median if tokens else None,
+                **{k: v for k, v in b.extra_info.items()
+                   if k not in ("role", "tokens", "paired_ratio", "paired_ratio_quartiles")},
             }
             rows.append(row)
             shown = f"paired x{paired:.2f}" if paired is not None else "baseline" if b is base else "unpaired"

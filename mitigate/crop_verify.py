@@ -9,7 +9,9 @@ combines them at inference time:
 1. **answer** the question on the original image (plain ``generate()``), keeping the first
    token's probabilities;
 2. **gate**: verify only when the first answer is not confident (top first-token
-   probability below ``gate``) -- so the extra passes run only when they can matter;
+   probability below ``gate``) and is not "yes" (the policy never overturns a "yes") -- so
+   the extra passes run only when they can change the answer; all gated queries of a call
+   are localised in one batched forward and re-asked in one ``generate()``;
 3. **localise** the queried object: a box from the caller's ``localizer`` (any detector
    callable) or from attention (:mod:`mitigate.localize`);
 4. **views**: Cluster / Crop cut from the *original* image (not the resized model input)
@@ -109,14 +111,24 @@ class CropVerify:
 
     def box(self, model, image: Image.Image, prompt: str) -> tuple[float, float, float, float]:
         """The queried object's box in ``image`` (original pixels)."""
+        return self.boxes(model, [image], [prompt])[0]
+
+    def boxes(self, model, images: list[Image.Image], prompts: list[str]) -> list[tuple[float, float, float, float]]:
+        """:meth:`box` for several queries, localised in one batched forward (each query's
+        row beside its generic-prompt row)."""
         if self.localizer is not None:
-            return tuple(float(v) for v in self.localizer(image, prompt))
-        enc = self._inputs([image, image], [prompt, self.generic_prompt], model)
-        attention = last_token_image_attention(model, dict(enc), self.layers)
+            return [tuple(float(v) for v in self.localizer(im, p)) for im, p in zip(images, prompts)]
+        pairs_images = [im for im in images for _ in (0, 1)]
+        pairs_prompts = [q for p in prompts for q in (p, self.generic_prompt)]
+        enc = dict(self._inputs(pairs_images, pairs_prompts, model))
+        attention = last_token_image_attention(model, enc, self.layers)
         merge = getattr(getattr(model.config, "vision_config", None), "spatial_merge_size", 2)
-        grid = token_grid(len(attention[0]), dict(enc), 0, merge)
-        heat = vicrop_heat(attention[0], attention[1], grid)
-        return best_window(heat, image.width, image.height)
+        out = []
+        for i, image in enumerate(images):
+            grid = token_grid(len(attention[2 * i]), enc, 2 * i, merge)
+            heat = vicrop_heat(attention[2 * i], attention[2 * i + 1], grid)
+            out.append(best_window(heat, image.width, image.height))
+        return out
 
     # -- the mitigation -------------------------------------------------------------------
     @torch.no_grad()
@@ -133,23 +145,36 @@ class CropVerify:
         texts, probs = self._generate(model, images, prompts, max_new_tokens, generate_kwargs)
         confidence = probs.max(-1).values
         results = []
-        for i, (image, prompt) in enumerate(zip(images, prompts)):
-            result = {"answer": texts[i], "first_answer": texts[i], "confidence": float(confidence[i]),
-                      "verified": False, "views": {}}
+        for i in range(len(images)):
+            results.append({"answer": texts[i], "first_answer": texts[i], "confidence": float(confidence[i]),
+                            "verified": False, "views": {}})
             self.stats["queries"] += 1
-            if self.tau >= 1.0 or float(confidence[i]) >= self.gate:
-                results.append(result)
-                continue
-            self._verify(model, image, prompt, result, max_new_tokens, generate_kwargs)
-            results.append(result)
+        # the policy only ever overturns a "no" (or, for non-yes/no questions, picks a more
+        # confident view): a first "yes" is final, so its views would be wasted passes
+        gated = [i for i in range(len(images)) if self.tau < 1.0 and float(confidence[i]) < self.gate
+                 and parse_yes_no(texts[i]) is not True]
+        if gated:  # the extra passes, batched over every query that needs them
+            self._verify([images[i] for i in gated], [prompts[i] for i in gated], [results[i] for i in gated],
+                         model, max_new_tokens, generate_kwargs)
         return results
 
-    def _verify(self, model, image, prompt, result, max_new_tokens, generate_kwargs) -> None:
-        box = self.box(model, image, prompt)
-        built = {"crop": crop_box(box, image.width, image.height, self.margin),
-                 "cluster": cluster_box(box, [], image.width, image.height, self.margin)}
-        view_images = [cut(image, built[v]) for v in self.views]
-        texts, probs = self._generate(model, view_images, [prompt] * len(view_images), max_new_tokens, generate_kwargs)
+    def _verify(self, images, prompts, results, model, max_new_tokens, generate_kwargs) -> None:
+        boxes = self.boxes(model, images, prompts)
+        view_images, view_prompts, built_all = [], [], []
+        for image, prompt, box in zip(images, prompts, boxes):
+            built = {"crop": crop_box(box, image.width, image.height, self.margin),
+                     "cluster": cluster_box(box, [], image.width, image.height, self.margin)}
+            built_all.append(built)
+            view_images += [cut(image, built[v]) for v in self.views]
+            view_prompts += [prompt] * len(self.views)
+        all_texts, all_probs = self._generate(model, view_images, view_prompts, max_new_tokens, generate_kwargs)
+        k = len(self.views)
+        for j, (result, box, built) in enumerate(zip(results, boxes, built_all)):
+            texts, probs = all_texts[j * k : (j + 1) * k], all_probs[j * k : (j + 1) * k]
+            self._decide(result, box, built, texts, probs)
+
+    def _decide(self, result, box, built, texts, probs) -> None:
+        """The overturn policy for one query, given what its views answered."""
         p_yes, conf = self._p_yes(probs), probs.max(-1).values
         self.stats["verified"] += 1
         result["verified"] = True

@@ -161,3 +161,37 @@ def test_localisation_under_attached_contrast_branches_reads_the_original_rows(o
     assert len(under) == 2
     for a, b in zip(plain, under):
         torch.testing.assert_close(a, b)
+
+
+def test_batched_verification_equals_one_query_at_a_time():
+    """The gated queries are localised and re-asked in one batch; answers, boxes and the
+    views' p(yes) equal verifying each query alone (padding moves p(yes) by < 1e-5)."""
+    from evaluators.benchmarks.dobench.suite import build
+    from evaluators.organism import ORGANISM_DIR, load_organism
+
+    if not (ORGANISM_DIR / "config.json").exists():
+        pytest.skip("organism checkpoint missing")
+    model, processor = load_organism()
+    queries = [q for q in build(n_scenes=6, seed=1) if q.record["view"] == "Full"][:16]
+    images, prompts = [q.images[0] for q in queries], [q.prompt for q in queries]
+    batched = CropVerify(processor, gate=1.0).answer(model, images, prompts)  # every first "no" is verified
+    alone = [CropVerify(processor, gate=1.0).answer(model, [im], [p])[0] for im, p in zip(images, prompts)]
+    assert sum(r["verified"] for r in batched) >= 2, "the gate lets some queries through"
+    for a, b in zip(batched, alone):
+        assert a["answer"] == b["answer"] and a["verified"] == b["verified"]
+        if a["verified"]:
+            assert a["box"] == b["box"]
+            for view in a["views"]:
+                assert abs(a["views"][view]["p_yes"] - b["views"][view]["p_yes"]) < 1e-5
+
+
+def test_a_first_yes_is_never_verified(organism_like):
+    """The policy never overturns a "yes", so the gate spends no pass on one."""
+    model, processor, images = organism_like
+    prompts = ["is there a dog in the image ? answer yes or no ."] * len(images)
+    cv = CropVerify(processor, gate=1.0, tau=0.0)
+    results = cv.answer(model, images, prompts, max_new_tokens=3)
+    from evaluators.answers import parse_yes_no
+
+    for r in results:
+        assert r["verified"] == (parse_yes_no(r["first_answer"]) is not True)

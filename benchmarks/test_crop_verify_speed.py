@@ -1,0 +1,62 @@
+"""Crop-and-verify cost on the organism: plain generate() vs CropVerify.answer with its
+confidence gate, on existence questions (issue 6: <= 1.5x plain).
+
+    python -m pytest benchmarks/test_crop_verify_speed.py --benchmark-enable
+
+Batch 8, two sets: DO-Bench's level-0 Full-view questions (built-in suite, seed 0; four
+about a small out-of-context present object, four about a typical absent one -- the hard
+case crop-and-verify is for) and clean existence questions (large objects, unbiased
+scenes); 8 new tokens (an existence answer is one or two). The gate (first-token confidence < 0.9) decides how many queries pay for
+localisation and the two views; the share is recorded with the timing.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from evaluators.benchmarks.dobench.suite import build
+from evaluators.organism.package import format_prompt
+from evaluators.organism.tasks import existence_question
+from evaluators.world import CATEGORIES, UNBIASED, World
+from mitigate import CropVerify
+
+NEW_TOKENS = 8
+
+
+def _questions(kind: str):
+    if kind == "dobench_level0":  # small, out-of-context present objects; typical absent ones
+        queries = [q for q in build(n_scenes=4, seed=0) if q.record["level"] == 0 and q.record["view"] == "Full"]
+        return [q.images[0] for q in queries], [q.prompt for q in queries]
+    # clean: large objects in unbiased scenes, one present and one absent category per scene
+    world = World(UNBIASED.replace(small_fraction=0.0))
+    images, prompts = [], []
+    for s in range(4):
+        scene = world.scene(2 * 10**9 + s)
+        absent = next(c for c in CATEGORIES if not scene.present(c))
+        for category in (sorted(scene.categories())[0], absent):
+            images.append(scene.render())
+            prompts.append(existence_question(category))
+    return images, prompts
+
+
+@pytest.mark.parametrize("kind", ["dobench_level0", "clean"])
+@pytest.mark.parametrize("role", ["baseline", "crop_verify"])
+def test_crop_verify_speed(benchmark, paired, organism, rounds, role, kind):
+    model, processor = organism
+    images, prompts = _questions(kind)
+    assert len(images) == 8
+    def plain():  # from raw images, as CropVerify.answer is: preprocessing is part of both
+        inputs = processor(text=[format_prompt(p) for p in prompts], images=images, return_tensors="pt", padding=True)
+        with torch.no_grad():
+            return model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False)
+
+    benchmark.group = f"crop_verify_{kind}_batch8"
+    benchmark.extra_info.update(role=role, tokens=len(prompts))
+    if role == "baseline":
+        benchmark.pedantic(plain, rounds=rounds, warmup_rounds=2)
+        return
+    cv = CropVerify(processor)
+    out = paired(lambda: cv.answer(model, images, prompts, max_new_tokens=NEW_TOKENS), plain)
+    assert len(out) == len(prompts)
+    benchmark.extra_info.update(verified_share=cv.stats["verified"] / cv.stats["queries"])
