@@ -180,7 +180,7 @@ class ContrastBranches:
     def _expand_encoded(self, encoded: dict, ids: torch.Tensor | None) -> dict:
         """The branches' blocks of ``mm_encoder_outputs``, after the original rows' block."""
         if not any(b.needs_pixels for b in self.branches):
-            return {modality: _duplicate_output(out, self.k + 1) for modality, out in encoded.items()}
+            return {modality: _concat_outputs([out] * (self.k + 1)) for modality, out in encoded.items()}
         image = encoded.get("image")
         mine = self._encoded
         if set(encoded) - {"image"} or image is None:
@@ -211,11 +211,6 @@ class ContrastBranches:
             branches = mine.expanded[times]
         outputs = [image] + [image if b is None else b for b in branches]
         return {"image": _concat_outputs(outputs)}
-
-    def _dup_if(self, value: Any, n: int) -> Any:
-        if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == n:
-            return torch.cat([value] * (self.k + 1), dim=0)
-        return value
 
     def _pre_forward(self, module: nn.Module, args: tuple, kwargs: dict):
         if args:
@@ -327,7 +322,8 @@ def _shallow(out: Any) -> Any:
 
 
 def _concat_outputs(outputs: list) -> Any:
-    """Concatenate encoded image outputs of several row blocks, in order."""
+    """Concatenate encoded image outputs of several row blocks, in order (tensors on dim 0,
+    per-image lists / tuples joined, nested lists such as deepstack layers elementwise)."""
 
     def cat(values: list) -> Any:
         first = values[0]
@@ -339,31 +335,8 @@ def _concat_outputs(outputs: list) -> Any:
         return type(first)(cat([v[i] for v in values]) for i in range(len(first)))
 
     base = outputs[0]
-    copy = type(base)(**{k: v for k, v in base.items()})
+    copy = _shallow(base)
     for key in ("pooler_output", "deepstack_features"):
         if getattr(base, key, None) is not None:
             setattr(copy, key, cat([getattr(o, key) for o in outputs]))
     return copy
-
-
-def _duplicate_output(out: Any, times: int) -> Any:
-    """Repeat encoded image features for ``times`` row blocks, in order (tensors are
-    concatenated on dim 0, per-image lists/tuples are repeated; nested lists elementwise)."""
-    from transformers.utils import ModelOutput
-
-    def dup(value: Any) -> Any:
-        if isinstance(value, torch.Tensor):
-            return torch.cat([value] * times, dim=0)
-        if isinstance(value, (list, tuple)):
-            if all(isinstance(v, torch.Tensor) for v in value):
-                return type(value)(list(value) * times) if isinstance(value, list) else tuple(value) * times
-            return type(value)(dup(v) for v in value)
-        return value
-
-    if isinstance(out, ModelOutput):
-        copy = type(out)(**{k: v for k, v in out.items()})
-        for key in ("pooler_output", "deepstack_features"):
-            if getattr(out, key, None) is not None:
-                setattr(copy, key, dup(getattr(out, key)))
-        return copy
-    return dup(out)
