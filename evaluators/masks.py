@@ -12,10 +12,11 @@ What a model may answer (checked in this order):
 * a **polygon** -- JSON ``[[x, y], [x, y], ...]`` (3 or more points, pixels), COCO's flat
   ``[x1, y1, x2, y2, ...]``, several polygons in either form (their union), or
   ``{"polygon": ...}`` / ``{"polygons": ...}`` wrapping any of these. Filled with PIL's polygon fill (boundary pixels
-  included), at the size of the image the question was asked on.
+  included), on a grid of the ``shape`` the caller gives (the HalluSegBench protocol passes
+  the ground-truth mask's shape, which is the asked image's size in its data and suite).
 * a **box** -- coordinate tokens ``<c3> <c5> <c9> <c12>`` or JSON ``[x0, y0, x1, y1]``
   (:func:`evaluators.answers.parse_box`), filled ``[y0:y1, x0:x1]``.
-* **"none"** / **"no"** as the first word -- an explicit abstention: an empty mask, a
+* **"none"** / **"no"** as the first word (:func:`~evaluators.answers.parse_box`'s rule) -- an explicit abstention: an empty mask, a
   valid answer (HalluSegBench scores abstention on the counterfactual as right).
 
 Anything else is unreadable: an empty mask that is counted invalid.
@@ -33,7 +34,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .answers import parse_box, words
+from .answers import parse_box
 
 
 def as_mask(value: Any) -> np.ndarray:
@@ -119,11 +120,14 @@ def _polygons(value: Any) -> list | None:
     return None
 
 
+_OPENER = re.compile(r"[\[{]")
+
+
 def _json_values(text: str) -> list:
     """Every outermost JSON object or array in ``text`` that parses, in order."""
     found, pos = [], 0
     while True:
-        match = re.compile(r"[\[{]").search(text, pos)
+        match = _OPENER.search(text, pos)
         if match is None:
             return found
         start, opener = match.start(), match.group(0)
@@ -171,8 +175,6 @@ def answer_mask(answer: Any, shape: Sequence[int]) -> tuple[np.ndarray, bool]:
     if isinstance(box, tuple):
         x0, y0, x1, y1 = (int(round(v)) for v in box)
         empty[max(y0, 0) : max(min(y1, height), 0), max(x0, 0) : max(min(x1, width), 0)] = True
-        return empty, False
-    if words(answer)[:1] in (["none"], ["no"]):
         return empty, False
     return empty, True
 
