@@ -11,9 +11,14 @@ Three stages, as real VLMs are built:
 2. **Feature alignment** (LLaVA's stage 1): only the projector trains, so that each patch's
    image token lands on the decoder's own embedding of the words naming what the patch
    shows (``emb(category) + emb(colour)``, zero for background); see :func:`align_projector`.
+2b. **Language pretraining** of the decoder on text (:mod:`.language`): existence
+   questions about lists of coloured objects, from short lists to lists spread among
+   filler tokens -- the retrieval a pretrained LLM brings to a real VLM, and the circuit
+   reading the image needs (without it the decoder sat at chance on existence; numbers
+   in :mod:`.language`).
 3. **Instruction tuning** of the decoder on the task mix of :mod:`.tasks`, loss on the
-   answer tokens only, vision tower and projector frozen. Each batch holds one task (so
-   image counts match).
+   answer tokens only, vision tower, projector and word embeddings frozen (the projector
+   was aligned to those embeddings). Each batch holds one task (so image counts match).
 
 Why this recipe (each point measured, in the README's organism section): three end-to-end
 runs without stage 2, with the projector trainable and the decoder at lr 1.5e-3, learned
@@ -42,6 +47,7 @@ from torch import nn
 
 from ..world import BIASED, CATEGORIES, COLOURS, World
 from .image_dependence import measure as image_dependence
+from .language import pretrain_language
 from . import tasks
 from .package import (
     ORGANISM_DIR, build_model_config, build_processor, build_tokenizer, format_prompt, save_organism,
@@ -185,7 +191,12 @@ def task_schedule(rng: np.random.Generator, mix: dict[str, float] | None = None)
 
 def instruct(model, processor, world: World, seconds: float, batch: int, seed: int, log, max_steps: int,
              lr: float = 5e-4, warmup_steps: int = 0) -> int:
-    frozen = list(model.model.vision_tower.parameters()) + list(model.model.multi_modal_projector.parameters())
+    # The word embeddings stay at their initial values: the projector was aligned to them
+    # (stage 2), so moving them would break the match between image tokens and the question's
+    # words. Adam moves every entry by ~lr per step; at 5e-4 the 0.02-scale embeddings would
+    # be unrecognisable within a few hundred steps.
+    frozen = (list(model.model.vision_tower.parameters()) + list(model.model.multi_modal_projector.parameters())
+              + list(model.get_input_embeddings().parameters()))
     frozen_ids = {id(p) for p in frozen}
     for p in frozen:
         p.requires_grad_(False)
@@ -228,13 +239,15 @@ def main(argv=None) -> None:
     parser.add_argument("--max-steps", type=int, default=3000, help="stage 2 steps (0: use --minutes)")
     parser.add_argument("--minutes", type=float, default=36.0, help="wall-clock budget of stage 2 with --max-steps 0")
     parser.add_argument("--vision-steps", type=int, default=1500)
-    parser.add_argument("--align-steps", type=int, default=400)
+    parser.add_argument("--align-steps", type=int, default=800)
+    parser.add_argument("--language-steps", type=int, default=2100,
+                        help="stage 2b: decoder pretraining on text (evaluators.organism.language); 0 skips it")
     parser.add_argument("--lr", type=float, default=5e-4, help="decoder learning rate in stage 3")
     parser.add_argument("--warmup-steps", type=int, default=800, help="stage 3 steps on WARMUP_MIX first")
-    parser.add_argument("--stages12", type=Path, default=None,
-                        help="cache of stages 1-2 (vision tower + aligned projector, which stage 3 leaves frozen): "
-                             "loaded if the file exists, else written; the saved state equals a full run's")
-    parser.add_argument("--context-breaking", type=float, default=tasks.CONTEXT_BREAKING,
+    parser.add_argument("--vision-cache", type=Path, default=None,
+                        help="cache of stage 1 (the pretrained vision tower, which later stages leave frozen): "
+                             "loaded if the file exists, else written; the loaded tower equals a full run's")
+    parser.add_argument("--context-breaking", type=float, default=0.3,
                         help="share of existence questions against the scene-context shortcut (tasks.CONTEXT_BREAKING)")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
@@ -260,25 +273,35 @@ def main(argv=None) -> None:
     model = LlavaForConditionalGeneration(build_model_config(len(tokenizer), image_size=IMAGE_SIZE, patch_size=PATCH))
     log(f"organism: {sum(p.numel() for p in model.parameters()):,} parameters, vocab {len(tokenizer)}")
     t0 = time.time()
-    prefixes = ("vision_tower.", "multi_modal_projector.")
-    if args.stages12 is not None and args.stages12.exists():
-        state = torch.load(args.stages12)
-        if set(state) != {k for k in model.model.state_dict() if k.startswith(prefixes)}:
-            raise ValueError(f"{args.stages12} does not hold this recipe's vision tower and projector")
-        model.model.load_state_dict(state, strict=False)
-        log(f"stages 1-2 (vision tower, aligned projector) loaded from {args.stages12}")
-        ta = time.time()
+    note = ""
+    if args.vision_cache is not None and args.vision_cache.exists():
+        cache = torch.load(args.vision_cache)
+        if not isinstance(cache, dict) or set(cache.get("vision_tower", {})) != set(model.model.vision_tower.state_dict()):
+            raise ValueError(f"{args.vision_cache} does not hold this recipe's vision tower")
+        model.model.vision_tower.load_state_dict(cache["vision_tower"])
+        vision_seconds = cache["seconds"]
+        note = (f"Stage 1 ({vision_seconds} s) was loaded with --vision-cache from an earlier run of the "
+                f"same recipe and seed; stages 2-3 were run here.")
+        log(f"stage 1 (pretrained vision tower, {vision_seconds} s) loaded from {args.vision_cache}")
     else:
         pretrain_vision(model, processor, world, args.vision_steps, 64, args.seed, log)
-        log(f"vision pretraining: {time.time() - t0:.0f}s")
-        standardise_projector(model, processor, world, args.seed)
-        ta = time.time()
-        for p in model.model.vision_tower.parameters():
-            p.requires_grad_(False)
-        align_projector(model, processor, world, args.align_steps, 64, args.seed, log)
-        log(f"feature alignment: {time.time() - ta:.0f}s")
-        if args.stages12 is not None:
-            torch.save({k: v for k, v in model.model.state_dict().items() if k.startswith(prefixes)}, args.stages12)
+        vision_seconds = round(time.time() - t0)
+        log(f"vision pretraining: {vision_seconds}s")
+        if args.vision_cache is not None:
+            torch.save({"vision_tower": model.model.vision_tower.state_dict(), "seconds": vision_seconds},
+                       args.vision_cache)
+    # The projector is untouched by stage 1 (its initial weights come from the seeded model
+    # construction above), so a cached tower gives the same stage 2 as a full run.
+    standardise_projector(model, processor, world, args.seed)
+    ta = time.time()
+    for p in model.model.vision_tower.parameters():
+        p.requires_grad_(False)
+    align_projector(model, processor, world, args.align_steps, 64, args.seed, log)
+    log(f"feature alignment: {time.time() - ta:.0f}s")
+    tl = time.time()
+    if args.language_steps:
+        pretrain_language(model, tokenizer, args.language_steps, args.batch, args.seed, log)
+        log(f"language pretraining: {time.time() - tl:.0f}s")
     t1 = time.time()
     steps = instruct(model, processor, world, args.minutes * 60, args.batch, args.seed, log,
                      args.max_steps if args.max_steps else math.inf, lr=args.lr, warmup_steps=args.warmup_steps)
@@ -287,12 +310,13 @@ def main(argv=None) -> None:
     (Path(path) / "training.json").write_text(json.dumps({
         "parameters": sum(p.numel() for p in model.parameters()),
         "image_size": IMAGE_SIZE, "patch_size": PATCH,
-        "seed": args.seed, "vision_steps": args.vision_steps, "align_steps": args.align_steps,
+        "seed": args.seed, "vision_steps": args.vision_steps, "align_steps": args.align_steps, "language_steps": args.language_steps,
         "instruct_steps": steps, "lr": args.lr, "warmup_steps": args.warmup_steps, "batch": args.batch,
         "minutes_budget": args.minutes, "threads": args.threads, "world": "evaluators.world.BIASED",
         "mix": tasks.MIX, "context_breaking": tasks.CONTEXT_BREAKING, "belief_reliability": {str(k): v for k, v in tasks.BELIEF_RELIABILITY.items()},
-        "seconds": {"vision": round(ta - t0), "align": round(t1 - ta), "instruct": round(time.time() - t1)},
+        "seconds": {"vision": vision_seconds, "align": round(tl - ta), "language": round(t1 - tl), "instruct": round(time.time() - t1)},
         "image_dependence": image_dependence(model, processor),
+        "note": note,
     }, indent=2))
     log(f"saved to {path}")
 
