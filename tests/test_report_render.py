@@ -35,3 +35,20 @@ def test_report_html_renders_in_chromium(tmp_path):
     assert pixels.std() > 10, "the page rendered blank"
     dark = (pixels < 128).mean(axis=1)  # text and plot lines per pixel row
     assert (dark[: len(dark) // 2] > 0).mean() > 0.2, "little drawn in the upper half: table and curves missing"
+
+
+def test_cell_number_is_the_metric_that_decides_the_verdict():
+    from evaluators.report.table import headline
+
+    rows = [
+        {"mechanism": "language_prior", "metric": "mioh.lc_s", "delta": -50.0, "low": -100.0, "high": 0.0,
+         "verdict": "no detectable effect"},
+        {"mechanism": "language_prior", "metric": "dobench.prior_robust", "delta": 11.1, "low": 1.4, "high": 21.5,
+         "verdict": "fixes"},
+        {"mechanism": "cooccurrence", "metric": "x", "delta": 3.0, "low": -1.0, "high": 7.0,
+         "verdict": "no detectable effect"},
+    ]
+    assert headline(rows, "language_prior") == "+11.1 [+1.4,+21.5]"
+    # nothing decided: the largest effect, whatever its interval
+    assert headline(rows[:1] + rows[2:], "language_prior") == "-50.0 [-100.0,+0.0]"
+    assert headline(rows, "perception") == ""

@@ -9,11 +9,19 @@ SHORT = {"fixes": "FIXES", "breaks": "BREAKS", "mixed": "mixed", "no detectable 
 
 
 def headline(rows: list[dict], mechanism: str) -> str:
-    """The largest-|delta| metric of a mechanism, as 'delta [low, high]'."""
+    """The metric behind a mechanism's cell, as 'delta [low, high]'.
+
+    Among the metrics whose own verdict is *fixes* or *breaks* (the ones that decide the
+    cell, see ``attribution.cell_verdicts``), the largest |delta|; only when none is
+    decided, the largest |delta| of all. Otherwise a FIXES cell could show a wide,
+    undecided metric of the same mechanism (first seen as "FIXES -50.0 [-100, 0]": the
+    fix was DO-Bench PriorRobust +11.1 [+1.4, +21.5]).
+    """
     cands = [r for r in rows if r.get("mechanism") == mechanism and "delta" in r and r["delta"] == r["delta"]]
     if not cands:
         return ""
-    best = max(cands, key=lambda r: abs(r["delta"]))
+    decided = [r for r in cands if r.get("verdict") in ("fixes", "breaks")]
+    best = max(decided or cands, key=lambda r: abs(r["delta"]))
     return f"{best['delta']:+.1f} [{best['low']:+.1f},{best['high']:+.1f}]"
 
 
