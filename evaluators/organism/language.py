@@ -45,9 +45,10 @@ def example(rng: np.random.Generator, filler: int) -> tuple[str, str]:
     """(prompt, answer): an existence question about a list of coloured objects, with up to
     ``filler`` filler tokens around the list.
 
-    Only existence: the retrieval circuit it builds is what reading the image needs; a
-    colour-question share of 30% kept held-out accuracy near chance for 1,500 steps in
-    the first run of this stage (the colour is read during instruction tuning)."""
+    Only existence: the retrieval circuit it builds is what reading the image needs (the
+    colour is read during instruction tuning). The first run of this stage, with 30%
+    colour questions and a cosine-decayed rate, stayed at 48-58% held-out accuracy for
+    1,500 steps; this one (existence only, constant rate) reached 95% in 500."""
     cats, cols = list(CATEGORIES), list(COLOURS)
     k = int(rng.integers(1, MAX_OBJECTS + 1))
     objects = [cats[int(i)] for i in rng.choice(len(cats), size=k, replace=False)]
@@ -80,7 +81,7 @@ def pretrain_language(model, tokenizer, steps: int, batch: int, seed: int, log, 
     model.train()
     start = time.time()
     for step in range(steps):
-        for g in opt.param_groups:  # constant after a short warm-up: the plateau needs the full rate
+        for g in opt.param_groups:  # constant after a short warm-up, as in the diagnosis runs that learned
             g["lr"] = base * min(1.0, (step + 1) / 100)
         pairs = [example(rng, filler_at(step, steps)) for _ in range(batch)]
         texts = [f"{p} {a} {tokenizer.eos_token}" for p, a in pairs]

@@ -86,15 +86,15 @@ def _pick(rng: np.random.Generator, items):
 
 
 # -- generators -------------------------------------------------------------------------
-#: Share of existence questions that break the scene-context shortcut: a negative about a
-#: category typical of the scene's context (absent here), or a positive about an atypical
-#: one (present here). With random categories (0.0) the context alone answers ~84% of the
-#: biased world's existence questions (absent categories are mostly atypical, present ones
-#: typical), and a decoder can stop there without reading the object; session-2 organisms
-#: did (62% on balanced clean probes, DO-Bench A0 false-no 97.5%). Set by ``train.py
-#: --context-breaking`` (the recipe uses 0.3: the context heuristic is then right on ~58%
-#: of existence questions, so reading the object pays; the scenes and their statistics are
-#: unchanged, only which category is asked about).
+#: Share of existence questions drawn to break the scene-context shortcut: a negative about
+#: a category typical of the scene's context (absent here), or a positive about an atypical
+#: one (present here); where the scene has no such category, an ordinary question. With
+#: random categories (0.0) "yes iff typical of the context" answers 82% of the biased
+#: world's existence questions (3000 training seeds), and a decoder can stop there without
+#: reading the object; session-2 organisms did (62% on balanced clean probes, DO-Bench A0
+#: false-no 97.5%). Set by ``train.py --context-breaking``; the recipe uses 0.3, at which
+#: the context heuristic answers 70% (same count). The scenes and their statistics are
+#: unchanged, only which category is asked about.
 CONTEXT_BREAKING = 0.0
 
 

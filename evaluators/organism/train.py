@@ -193,8 +193,8 @@ def instruct(model, processor, world: World, seconds: float, batch: int, seed: i
              lr: float = 5e-4, warmup_steps: int = 0) -> int:
     # The word embeddings stay at their initial values: the projector was aligned to them
     # (stage 2), so moving them would break the match between image tokens and the question's
-    # words. Adam moves every entry by ~lr per step; at 5e-4 the 0.02-scale embeddings would
-    # be unrecognisable within a few hundred steps.
+    # words. Trained here (organism v5: 3000 steps at 5e-4), they ended at a median cosine of
+    # 0.78 with the values the projector targets.
     frozen = (list(model.model.vision_tower.parameters()) + list(model.model.multi_modal_projector.parameters())
               + list(model.get_input_embeddings().parameters()))
     frozen_ids = {id(p) for p in frozen}
