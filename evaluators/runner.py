@@ -142,7 +142,6 @@ def score(records: Sequence[dict]) -> dict:
     results, invalid, counts = {}, {}, {}
     for bench, rows in sorted(by_bench.items()):
         answered = metric_records(bench, rows)
-        results[bench] = {}
         results[bench] = _compute(bench, answered)
         details = _metrics_attr(bench, "details")
         if details is not None and answered:  # the paper's tables beyond the registered metrics

@@ -152,7 +152,11 @@ class PriorSuppression(Mitigation):
 
         def bias(ctx: BiasContext) -> torch.Tensor | None:
             keys = state.get("keys")
-            if keys is None or not state.setdefault("any", bool(keys.any())):
+            if keys is None:
+                return None
+            if "any" not in state:  # once per prompt: bool() syncs with the device
+                state["any"] = bool(keys.any())
+            if not state["any"]:
                 return None
             row = row_bias(ctx.batch_size, ctx.dtype, ctx.device)
             start, count = int(ctx.key_positions[0]), len(ctx.key_positions)  # a contiguous range

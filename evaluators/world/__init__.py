@@ -8,7 +8,7 @@ extra detail. The knobs of a real training set's statistics live in :class:`Worl
 """
 
 from . import edits
-from .generator import BIASED, UNBIASED, World, WorldConfig, box_gap, check_count, check_seed
+from .generator import BIASED, UNBIASED, World, WorldConfig, box_gap, check_count, check_seed, check_subset
 from .scene import Obj, Scene
 from .sets import (
     CHANGE_KINDS, MIOH_CONDITIONS, ChangePair, ImageSet, SegmentationPair, Views, change_pair, do_views,
@@ -18,7 +18,7 @@ from .views import MARGINS, cluster_box, crop_box, cut, grow
 from .vocab import CATEGORIES, COLOURS, CONTEXT_CATEGORIES, CONTEXTS, REASONING, RELATIONS, SYNONYMS
 
 __all__ = [
-    "BIASED", "CATEGORIES", "CONTEXT_CATEGORIES", "box_gap", "check_count", "CHANGE_KINDS", "COLOURS", "CONTEXTS", "ChangePair", "ImageSet", "MARGINS",
+    "BIASED", "CATEGORIES", "CONTEXT_CATEGORIES", "box_gap", "check_count", "check_subset", "CHANGE_KINDS", "COLOURS", "CONTEXTS", "ChangePair", "ImageSet", "MARGINS",
     "MIOH_CONDITIONS", "Obj", "REASONING", "RELATIONS", "SYNONYMS", "Scene", "SegmentationPair", "UNBIASED", "Views", "World",
     "WorldConfig", "change_pair", "check_seed", "cluster_box", "crop_box", "cut", "do_views", "edits", "grow",
     "image_set", "segmentation_pair",

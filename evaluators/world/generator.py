@@ -79,6 +79,15 @@ def check_seed(seed: int, argument: str = "seed") -> int:
     return int(seed)
 
 
+def check_subset(values, allowed: tuple, argument: str) -> tuple:
+    """A non-empty subset of ``allowed`` as a tuple (suite options), or a ValueError naming it."""
+    values = tuple(values)
+    bad = [v for v in values if v not in allowed]
+    if bad or not values:
+        raise ValueError(f"{argument}: must be a non-empty subset of {allowed}, got {values!r}")
+    return values
+
+
 def check_count(value: int, argument: str) -> int:
     """A positive int size argument (suite sizes, image counts), or a ValueError naming it."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:

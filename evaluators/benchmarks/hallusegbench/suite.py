@@ -20,10 +20,8 @@ import numpy as np
 
 from ...masks import answer_mask
 from ...query import Query
-from ...world import BIASED, REASONING, Scene, World, check_count, check_seed, segmentation_pair
-
-
-SPLITS = ("referring", "reasoning")
+from ...world import BIASED, REASONING, Scene, World, check_count, check_seed, check_subset, segmentation_pair
+from .metrics import SPLITS
 
 
 def _prompt(split: str, label: str) -> str:
@@ -40,18 +38,16 @@ def build(n_pairs: int = 30, seed: int = 0, world: World | None = None,
     animal that barks ?"), the paper's two query styles, reported apart by the metrics."""
     seed = check_seed(seed)
     check_count(n_pairs, "n_pairs")
-    bad = [s for s in splits if s not in SPLITS]
-    if bad or not splits:
-        raise ValueError(f"splits: must be a non-empty subset of {SPLITS}, got {tuple(splits)!r}")
+    splits = check_subset(splits, SPLITS, "splits")
     world = world or World(BIASED)
     queries = []
     for k in range(n_pairs):
         pair = segmentation_pair(world, seed * 1_000_003 + 5_000_000 + k)
         images = {"factual": pair.factual.render(), "counterfactual": pair.counterfactual.render()}
+        scenes = {"factual_scene": pair.factual.to_dict(), "counterfactual_scene": pair.counterfactual.to_dict()}
         for split in splits:
             sid = f"hsb-{seed}-{k}" + ("" if split == "referring" else f"-{split}")
-            common = {"sample_id": sid, "split": split, "uid": pair.uid,
-                      "factual_scene": pair.factual.to_dict(), "counterfactual_scene": pair.counterfactual.to_dict()}
+            common = {"sample_id": sid, "split": split, "uid": pair.uid, **scenes}
             for role, image, label in (("fact", "factual", pair.factual_label),
                                        ("textual", "factual", pair.counterfactual_label),
                                        ("visual", "counterfactual", pair.factual_label)):

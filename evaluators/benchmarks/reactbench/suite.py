@@ -45,7 +45,7 @@ import numpy as np
 
 from ...organism.tasks import NUMBERS, OPTION_LETTERS, existence_question
 from ...query import Query
-from ...world import BIASED, CATEGORIES, COLOURS, World, change_pair, check_count, check_seed, edits
+from ...world import BIASED, CATEGORIES, COLOURS, World, change_pair, check_count, check_seed, check_subset, edits
 from ...world.sets import CHANGE_KINDS
 
 DIMENSIONS = ("direct", "commonsense", "premise", "absurd")
@@ -80,21 +80,13 @@ def _region(pair) -> str:
     return f"{'upper' if cy < 0.5 else 'lower'} {'left' if cx < 0.5 else 'right'}"
 
 
-def _subset(values, allowed, name):
-    values = tuple(values)
-    bad = [v for v in values if v not in allowed]
-    if bad or not values:
-        raise ValueError(f"{name}: must be a non-empty subset of {allowed}, got {values!r}")
-    return values
-
-
 def build(n_per_task: int = 10, seed: int = 0, world: World | None = None, *,
           dimensions=DIMENSIONS, hints=HINTS, modes=("standard",)) -> list[Query]:
     seed = check_seed(seed)
     check_count(n_per_task, "n_per_task")
-    dimensions = _subset(dimensions, DIMENSIONS, "dimensions")
-    hints = _subset(hints, HINTS, "hints")
-    modes = _subset(modes, MODES, "modes")
+    dimensions = check_subset(dimensions, DIMENSIONS, "dimensions")
+    hints = check_subset(hints, HINTS, "hints")
+    modes = check_subset(modes, MODES, "modes")
     world = world or World(BIASED)
     rng = np.random.default_rng([seed, 61])
     extra_rng = np.random.default_rng([seed, 62])  # the inducing variants draw apart: direct queries stay as they were
