@@ -44,6 +44,8 @@ class BiasContext:
 
     ``query_positions`` (Q,) and ``key_positions`` (K,) are absolute sequence indices;
     ``layer`` is the decoder layer index; ``dtype``/``device`` are those of the scores.
+    ``key_offset`` is ``key_positions[0]`` as a Python int (the keys are a contiguous
+    range), so a bias can slice a precomputed row without a device sync per step.
     """
 
     layer: int
@@ -52,6 +54,7 @@ class BiasContext:
     key_positions: torch.Tensor
     dtype: torch.dtype
     device: torch.device
+    key_offset: int = 0
 
 
 BiasFn = Callable[[BiasContext], "torch.Tensor | None"]
@@ -220,7 +223,7 @@ class _BiasHook:
             kv_len = mask.shape[-1]
         q_pos = torch.arange(q_start, q_start + q_len, device=device)
         k_pos = torch.arange(int(kv_offset), int(kv_offset) + int(kv_len), device=device)
-        bias = self.bias_fn(BiasContext(self.layer, batch, q_pos, k_pos, dtype, device))
+        bias = self.bias_fn(BiasContext(self.layer, batch, q_pos, k_pos, dtype, device, int(kv_offset)))
         if bias is None:
             return None
         if mask is None and (q_len == 1 or not self.is_causal):

@@ -159,7 +159,7 @@ class PriorSuppression(Mitigation):
             if not state["any"]:
                 return None
             row = row_bias(ctx.batch_size, ctx.dtype, ctx.device)
-            start, count = int(ctx.key_positions[0]), len(ctx.key_positions)  # a contiguous range
+            start, count = ctx.key_offset, len(ctx.key_positions)  # a contiguous range
             prompt = row.shape[-1]
             if start + count > prompt:  # generated tokens are never in a span
                 row = torch.nn.functional.pad(row, (0, start + count - prompt))

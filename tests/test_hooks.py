@@ -280,6 +280,9 @@ def test_bias_follows_generation_steps():
     def record(ctx):
         if ctx.layer == 0:
             seen.append((ctx.query_positions.tolist(), len(ctx.key_positions)))
+        # the int offset a bias slices with (no device sync) is the first key's index
+        assert ctx.key_offset == int(ctx.key_positions[0])
+        assert ctx.key_positions.tolist() == list(range(ctx.key_offset, ctx.key_offset + len(ctx.key_positions)))
         return None
 
     prompt = inputs["input_ids"].shape[1]
