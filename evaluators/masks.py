@@ -120,31 +120,27 @@ def _polygons(value: Any) -> list | None:
     return None
 
 
+_DECODER = json.JSONDecoder()
 _OPENER = re.compile(r"[\[{]")
 
 
 def _json_values(text: str) -> list:
-    """Every outermost JSON object or array in ``text`` that parses, in order."""
+    """Every outermost JSON object or array in ``text`` that parses, in order.
+
+    ``json.JSONDecoder.raw_decode`` parses from each ``[`` / ``{`` and says where the value
+    ends, so brackets inside JSON strings (``{"label": "a]"}``) cannot cut a value short."""
     found, pos = [], 0
     while True:
         match = _OPENER.search(text, pos)
         if match is None:
             return found
-        start, opener = match.start(), match.group(0)
-        closer = "]" if opener == "[" else "}"
-        depth, end = 0, None
-        for i in range(start, len(text)):
-            depth += {opener: 1, closer: -1}.get(text[i], 0)
-            if depth == 0:
-                end = i
-                break
-        if end is None:
-            return found
         try:
-            found.append(json.loads(text[start : end + 1]))
-            pos = end + 1
+            value, end = _DECODER.raw_decode(text, match.start())
         except ValueError:
-            pos = start + 1  # not JSON here: look inside it
+            pos = match.start() + 1  # not JSON here: look inside it
+            continue
+        found.append(value)
+        pos = end
 
 
 def answer_mask(answer: Any, shape: Sequence[int]) -> tuple[np.ndarray, bool]:

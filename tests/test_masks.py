@@ -59,6 +59,13 @@ def test_polygons_in_every_form():
         assert not invalid and np.array_equal(mask, expected), text
     mask, invalid = answer_mask("See [1]. polygon: " + json.dumps(square), (8, 8))  # not only the first JSON
     assert not invalid and np.array_equal(mask, expected)
+    # a bracket inside a JSON string does not end the value early
+    labelled = json.dumps({"label": "dog ]} (left)", "polygon": square})
+    mask, invalid = answer_mask("[note: " + labelled, (8, 8))
+    assert not invalid and np.array_equal(mask, expected)
+    rle = json.loads(encode_mask(expected))
+    mask, invalid = answer_mask(json.dumps({"name": "a [b", **rle}), (8, 8))
+    assert not invalid and np.array_equal(mask, expected)
     two = json.dumps({"polygons": [square, [[6, 6], [7, 6], [7, 7], [6, 7]]]})
     mask, _ = answer_mask(two, (8, 8))
     assert mask.sum() == expected.sum() + 4
