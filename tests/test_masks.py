@@ -64,7 +64,7 @@ def test_polygons_in_every_form():
     mask, invalid = answer_mask("[note: " + labelled, (8, 8))
     assert not invalid and np.array_equal(mask, expected)
     rle = json.loads(encode_mask(expected))
-    mask, invalid = answer_mask(json.dumps({"name": "a [b", **rle}), (8, 8))
+    mask, invalid = answer_mask(json.dumps({"name": "dog}", **rle}), (8, 8))
     assert not invalid and np.array_equal(mask, expected)
     two = json.dumps({"polygons": [square, [[6, 6], [7, 6], [7, 7], [6, 7]]]})
     mask, _ = answer_mask(two, (8, 8))
