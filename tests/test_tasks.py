@@ -89,3 +89,54 @@ def test_context_breaking_existence_questions_defeat_the_context_shortcut(monkey
     # scenes rarely hold an atypical object, so many positives cannot break the context:
     # at share 1 the context is still no better than a coin
     assert context_right(1.0) < 0.5
+
+
+def test_zoomed_views_ask_only_what_the_view_shows(monkeypatch, world):
+    """With ZOOM = 1 every existence/colour image is a cut of the scene around one object
+    (DO-Bench's Crop rule), and its answer is exact for the cut: "yes" only for a category
+    with an instance wholly inside, "no" only for one with no instance overlapping it; a
+    colour question names the one instance of its category overlapping the view."""
+    from evaluators.world import MARGINS, cut
+
+    monkeypatch.setattr(tasks, "ZOOM", 1.0)
+
+    def shares(scene, box, category):
+        out = []
+        for o in scene.objects:
+            if o.category == category:
+                ix = max(0.0, min(box[2], o.box[2]) - max(box[0], o.box[0]))
+                iy = max(0.0, min(box[3], o.box[3]) - max(box[1], o.box[1]))
+                out.append(ix * iy / ((o.box[2] - o.box[0]) * (o.box[3] - o.box[1])))
+        return out
+
+    answers = set()
+    for seed in range(60):
+        scene = world.scene(seed)
+        ex = tasks.sample(world, seed, "existence")
+        box = ex.meta["view_box"]
+        assert ex.meta["zoomed"] and box is not None
+        assert np.array_equal(np.asarray(ex.images[0]), np.asarray(cut(scene.render(), box)))
+        share = shares(scene, box, ex.meta["category"])
+        if ex.answer == "yes":
+            assert any(s >= 1.0 for s in share)
+        else:
+            assert all(s == 0.0 for s in share)
+        answers.add(ex.answer)
+        # the cut is square around some object with one of the margins (not always the 10% of DO-Bench)
+        assert abs((box[2] - box[0]) - (box[3] - box[1])) < 1e-6
+        col = tasks.sample(world, seed, "colour")
+        inside = [o for o in scene.objects if o.category == col.meta["category"]]
+        cbox = col.meta["view_box"]
+        touching = [o for o, s in zip(inside, shares(scene, cbox, col.meta["category"])) if s > 0]
+        if len(touching) == 1:
+            assert col.answer == touching[0].colour
+    assert answers == {"yes", "no"}
+    assert tasks.ZOOM_MARGINS[:2] == MARGINS
+
+
+def test_zoom_zero_keeps_full_scenes(world):
+    assert tasks.ZOOM == 0.0
+    for seed in range(10):
+        ex = tasks.sample(world, seed, "existence")
+        assert not ex.meta["zoomed"] and ex.meta["view_box"] is None
+        assert ex.images[0].size == (128, 128)

@@ -17,18 +17,10 @@ import json
 import numpy as np
 import torch
 
-from ..world import BIASED, World
+from ..world import BIASED, World, coverage
 from .signatures import HELD_OUT
 
 QUESTION = "is there a {object} in the image ? answer yes or no ."
-
-
-def coverage(window, box) -> float:
-    """Share of ``box``'s area inside ``window``."""
-    ix = max(0.0, min(window[2], box[2]) - max(window[0], box[0]))
-    iy = max(0.0, min(window[3], box[3]) - max(window[1], box[1]))
-    area = (box[2] - box[0]) * (box[3] - box[1])
-    return ix * iy / area if area > 0 else 0.0
 
 
 def chance_hit(window, box, size: int, threshold: float = 0.5, stride: int = 2) -> float:

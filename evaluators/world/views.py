@@ -79,6 +79,14 @@ def crop_box(target: Box, width: int, height: int, margin: float = 0.1) -> Box:
     return grow(target, margin, width, height)
 
 
+def coverage(window: Box, box: Box) -> float:
+    """Share of ``box``'s area inside ``window`` (1.0: wholly inside, 0.0: disjoint)."""
+    ix = max(0.0, min(window[2], box[2]) - max(window[0], box[0]))
+    iy = max(0.0, min(window[3], box[3]) - max(window[1], box[1]))
+    area = (box[2] - box[0]) * (box[3] - box[1])
+    return ix * iy / area if area > 0 else 0.0
+
+
 def _gap(a: Box, b: Box) -> float:
     dx = max(b[0] - a[2], a[0] - b[2], 0.0)
     dy = max(b[1] - a[3], a[1] - b[3], 0.0)
