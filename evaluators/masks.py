@@ -136,7 +136,7 @@ def _json_values(text: str) -> list:
             return found
         try:
             value, end = _DECODER.raw_decode(text, match.start())
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: brackets nested ~1000 deep
             pos = match.start() + 1  # not JSON here: look inside it
             continue
         found.append(value)

@@ -63,6 +63,10 @@ def test_polygons_in_every_form():
     labelled = json.dumps({"label": "dog ]} (left)", "polygon": square})
     mask, invalid = answer_mask("[note: " + labelled, (8, 8))
     assert not invalid and np.array_equal(mask, expected)
+    # a degenerate answer (a repetition loop of brackets) is unreadable, not a crash
+    for text in ("[" * 5000, "[[0, 1], " * 3000):
+        mask, invalid = answer_mask(text, (8, 8))
+        assert invalid and not mask.any()
     rle = json.loads(encode_mask(expected))
     mask, invalid = answer_mask(json.dumps({"name": "dog}", **rle}), (8, 8))
     assert not invalid and np.array_equal(mask, expected)

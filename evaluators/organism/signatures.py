@@ -281,12 +281,12 @@ most but not all of the time in training ({training.get('belief_reliability')}).
 
 ## Training
 
-`python -m evaluators.organism.train --max-steps {training.get('instruct_steps')} --vision-steps {training.get('vision_steps')} --align-steps {training.get('align_steps')} --language-steps {training.get('language_steps', 0)} --warmup-steps {training.get('warmup_steps')}`
+`python -m evaluators.organism.train --max-steps {training.get('instruct_steps')} --vision-steps {training.get('vision_steps')} --align-steps {training.get('align_steps')} --align-joint-steps {training.get('align_joint_steps', 0)} --language-steps {training.get('language_steps', 0)} --warmup-steps {training.get('warmup_steps')} --context-breaking {training.get('context_breaking', 0.0)} --zoom {training.get('zoom', 0.0)}`
 (seed {training.get('seed')}, batch {training.get('batch')}, {training.get('threads')} CPU threads):
 vision pretraining on per-patch category/colour labels ({training.get('seconds', {}).get('vision')} s),
-feature alignment of the projector to the decoder's word embeddings ({training.get('seconds', {}).get('align')} s),
+feature alignment of the projector to the decoder's word embeddings{' (the vision tower joining it for the last ' + str(training['align_joint_steps']) + ' steps at lr ' + str(training.get('align_vision_lr')) + ')' if training.get('align_joint_steps') else ''} ({training.get('seconds', {}).get('align')} s),
 language pretraining of the decoder on existence questions about object lists in text ({training.get('seconds', {}).get('language', 0)} s),
-then instruction tuning of the decoder on the task mix, vision tower, projector and word embeddings frozen,
+then instruction tuning of the decoder on the task mix{' (' + format(training['zoom'], '.0%') + ' of existence/colour images zoomed views)' if training.get('zoom') else ''}, vision tower, projector and word embeddings frozen,
 lr {training.get('lr')} ({training.get('seconds', {}).get('instruct')} s). Image dependence at the end
 (clean existence accuracy, mean |change| of the yes-no margin when the image is blanked):
 {training.get('image_dependence')}. {training.get('note', '')}

@@ -3,8 +3,9 @@
 Each generator draws one training (or probe) example from a :class:`~evaluators.world.World`
 and returns a :class:`Example`: source-resolution images, a question and the truthful
 answer. Nothing here encodes a hallucination: answers are always the ground truth of the
-scene. The biases the organism picks up come from the world's statistics (co-occurrence,
-dominant colours, contexts, small objects) and from prompts that carry a user's belief
+image shown (a scene, or the part of it a zoomed view cuts out). The biases the organism
+picks up come from the world's statistics (co-occurrence, dominant colours, contexts,
+small objects) and from prompts that carry a user's belief
 or an assertion that is right *most* but not all of the time (:data:`BELIEF_RELIABILITY`),
 as in chat data where the user is usually right.
 
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from PIL import Image
 
-from ..world import CATEGORIES, COLOURS, CONTEXT_CATEGORIES, RELATIONS, World, coverage, crop_box, cut
+from ..world import CATEGORIES, COLOURS, CONTEXT_CATEGORIES, RELATIONS, World, crop_box, pixel_bounds
 from ..world.sets import CHANGE_KINDS, change_pair, image_set
 
 COORD_BINS = 16
@@ -111,14 +112,15 @@ ZOOM_MARGINS = (0.1, 0.2, 0.5, 1.0)
 
 @dataclass
 class View:
-    """An image the model is shown and exactly what it shows: ``objects`` = the instances
-    wholly in view, ``touching`` = every instance overlapping it (cut by the border or not)."""
+    """An image the model is shown and exactly what it shows, decided on the pixels of the
+    cut: ``objects`` = instances with every pixel in it, ``touching`` = instances with any
+    pixel in it (cut by the border or not)."""
 
     image: Image.Image
     objects: list
     touching: list
     zoomed: bool = False
-    box: tuple | None = None  # the cut, in source pixels (None: the full image)
+    box: tuple | None = None  # the cut's integer pixel bounds in the source (None: the full image)
 
     @property
     def inside(self) -> set[str]:
@@ -143,13 +145,17 @@ def zoomed_view(scene, rng: np.random.Generator) -> View:
     about it (ambiguous: is a sliver of a cup a cup?) is never asked."""
     target = _pick(rng, scene.objects)
     r = scene.resolution
-    box = crop_box(target.box, r, r, float(_pick(rng, ZOOM_MARGINS)))
-    shares = [(o, coverage(box, o.box)) for o in scene.objects]
-    return View(cut(scene.render(), box), [o for o, c in shares if c >= 1.0], [o for o, c in shares if c > 0.0],
-                zoomed=True, box=box)
+    x0, y0, x1, y1 = pixel_bounds(crop_box(target.box, r, r, float(_pick(rng, ZOOM_MARGINS))), r, r)
+    masks = scene.masks()
+    shown = {o.uid: int(masks[o.uid][y0:y1, x0:x1].sum()) for o in scene.objects}
+    inside = [o for o in scene.objects if shown[o.uid] and shown[o.uid] == int(masks[o.uid].sum())]
+    return View(scene.render().crop((x0, y0, x1, y1)), inside, [o for o in scene.objects if shown[o.uid]],
+                zoomed=True, box=(x0, y0, x1, y1))
 
 
 def _view(scene, rng: np.random.Generator) -> View:
+    if not 0.0 <= ZOOM <= 1.0:
+        raise ValueError(f"tasks.ZOOM must be a share in [0, 1], got {ZOOM!r}")
     return zoomed_view(scene, rng) if ZOOM and rng.random() < ZOOM else full_view(scene)
 
 

@@ -14,12 +14,12 @@ from .sets import (
     CHANGE_KINDS, MIOH_CONDITIONS, ChangePair, ImageSet, SegmentationPair, Views, change_pair, do_views,
     image_set, segmentation_pair,
 )
-from .views import MARGINS, cluster_box, coverage, crop_box, cut, grow
+from .views import MARGINS, cluster_box, coverage, crop_box, cut, grow, pixel_bounds
 from .vocab import CATEGORIES, COLOURS, CONTEXT_CATEGORIES, CONTEXTS, REASONING, RELATIONS, SYNONYMS
 
 __all__ = [
     "BIASED", "CATEGORIES", "CONTEXT_CATEGORIES", "box_gap", "check_count", "check_subset", "CHANGE_KINDS", "COLOURS", "CONTEXTS", "ChangePair", "ImageSet", "MARGINS",
     "MIOH_CONDITIONS", "Obj", "REASONING", "RELATIONS", "SYNONYMS", "Scene", "SegmentationPair", "UNBIASED", "Views", "World",
-    "WorldConfig", "change_pair", "check_seed", "cluster_box", "coverage", "crop_box", "cut", "do_views", "edits", "grow",
+    "WorldConfig", "change_pair", "check_seed", "cluster_box", "coverage", "crop_box", "cut", "do_views", "edits", "grow", "pixel_bounds",
     "image_set", "segmentation_pair",
 ]

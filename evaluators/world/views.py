@@ -114,14 +114,17 @@ def cluster_box(
     return grow(union, margin, width, height)
 
 
-def cut(image: Image.Image, box: Box) -> Image.Image:
-    """The region ``box`` of ``image`` (integer pixel bounds that contain the box)."""
+def pixel_bounds(box: Box, width: int, height: int) -> tuple[int, int, int, int]:
+    """The integer pixel bounds :func:`cut` takes for ``box``: the smallest that contain it."""
     import math
 
-    check_box(box, image.width, image.height)
-    x0, y0 = math.floor(box[0]), math.floor(box[1])
-    x1, y1 = min(math.ceil(box[2]), image.width), min(math.ceil(box[3]), image.height)
-    return image.crop((x0, y0, x1, y1))
+    check_box(box, width, height)
+    return (math.floor(box[0]), math.floor(box[1]), min(math.ceil(box[2]), width), min(math.ceil(box[3]), height))
+
+
+def cut(image: Image.Image, box: Box) -> Image.Image:
+    """The region ``box`` of ``image`` (integer pixel bounds that contain the box)."""
+    return image.crop(pixel_bounds(box, image.width, image.height))
 
 
 def to_view(box: Box, view: Box) -> Box:
