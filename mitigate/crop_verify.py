@@ -44,7 +44,7 @@ from evaluators.answers import parse_yes_no
 from evaluators.world.views import check_margin, cluster_box, crop_box, cut
 
 from .base import register
-from .localize import GENERIC_PROMPT, best_window, last_token_image_attention, token_grid, vicrop_heat
+from .localize import GENERIC_PROMPT, QUERIES, best_window, last_token_image_attention, token_grid, vicrop_heat
 
 VIEWS = ("crop", "cluster")
 #: The existence question asked about each caption mention; ``{object}`` is the category.
@@ -62,6 +62,7 @@ class CropVerify:
     margin: float = 0.1
     views: Sequence[str] = VIEWS
     layers: Sequence[int] | None = None
+    queries: str = "last"  # "question": mean attention of the text after the image (see localize)
     generic_prompt: str = GENERIC_PROMPT
     localizer: Callable[[Image.Image, str], tuple] | None = None
     stats: dict = field(default_factory=lambda: {"queries": 0, "verified": 0, "overturned": 0}, repr=False)
@@ -77,6 +78,8 @@ class CropVerify:
         unknown = [v for v in self.views if v not in VIEWS]
         if unknown or not self.views:
             raise ValueError(f"views must be a non-empty subset of {VIEWS}, got {list(self.views)!r}")
+        if self.queries not in QUERIES:
+            raise ValueError(f"queries must be one of {QUERIES}, got {self.queries!r}")
         if self.localizer is not None and not callable(self.localizer):
             raise ValueError("localizer must be callable: localizer(image, prompt) -> (x0, y0, x1, y1)")
 
@@ -121,7 +124,7 @@ class CropVerify:
         pairs_images = [im for im in images for _ in (0, 1)]
         pairs_prompts = [q for p in prompts for q in (p, self.generic_prompt)]
         enc = dict(self._inputs(pairs_images, pairs_prompts, model))
-        attention = last_token_image_attention(model, enc, self.layers)
+        attention = last_token_image_attention(model, enc, self.layers, self.queries)
         merge = getattr(getattr(model.config, "vision_config", None), "spatial_merge_size", 2)
         out = []
         for i, image in enumerate(images):

@@ -20,11 +20,12 @@ def test_attention_localisation_runs_on_every_architecture(model_type, attn):
     model = build_tiny_model(model_type, attn_implementation=attn)
     inputs = tiny_inputs(model, batch_size=2, text_lengths=[6, 3], seed=1)
     before = hook_state(model)
-    maps = last_token_image_attention(model, inputs)
     points = resolve(model)
     counts = points.image_token_mask(inputs["input_ids"]).sum(1).tolist()
-    assert [len(m) for m in maps] == counts
-    assert all(torch.isfinite(m).all() and (m >= 0).all() for m in maps)
+    for queries in ("last", "question"):
+        maps = last_token_image_attention(model, inputs, queries=queries)
+        assert [len(m) for m in maps] == counts
+        assert all(torch.isfinite(m).all() and (m >= 0).all() for m in maps)
     assert hook_state(model) == before
     assert all(a.config._attn_implementation == attn for a in points.attention), "config restored"
 
@@ -40,6 +41,13 @@ def test_attention_matches_eager_weights():
     image = resolve(model).image_token_mask(inputs["input_ids"])[0]
     (got,) = last_token_image_attention(model, inputs, layers=[layer])
     torch.testing.assert_close(got, expected[image], rtol=1e-5, atol=1e-6)
+    # "question": the mean over the positions after the last image token (left padding aside)
+    after = int(image.nonzero().max()) + 1
+    expected = out.attentions[layer][0, :, after:, :].mean(0).mean(0)
+    (got,) = last_token_image_attention(model, inputs, layers=[layer], queries="question")
+    torch.testing.assert_close(got, expected[image], rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="queries"):
+        last_token_image_attention(model, inputs, queries="first")
 
 
 def test_token_grid_and_window():
@@ -103,7 +111,7 @@ def test_caller_boxes_replace_attention(organism_like):
 
 @pytest.mark.parametrize("kwargs, match", [
     ({"tau": 1.5}, "tau"), ({"tau": -0.1}, "tau"), ({"gate": 2}, "gate"), ({"margin": 0.9 + 0.2}, "margin"),
-    ({"views": ("zoom",)}, "views"), ({"localizer": "yolo"}, "localizer"),
+    ({"views": ("zoom",)}, "views"), ({"localizer": "yolo"}, "localizer"), ({"queries": "first"}, "queries"),
 ])
 def test_bad_config(kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -34,10 +34,10 @@ def chance_hit(window, box, size: int, threshold: float = 0.5, stride: int = 2) 
 
 @torch.no_grad()
 def measure(model, processor, n: int = 40, seed: int = HELD_OUT + 50_000, min_size: float = 0.1,
-            threshold: float = 0.5, layers=None) -> dict:
+            threshold: float = 0.5, layers=None, queries: str = "last") -> dict:
     from mitigate import CropVerify
 
-    world, cv = World(BIASED), CropVerify(processor, layers=layers)
+    world, cv = World(BIASED), CropVerify(processor, layers=layers, queries=queries)
     hits, chance, rows = [], [], []
     s = seed
     while len(hits) < n:
@@ -55,7 +55,7 @@ def measure(model, processor, n: int = 40, seed: int = HELD_OUT + 50_000, min_si
         chance.append(chance_hit(window, boxes[obj.uid], scene.resolution, threshold))
         rows.append({"seed": s, "category": obj.category, "box": boxes[obj.uid], "window": window, "coverage": cov})
     return {"hit_rate": 100.0 * float(np.mean(hits)), "chance_hit_rate": 100.0 * float(np.mean(chance)),
-            "n": n, "threshold": threshold, "layers": layers, "rows": rows}
+            "n": n, "threshold": threshold, "layers": layers, "queries": queries, "rows": rows}
 
 
 def main(argv=None) -> None:
@@ -65,11 +65,13 @@ def main(argv=None) -> None:
     parser.add_argument("--path", default=None)
     parser.add_argument("-n", type=int, default=60)
     parser.add_argument("--layers", default=None, help="comma-separated decoder layers (default: CropVerify's)")
+    parser.add_argument("--queries", default="last", choices=("last", "question"),
+                        help="whose attention: the last token (ViCrop) or the text after the image")
     args = parser.parse_args(argv)
     torch.set_num_threads(2)
     model, processor = load_organism(args.path)
     layers = [int(v) for v in args.layers.split(",")] if args.layers else None
-    result = measure(model, processor, args.n, layers=layers)
+    result = measure(model, processor, args.n, layers=layers, queries=args.queries)
     print(json.dumps({k: v for k, v in result.items() if k != "rows"}, indent=2))
 
 
