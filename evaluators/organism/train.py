@@ -278,8 +278,9 @@ def main(argv=None) -> None:
                              "loaded if the file exists, else written; the loaded tower equals a full run's")
     parser.add_argument("--context-breaking", type=float, default=0.3,
                         help="share of existence questions against the scene-context shortcut (tasks.CONTEXT_BREAKING)")
-    parser.add_argument("--zoom", type=float, default=0.25,
-                        help="share of existence/colour examples on a zoomed view (tasks.ZOOM)")
+    parser.add_argument("--zoom", type=float, default=0.0,
+                        help="share of existence/colour examples on a zoomed view (tasks.ZOOM; the one run "
+                             "with 0.25 did worse, see tasks.ZOOM)")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
