@@ -35,6 +35,21 @@ class HFModel:
             "generate_kwargs": self.generate_kwargs,
         }
 
+    @torch.no_grad()
+    def weights_digest(self) -> str:
+        """A digest of the weights (every parameter's name, shape, dtype and 80 of its values,
+        strided over the tensor): a retrained checkpoint at the same path gets a new one, so
+        a resumed run never mixes its answers with another model's. Cheap on a 70B model."""
+        import hashlib
+
+        h = hashlib.sha256()
+        for name, p in self.model.named_parameters():
+            flat = p.detach().reshape(-1)
+            sample = torch.cat([flat[:8], flat[-8:], flat[:: max(1, flat.numel() // 64)][:64]])
+            h.update(f"{name}|{tuple(p.shape)}|{p.dtype}|".encode())
+            h.update(sample.float().cpu().numpy().tobytes())
+        return h.hexdigest()[:16]
+
     def prompt(self, query: Query) -> str:
         content = [{"type": "image"} for _ in query.images] + [{"type": "text", "text": query.prompt}]
         messages = [{"role": "user", "content": content}]

@@ -34,7 +34,9 @@ from .query import Query, to_record
 from .shards import SAMPLES, read_samples
 
 RESULTS = "results.json"
-__all__ = ["RESULTS", "SAMPLES", "metric_records", "read_samples", "run", "score", "versions"]
+#: What produced the answers in an output folder; a rerun must match it to resume there.
+RUN_IDENTITY = "run.json"
+__all__ = ["RESULTS", "RUN_IDENTITY", "SAMPLES", "metric_records", "read_samples", "run", "run_identity", "score", "versions"]
 
 
 def _json_safe(value: Any) -> Any:
@@ -83,9 +85,19 @@ def run(
         ranks = init()
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    identity = run_identity(model, seed)
+    stored = _read_identity(out)
+    if stored is not None and stored != identity:
+        changed = sorted(k for k in set(stored) | set(identity) if stored.get(k) != identity.get(k))
+        raise ValueError(
+            f"output_dir {out} holds answers from a different run (changed: {', '.join(changed)}; "
+            f"see {out / RUN_IDENTITY}); a run resumes only with the same model, weights, mitigations, "
+            "generation settings and seed -- choose another output_dir or delete that one")
     mine = [q for q in queries if ranks.owns(q.id)]
     done = shards.done_ids(out)
     ranks.barrier()  # every rank has read the files before any rank cuts a torn tail or appends
+    if stored is None and ranks.is_main:
+        shards.write_atomically(out / RUN_IDENTITY, [json.dumps(identity, indent=2) + "\n"])
     own = shards.own_file(out, ranks.rank, ranks.world_size)
     shards.drop_torn_tail(own)
     todo = [q for q in mine if q.id not in done]
@@ -130,6 +142,24 @@ def run(
     }
     (out / RESULTS).write_text(json.dumps(_json_safe(payload), indent=2) + "\n")
     return payload
+
+
+def run_identity(model, seed: int) -> dict:
+    """What the answers depend on: the model's description (name, class, mitigations,
+    generation settings), a digest of its weights where it has them, and the seed. Batch
+    size and process count are left out: greedy answers do not depend on them, and a run
+    may resume with others (the tests compare the files byte for byte)."""
+    digest = getattr(model, "weights_digest", None)
+    identity = {"model": getattr(model, "describe", lambda: {})(), "weights": digest() if digest else None,
+                "seed": seed}
+    return json.loads(json.dumps(_json_safe(identity)))
+
+
+def _read_identity(folder: Path) -> dict | None:
+    path = folder / RUN_IDENTITY
+    if not path.exists():
+        return None  # a new folder, or one written before run.json existed: adopted as is
+    return json.loads(path.read_text())
 
 
 def score(records: Sequence[dict]) -> dict:

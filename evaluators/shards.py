@@ -103,13 +103,13 @@ def merge(folder: Path, order: Sequence[str]) -> tuple[list[dict], int]:
                 seen[record["id"]] = record
     position = {key: i for i, key in enumerate(order)}
     records = sorted(seen.values(), key=lambda r: position.get(r["id"], len(position)))  # stable: others keep place
-    _write_atomically(folder / SAMPLES, (json.dumps(r) + "\n" for r in records))
+    write_atomically(folder / SAMPLES, (json.dumps(r) + "\n" for r in records))
     for path in rank_files(folder):
         path.unlink()
     return records, duplicates
 
 
-def _write_atomically(path: Path, lines: Iterable[str]) -> None:
+def write_atomically(path: Path, lines: Iterable[str]) -> None:
     """Write ``lines`` to ``path`` through a temporary file and a rename; skip it when the
     content is already there (a rerun with nothing new leaves the file untouched)."""
     text = "".join(lines)

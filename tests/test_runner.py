@@ -97,6 +97,35 @@ def test_cli_end_to_end_on_the_organism(tmp_path):
     before = (tmp_path / "vcd" / SAMPLES).read_text()
     assert main(args) == 0
     assert (tmp_path / "vcd" / SAMPLES).read_text() == before
+    # another mitigation setting into that folder would mix two runs' answers: refused
+    other = [a if a != "vcd:alpha=1;beta=0.1" else "vcd:alpha=2;beta=0.1" for a in args]
+    with pytest.raises(ValueError, match="different run .*changed: model"):
+        main(other)
+    assert (tmp_path / "vcd" / SAMPLES).read_text() == before
+
+
+def test_a_retrained_checkpoint_does_not_resume_another_models_answers(tmp_path):
+    """Same path, same settings, new weights: the stale answers are not reused."""
+    import torch
+
+    from evaluators.model import HFModel
+    from evaluators.organism import ORGANISM_DIR, load_organism
+
+    if not (ORGANISM_DIR / "config.json").exists():
+        pytest.skip("organism checkpoint missing")
+    model, processor = load_organism()
+    queries = build(n_scenes=1, seed=3)[:4]
+    run(queries, HFModel(model, processor, max_new_tokens=4, name="organism"), tmp_path, progress=False)
+    identity = json.loads((tmp_path / "run.json").read_text())
+    assert identity["weights"] and identity["model"]["model"] == "organism"
+    original = model.lm_head.weight[-1, -1].item()
+    with torch.no_grad():
+        model.lm_head.weight[-1, -1] += 1.0  # the last value: the digest reads it
+    with pytest.raises(ValueError, match="changed: weights"):
+        run(queries, HFModel(model, processor, max_new_tokens=4, name="organism"), tmp_path, progress=False)
+    with torch.no_grad():
+        model.lm_head.weight[-1, -1] = original
+    run(queries, HFModel(model, processor, max_new_tokens=4, name="organism"), tmp_path, progress=False)
 
 
 @pytest.mark.parametrize("task, limit", [("dobench", 10), ("mioh", 12), ("causal_halbench", 8),
