@@ -37,6 +37,8 @@ from .spans import Span, decode_with_offsets, find_prior_spans, spans_to_mask, u
 from .vcd import _check_beta, plausibility_mask
 
 MODES = ("context", "output", "both")
+#: Zero-bias columns kept after the prompt's row for generated tokens (grown when exceeded).
+GENERATED_ROOM = 256
 
 
 @register
@@ -146,6 +148,8 @@ class PriorSuppression(Mitigation):
                 # keys live with the input ids, the scores with this layer: on a model split
                 # over devices (device_map="auto") they differ
                 hit = keys.repeat(rows // keys.shape[0], 1).to(device)
+                # room for generated tokens (never in a span), so a decoding step only slices
+                hit = torch.nn.functional.pad(hit, (0, GENERATED_ROOM))
                 zero = torch.zeros(hit.shape, dtype=dtype, device=device)
                 state["row_key"], state["row"] = memo, zero.masked_fill(hit, value)[:, None, None, :]
             return state["row"]
@@ -160,9 +164,9 @@ class PriorSuppression(Mitigation):
                 return None
             row = row_bias(ctx.batch_size, ctx.dtype, ctx.device)
             start, count = ctx.key_offset, len(ctx.key_positions)  # a contiguous range
-            prompt = row.shape[-1]
-            if start + count > prompt:  # generated tokens are never in a span
-                row = torch.nn.functional.pad(row, (0, start + count - prompt))
+            if start + count > row.shape[-1]:  # past the room: generated tokens are never in a span
+                row = torch.nn.functional.pad(row, (0, start + count - row.shape[-1] + GENERATED_ROOM))
+                state["row"] = row
             return row[..., start : start + count].expand(-1, -1, len(ctx.query_positions), -1)
 
         group.add_forward_pre_hook(points.model, capture, prepend=True)
