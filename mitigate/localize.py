@@ -51,13 +51,9 @@ def default_layers(points: ModelPoints) -> list[int]:
 QUERIES = ("last", "question")
 
 
-def _query_weights(inputs: dict, image: torch.Tensor, queries: str) -> torch.Tensor:
-    """``(batch, seq)`` weights summing to 1 per row over the query positions."""
+def _question_weights(inputs: dict, image: torch.Tensor) -> torch.Tensor:
+    """``(batch, seq)`` weights summing to 1 per row over the text after the last image."""
     ids = inputs["input_ids"]
-    if queries == "last":
-        w = torch.zeros(ids.shape, dtype=torch.float32, device=ids.device)
-        w[:, -1] = 1.0
-        return w
     pos = torch.arange(ids.shape[1], device=ids.device)
     last_image = torch.where(image, pos, torch.full_like(pos, -1)).amax(dim=1, keepdim=True)
     w = (pos[None, :] > last_image).float()
@@ -78,7 +74,8 @@ def last_token_image_attention(model: nn.Module, inputs: dict, layers: Sequence[
     points = resolve(model)
     layers = points.layer_indices(layers if layers is not None else default_layers(points))
     image = points.image_token_mask(inputs["input_ids"])
-    query_weights = _query_weights(inputs, image, queries)
+    rows = image.shape[0]  # contrast branches' rows (appended after these) are dropped
+    question = _question_weights(inputs, image) if queries == "question" else None
     taken: list[torch.Tensor] = []
     eager_configs: dict[int, object] = {}
 
@@ -106,12 +103,11 @@ def last_token_image_attention(model: nn.Module, inputs: dict, layers: Sequence[
         weights = output[1] if isinstance(output, tuple) and len(output) > 1 else None
         if weights is None:
             raise RuntimeError(f"layer {index}'s attention returned no weights under eager attention")
-        rows = query_weights.shape[0]  # contrast branches' rows (appended after) are dropped
-        if queries == "last":
+        if question is None:
             taken.append(weights[:rows, :, -1, :].float().mean(dim=1))  # (batch, keys)
         else:
             heads = weights[:rows].float().mean(dim=1)  # (batch, queries, keys)
-            taken.append(torch.einsum("bq,bqk->bk", query_weights.to(heads.device), heads))
+            taken.append(torch.einsum("bq,bqk->bk", question.to(heads.device), heads))
 
     with HookGroup("localize") as group:
         points.add_hook(group, "attention.input", pre, layers=layers)

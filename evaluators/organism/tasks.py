@@ -130,6 +130,7 @@ class View:
     def inside(self) -> set[str]:
         return {o.category for o in self.objects}
 
+    @property
     def overlapping(self) -> set[str]:
         return {o.category for o in self.touching}
 
@@ -167,7 +168,7 @@ def existence(world: World, rng: np.random.Generator, seed: int) -> Example:
     scene = world.scene(seed)
     view = _view(scene, rng)
     present = rng.random() < 0.5
-    pool = view.inside if present else set(CATEGORIES) - view.overlapping()
+    pool = view.inside if present else set(CATEGORIES) - view.overlapping
     if CONTEXT_BREAKING and rng.random() < CONTEXT_BREAKING:
         typical = set(CONTEXT_CATEGORIES[scene.context])
         breaking = pool - typical if present else pool & typical
