@@ -61,24 +61,51 @@ CAT_IDS = {c: i + 1 for i, c in enumerate(CATEGORIES)}  # 0 = background
 COL_IDS = {c: i + 1 for i, c in enumerate(COLOURS)}
 
 
-def patch_labels(scene, min_cover: float = 0.2) -> tuple[np.ndarray, np.ndarray]:
-    """Per patch of the model input, the category / colour of the object covering most of it."""
+def patch_labels(scene, min_cover: float = 0.2, box: tuple | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Per patch of the model input, the category / colour of the object covering most of it.
+
+    ``box`` (integer pixel bounds, as :func:`tasks.zoomed_view` cuts them) labels a view of
+    the scene resized to the model's input: each source pixel of the cut belongs to the patch
+    its position falls in. Without it, the whole scene (the same as ``box=(0, 0, r, r)``).
+    """
     r = scene.resolution
-    cell = r // GRID
+    x0, y0, x1, y1 = box or (0, 0, r, r)
+    rows = (np.arange(y1 - y0) * GRID) // (y1 - y0)  # patch row of each pixel row of the cut
+    cols = (np.arange(x1 - x0) * GRID) // (x1 - x0)
+    cell = np.bincount(rows, minlength=GRID)[:, None] * np.bincount(cols, minlength=GRID)[None, :]
     cats = np.zeros((GRID, GRID), dtype=np.int64)
-    cols = np.zeros((GRID, GRID), dtype=np.int64)
+    colours = np.zeros((GRID, GRID), dtype=np.int64)
     best = np.zeros((GRID, GRID))
     for obj in scene.objects:
-        cover = scene.masks()[obj.uid].reshape(GRID, cell, GRID, cell).mean(axis=(1, 3))
+        mask = scene.masks()[obj.uid][y0:y1, x0:x1].astype(np.float64)
+        cover = np.add.reduceat(np.add.reduceat(mask, np.searchsorted(rows, np.arange(GRID)), axis=0),
+                                np.searchsorted(cols, np.arange(GRID)), axis=1) / cell
         win = (cover > best) & (cover >= min_cover)
-        cats[win], cols[win], best[win] = CAT_IDS[obj.category], COL_IDS[obj.colour], cover[win]
-    return cats.reshape(-1), cols.reshape(-1)
+        cats[win], colours[win], best[win] = CAT_IDS[obj.category], COL_IDS[obj.colour], cover[win]
+    return cats.reshape(-1), colours.reshape(-1)
 
 
-def patch_batch(processor, scenes) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Pixels of ``scenes`` and their per-patch category / colour labels (stages 1 and 2)."""
-    pixels = processor.image_processor([s.render() for s in scenes], return_tensors="pt")["pixel_values"]
-    labels = [patch_labels(s) for s in scenes]
+def patch_views(scenes, rng: np.random.Generator | None) -> list[tuple]:
+    """``(scene, box)`` per scene: with probability :data:`tasks.ZOOM` (and an ``rng``) a
+    zoomed view (:func:`tasks.zoomed_view`), else the whole scene (``box`` None). Stages 1-2
+    see the same scales as stage 3, so the tower's tokens of an enlarged object are trained
+    ones (v11 zoomed only stage 3's images and read enlarged objects worse than small ones)."""
+    views = []
+    for scene in scenes:
+        box = None
+        if tasks.ZOOM and rng is not None and rng.random() < tasks.ZOOM:
+            box = tasks.zoomed_view(scene, rng).box
+        views.append((scene, box))
+    return views
+
+
+def patch_batch(processor, scenes, rng: np.random.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Pixels of ``scenes`` (or of zoomed views of them, see :func:`patch_views`) and their
+    per-patch category / colour labels (stages 1 and 2)."""
+    views = patch_views(scenes, rng)
+    images = [s.render() if box is None else s.render().crop(box) for s, box in views]
+    pixels = processor.image_processor(images, return_tensors="pt")["pixel_values"]
+    labels = [patch_labels(s, box=box) for s, box in views]
     cat = torch.tensor(np.stack([c for c, _ in labels]))
     col = torch.tensor(np.stack([c for _, c in labels]))
     return pixels, cat, col
@@ -92,7 +119,7 @@ def pretrain_vision(model, processor, world: World, steps: int, batch: int, seed
     vision.train()
     for step in range(steps):
         scenes = [world.scene(seed * 1_000_003 + step * batch + i) for i in range(batch)]
-        pixels, cat, col = patch_batch(processor, scenes)
+        pixels, cat, col = patch_batch(processor, scenes, np.random.default_rng([seed, 1, step]))
         feats = vision(pixel_values=pixels).last_hidden_state[:, -GRID * GRID:]
         lc, lo = heads["cat"](feats), heads["col"](feats)
         # weight object patches up: most patches are background
@@ -171,7 +198,7 @@ def align_projector(model, processor, world: World, steps: int, batch: int, seed
             opt.add_param_group({"params": list(vision.parameters()), "lr": vision_lr})
             vision.train()
         scenes = [world.scene(seed * 1_000_003 + 2_000_000 + step * batch + i) for i in range(batch)]
-        pixels, cat, col = patch_batch(processor, scenes)
+        pixels, cat, col = patch_batch(processor, scenes, np.random.default_rng([seed, 2, step]))
         target = torch.zeros(batch, model.config.image_seq_length, emb.shape[1])
         obj = cat > 0
         patch_target = target[:, n_cls:]
@@ -280,8 +307,8 @@ def main(argv=None) -> None:
     parser.add_argument("--context-breaking", type=float, default=0.3,
                         help="share of existence questions against the scene-context shortcut (tasks.CONTEXT_BREAKING)")
     parser.add_argument("--zoom", type=float, default=0.0,
-                        help="share of existence/colour examples on a zoomed view (tasks.ZOOM; the one run "
-                             "with 0.25 did worse, see tasks.ZOOM)")
+                        help="share of images shown as a zoomed view (tasks.ZOOM): stage 1-2 patch images "
+                             "and stage 3 existence/colour examples")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
@@ -314,10 +341,15 @@ def main(argv=None) -> None:
     log(f"organism: {sum(p.numel() for p in model.parameters()):,} parameters, vocab {len(tokenizer)}")
     t0 = time.time()
     note = ""
+    # what stage 1's result depends on: a cache from another recipe is refused, never reused
+    stage1 = {"vision_steps": args.vision_steps, "seed": args.seed, "zoom": args.zoom}
     if args.vision_cache is not None and args.vision_cache.exists():
         cache = torch.load(args.vision_cache)
         if not isinstance(cache, dict) or set(cache.get("vision_tower", {})) != set(model.model.vision_tower.state_dict()):
             raise ValueError(f"{args.vision_cache} does not hold this recipe's vision tower")
+        if cache.get("recipe") != stage1:
+            raise ValueError(f"--vision-cache {args.vision_cache} was written by stage 1 with {cache.get('recipe')}, "
+                             f"this run's is {stage1}: pass another path")
         model.model.vision_tower.load_state_dict(cache["vision_tower"])
         vision_seconds = cache["seconds"]
         note = (f"Stage 1 ({vision_seconds} s) was loaded with --vision-cache from an earlier run of the "
@@ -328,8 +360,8 @@ def main(argv=None) -> None:
         vision_seconds = round(time.time() - t0)
         log(f"vision pretraining: {vision_seconds}s")
         if args.vision_cache is not None:
-            torch.save({"vision_tower": model.model.vision_tower.state_dict(), "seconds": vision_seconds},
-                       args.vision_cache)
+            torch.save({"vision_tower": model.model.vision_tower.state_dict(), "seconds": vision_seconds,
+                        "recipe": stage1}, args.vision_cache)
     # The projector is untouched by stage 1 (its initial weights come from the seeded model
     # construction above), so a cached tower gives the same stage 2 as a full run.
     standardise_projector(model, processor, world, args.seed)

@@ -1,8 +1,8 @@
 """A procedural, seeded counterfactual world: scenes whose every edit is exact.
 
 Scenes are data (:class:`Scene`: a context and objects with category, colour, position,
-size) rendered at a source resolution 4x the organism's input, so a crop carries real
-extra detail. The knobs of a real training set's statistics live in :class:`WorldConfig`
+size) rendered at a source resolution (``WorldConfig.resolution``, 128 px: 2x the organism's
+64 px input) above the model's, so a crop carries real extra detail. The knobs of a real training set's statistics live in :class:`WorldConfig`
 (:data:`BIASED` trains the organism). Interventions (:mod:`.edits`), DO-Bench views
 (:mod:`.views`) and composite samples for the five benchmarks (:mod:`.sets`) build on it.
 """
