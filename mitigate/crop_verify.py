@@ -13,11 +13,17 @@ combines them at inference time:
    the extra passes run only when they can change the answer; all gated queries of a call
    are localised in one batched forward and re-asked in one ``generate()``;
 3. **localise** the queried object: a box from the caller's ``localizer`` (any detector
-   callable) or from attention (:mod:`mitigate.localize`);
+   callable) or from attention (:mod:`mitigate.localize`: ViCrop's last-token map by
+   default; ``queries="object"`` reads the tokens naming the object, ``heads="peak"`` the
+   most concentrated head, ``generic_prompt=None`` drops ViCrop's normalising row);
 4. **views**: Cluster / Crop cut from the *original* image (not the resized model input)
    with DO-Bench's margin rule, the same geometry the evaluators use
    (:mod:`evaluators.world.views`);
-5. **re-ask** on each view and **combine** (policy, configurable): a "no" is overturned to
+5. **re-ask** on each view -- by default the question alone: belief and assertion sentences
+   the prompt carries ("I am certain there is no dog in the image.", found by
+   :func:`mitigate.spans.find_prior_spans`) are left out of the views' prompts
+   (``strip_priors``), so a view answers what it shows rather than whether the user is
+   right -- and **combine** (policy, configurable): a "no" is overturned to
    "yes" only when a view answers "yes" with probability above ``tau`` (strict); for other
    answers (counts, colours) a view's answer replaces the first one when its confidence
    is above both ``tau`` and the first answer's confidence.
@@ -43,10 +49,26 @@ from PIL import Image
 from evaluators.answers import parse_yes_no
 from evaluators.world.views import check_margin, cluster_box, crop_box, cut
 
+from hooks import resolve
+
 from .base import register
-from .localize import GENERIC_PROMPT, QUERIES, best_window, last_token_image_attention, token_grid, vicrop_heat
+from .spans import find_prior_spans
+from .localize import (
+    GENERIC_PROMPT, HEADS, QUERIES, best_window, image_attention_maps, object_in_question, object_token_mask,
+    select_heads, token_grid, vicrop_heat,
+)
 
 VIEWS = ("crop", "cluster")
+
+
+def without_priors(prompt: str) -> str:
+    """``prompt`` without the belief / assertion sentences :func:`mitigate.spans.find_prior_spans`
+    finds in it (spaces between the remaining sentences normalised); unchanged if none."""
+    spans = find_prior_spans(prompt)
+    for span in sorted(spans, key=lambda s: s.start, reverse=True):
+        prompt = prompt[: span.start] + " " + prompt[span.end :]
+    stripped = " ".join(prompt.split()) if spans else prompt
+    return stripped or prompt  # a prompt that is all belief keeps it: there is nothing else to ask
 #: The existence question asked about each caption mention; ``{object}`` is the category.
 MENTION_QUESTION = "Is there a {object} in the image? Answer yes or no."
 
@@ -54,7 +76,13 @@ MENTION_QUESTION = "Is there a {object} in the image? Answer yes or no."
 @register
 @dataclass
 class CropVerify:
-    """``CropVerify(processor, tau=0.5, gate=0.9, margin=0.1, views=("crop", "cluster"))``."""
+    """``CropVerify(processor, tau=0.5, gate=0.9, margin=0.1, views=("crop", "cluster"))``.
+
+    Localisation: ``layers`` (default: ViCrop's middle layers), ``queries`` (``"last"``,
+    ``"question"`` or ``"object"``), ``heads`` (``"mean"`` or ``"peak"``), ``generic_prompt``
+    (ViCrop's normalising prompt; None reads the raw map and skips that row) -- see
+    :mod:`mitigate.localize`. ``localizer`` replaces all of them with a detector callable.
+    """
 
     processor: Any
     tau: float = 0.5
@@ -62,8 +90,10 @@ class CropVerify:
     margin: float = 0.1
     views: Sequence[str] = VIEWS
     layers: Sequence[int] | None = None
-    queries: str = "last"  # "question": mean attention of the text after the image (see localize)
-    generic_prompt: str = GENERIC_PROMPT
+    queries: str = "last"  # "question": the text after the image; "object": the object's tokens
+    heads: str = "mean"  # "peak": per query, the most concentrated head (see localize)
+    generic_prompt: str | None = GENERIC_PROMPT
+    strip_priors: bool = True  # re-ask the views without the prompt's belief / assertion sentences
     localizer: Callable[[Image.Image, str], tuple] | None = None
     stats: dict = field(default_factory=lambda: {"queries": 0, "verified": 0, "overturned": 0}, repr=False)
 
@@ -80,6 +110,14 @@ class CropVerify:
             raise ValueError(f"views must be a non-empty subset of {VIEWS}, got {list(self.views)!r}")
         if self.queries not in QUERIES:
             raise ValueError(f"queries must be one of {QUERIES}, got {self.queries!r}")
+        if self.heads not in HEADS:
+            raise ValueError(f"heads must be one of {HEADS}, got {self.heads!r}")
+        if not isinstance(self.strip_priors, bool):
+            raise ValueError(f"strip_priors must be True or False, got {self.strip_priors!r}")
+        if self.generic_prompt is not None and (not isinstance(self.generic_prompt, str) or not self.generic_prompt.strip()):
+            raise ValueError(f"generic_prompt must be a non-empty string or None, got {self.generic_prompt!r}")
+        if isinstance(self.layers, int):  # one layer, as a command-line spec gives it
+            self.layers = [self.layers]
         if self.localizer is not None and not callable(self.localizer):
             raise ValueError("localizer must be callable: localizer(image, prompt) -> (x0, y0, x1, y1)")
 
@@ -112,34 +150,58 @@ class CropVerify:
         ids = self._word_ids("yes")
         return probs[:, ids].sum(-1) if ids else torch.zeros(probs.shape[0], device=probs.device)
 
-    def box(self, model, image: Image.Image, prompt: str) -> tuple[float, float, float, float]:
-        """The queried object's box in ``image`` (original pixels)."""
-        return self.boxes(model, [image], [prompt])[0]
+    def box(self, model, image: Image.Image, prompt: str, obj: str | None = None) -> tuple[float, float, float, float]:
+        """The queried object's box in ``image`` (original pixels); ``obj`` names the object
+        for ``queries="object"`` (default: read from the question)."""
+        return self.boxes(model, [image], [prompt], None if obj is None else [obj])[0]
 
-    def boxes(self, model, images: list[Image.Image], prompts: list[str]) -> list[tuple[float, float, float, float]]:
+    def _objects(self, prompts: list[str], objects: Sequence[str | None] | None) -> list[str]:
+        if objects is None:
+            objects = [object_in_question(p) for p in prompts]
+            missing = [p for p, o in zip(prompts, objects) if o is None]
+            if missing:
+                raise ValueError(
+                    f"queries='object' needs the object each prompt asks about; none found in {missing[0]!r}: "
+                    "pass objects=[...] (one per prompt)")
+        elif len(objects) != len(prompts):
+            raise ValueError(f"objects: {len(objects)} given for {len(prompts)} prompts")
+        return list(objects)
+
+    def boxes(self, model, images: list[Image.Image], prompts: list[str],
+              objects: Sequence[str | None] | None = None) -> list[tuple[float, float, float, float]]:
         """:meth:`box` for several queries, localised in one batched forward (each query's
-        row beside its generic-prompt row)."""
+        row beside its generic-prompt row, when there is a generic prompt)."""
         if self.localizer is not None:
             return [tuple(float(v) for v in self.localizer(im, p)) for im, p in zip(images, prompts)]
-        pairs_images = [im for im in images for _ in (0, 1)]
-        pairs_prompts = [q for p in prompts for q in (p, self.generic_prompt)]
-        enc = dict(self._inputs(pairs_images, pairs_prompts, model))
-        attention = last_token_image_attention(model, enc, self.layers, self.queries)
+        per = 1 if self.generic_prompt is None else 2
+        rows_images = [im for im in images for _ in range(per)]
+        rows_prompts = [q for p in prompts for q in (p, self.generic_prompt)[:per]]
+        enc = dict(self._inputs(rows_images, rows_prompts, model))
+        object_mask = None
+        if self.queries == "object":
+            named = self._objects(prompts, objects)
+            object_mask = object_token_mask(self.processor.tokenizer, resolve(model), enc["input_ids"],
+                                            [o for obj in named for o in (obj, None)[:per]])
+        maps = image_attention_maps(model, enc, self.layers, self.queries, object_mask)
         merge = getattr(getattr(model.config, "vision_config", None), "spatial_merge_size", 2)
         out = []
         for i, image in enumerate(images):
-            grid = token_grid(len(attention[2 * i]), enc, 2 * i, merge)
-            heat = vicrop_heat(attention[2 * i], attention[2 * i + 1], grid)
-            out.append(best_window(heat, image.width, image.height))
+            grid = token_grid(maps[per * i].shape[-1], enc, per * i, merge)
+            query, generic = select_heads(maps[per * i], grid[0], self.heads, maps[per * i + 1] if per == 2 else None)
+            out.append(best_window(vicrop_heat(query, generic, grid), image.width, image.height))
         return out
 
     # -- the mitigation -------------------------------------------------------------------
     @torch.no_grad()
     def answer(self, model, images: list[Image.Image], prompts: list[str], *, max_new_tokens: int = 8,
-               **generate_kwargs) -> list[dict]:
-        """Answers for one image per prompt, with what verification did for each."""
+               objects: Sequence[str | None] | None = None, **generate_kwargs) -> list[dict]:
+        """Answers for one image per prompt, with what verification did for each.
+        ``objects`` names each prompt's object for ``queries="object"`` (default: read from
+        the question, :func:`mitigate.localize.object_in_question`)."""
         if len(images) != len(prompts):
             raise ValueError(f"images and prompts differ in number: {len(images)} vs {len(prompts)}")
+        if objects is not None and len(objects) != len(prompts):
+            raise ValueError(f"objects: {len(objects)} given for {len(prompts)} prompts")
         if not images or any(not isinstance(im, Image.Image) for im in images):
             raise ValueError("crop-and-verify needs one PIL image per prompt (the original, full-resolution image)")
         small = [im.size for im in images if min(im.size) < 8]
@@ -158,12 +220,14 @@ class CropVerify:
                  and parse_yes_no(texts[i]) is not True]
         if gated:  # the extra passes, batched over every query that needs them
             self._verify([images[i] for i in gated], [prompts[i] for i in gated], [results[i] for i in gated],
-                         model, max_new_tokens, generate_kwargs)
+                         model, max_new_tokens, generate_kwargs, None if objects is None else [objects[i] for i in gated])
         return results
 
-    def _verify(self, images, prompts, results, model, max_new_tokens, generate_kwargs) -> None:
-        boxes = self.boxes(model, images, prompts)
+    def _verify(self, images, prompts, results, model, max_new_tokens, generate_kwargs, objects=None) -> None:
+        boxes = self.boxes(model, images, prompts, objects)
         view_images, view_prompts, built_all = [], [], []
+        if self.strip_priors:
+            prompts = [without_priors(p) for p in prompts]
         for image, prompt, box in zip(images, prompts, boxes):
             built = {"crop": crop_box(box, image.width, image.height, self.margin),
                      "cluster": cluster_box(box, [], image.width, image.height, self.margin)}
@@ -221,7 +285,7 @@ class CropVerify:
         details = {}
         if distinct:
             records = self.answer(model, [image] * len(distinct), [question.format(object=c) for c in distinct],
-                                  max_new_tokens=max_new_tokens, **generate_kwargs)
+                                  max_new_tokens=max_new_tokens, objects=distinct, **generate_kwargs)
             details = dict(zip(distinct, records))
         confirmed = [c for c in distinct if parse_yes_no(details[c]["answer"]) is True]
         return {"caption": caption, "mentions": said, "confirmed": confirmed,

@@ -11,13 +11,33 @@ where sdpa would have relied on ``is_causal`` or a boolean mask), a forward hook
 the config back. The rest of the model keeps its attention implementation. One forward
 per prompt, no generation, no cache.
 
-``queries="question"`` reads the mean attention of the text after the image instead of
-the last token's (our extension, not ViCrop's). Models differ in where they look: on the
-organism (a 4-layer decoder; 60 held-out scenes; a hit is a window covering half the
-object's box) the last token's map hits 15% at layer 0 (a random window of the same size:
-10%) and 2-17% at layers 1-3, while the question's mean hits 32% at layer 0 (random: 22%,
-its windows are larger): that model matches the image at the object's word, and its last
-token reads the word rather than the image. ViCrop's choice is the default.
+Two extensions, both off by default (ViCrop's choices are the defaults):
+
+* ``queries`` -- whose attention is read: ViCrop's ``"last"`` token, the mean over the
+  ``"question"`` (the text after the image), or the ``"object"``: the tokens that name the
+  queried object (:func:`object_token_mask`; the object is given by the caller or read
+  from the question by :func:`object_in_question`). A model that matches image tokens
+  against the words of the question does so at the word, not at the last token.
+* ``heads`` -- how the heads of the chosen layers are combined: ViCrop's ``"mean"``, or
+  ``"peak"``: per query, the one head whose image-attention map puts the largest share on a
+  single image token (:func:`select_heads`). This is a per-query, label-free reading of
+  Kang et al., "Your Large Vision-Language Model Only Needs A Few Attention Heads for Visual
+  Grounding" (CVPR 2025, arXiv 2503.06287), who find that a few *localization heads* --
+  heads that attend to the image and whose map is spatially concentrated -- ground the
+  referred object while the head mean is a blur. They pick heads once, over a dataset, by
+  image-attention sum and spatial entropy; with no dataset at inference time we pick per
+  query, by the peak share (the concentration criterion that localised best on the
+  organism; entropy among heads above the mean image-attention sum did worse, below).
+
+Measured on the organism (a 4-layer decoder; held-out scenes of the localisation probes,
+seeds disjoint from every suite; a hit is a window covering half the object's box,
+``python -m evaluators.organism.localisation``): ViCrop's default (last token, head mean,
+layers 1-2) hits 5% against 6.8% for a window of the same size placed at random; at layer
+0 the object's tokens with the peak head hit 61% (100 scenes, chance 6.8%) and 64% on 100
+other scenes (chance 6.9%), the head mean of the same tokens 19%, the last token with the
+peak head 44%, and the peak head chosen by lowest entropy among heads with at least the
+mean image attention 34%. The reason is that model's circuit: it matches an image patch to
+the question's object word in its first layer, one or two heads doing the match.
 
 Image tokens map back to the image through a token grid: a square of ``g x g`` tokens,
 after a leading CLS token when there is one (LLaVA with the "full" feature strategy), or
@@ -34,6 +54,8 @@ from typing import Sequence
 import torch
 from torch import nn
 
+import re
+
 from hooks import HookGroup, ModelPoints, resolve
 from hooks.attention import _additive_mask
 
@@ -46,9 +68,66 @@ def default_layers(points: ModelPoints) -> list[int]:
     return sorted({max(0, n // 2 - 1), n // 2})
 
 
-#: Which prompt positions' attention is read: ViCrop's last token, or the mean over the
-#: text after the (last) image -- the question and the generation prompt.
-QUERIES = ("last", "question")
+#: Which prompt positions' attention is read: ViCrop's last token, the mean over the text
+#: after the (last) image -- the question and the generation prompt --, or the tokens that
+#: name the queried object.
+QUERIES = ("last", "question", "object")
+#: How the heads of the chosen layers are combined: ViCrop's mean, or the single most
+#: concentrated head per query (Kang et al. 2025, read per query; see the module docstring).
+HEADS = ("mean", "peak")
+
+# where a question names its object: "is there a dog", "are there any red cups", "how many
+# forks", "what colour is the ball", "where is the bench", "in which image is the bird";
+# articles and quantifiers are not part of the name
+_OBJECT_PATTERNS = tuple(re.compile(p, re.I) for p in (
+    r"\b(?:is|are)\s+there\s+(?:(?:an?|any|some|the|one|two|three|\d+)\s+)?(?P<object>[a-z][a-z \-]*?)\s+"
+    r"(?:in|on|visible|present|at|inside|within)\b",
+    r"\bhow\s+many\s+(?P<object>[a-z][a-z \-]*?)\s+(?:are|is|can|do|does|in|on)\b",
+    r"\bwhat\s+colou?r\s+(?:is|are)\s+(?:the|a|an)\s+(?P<object>[a-z][a-z \-]*?)\s*(?:\?|$|\s+in\b|\s+on\b)",
+    r"\bwhere\s+(?:is|are)\s+(?:the|a|an)\s+(?P<object>[a-z][a-z \-]*?)\s*(?:\?|$|\s+in\b)",
+    r"\bin\s+which\s+image\s+(?:is|are)\s+(?:there\s+)?(?:the|a|an)?\s*(?P<object>[a-z][a-z \-]*?)\s*(?:\?|$)",
+))
+
+
+def object_in_question(prompt: str) -> str | None:
+    """The object a question asks about ("Is there a dog in the image?" -> "dog"), or None.
+
+    The *last* question of the prompt decides (a belief sentence before it may name the same
+    object; the attention read is the question's)."""
+    best = None
+    for pattern in _OBJECT_PATTERNS:
+        for match in pattern.finditer(prompt):
+            if best is None or match.start() > best.start():
+                best = match
+    return best.group("object").strip() if best else None
+
+
+def object_token_mask(tokenizer, points: ModelPoints, input_ids: torch.Tensor,
+                      objects: Sequence[str | None]) -> torch.Tensor:
+    """``(batch, seq)`` mask of the tokens of each row's object phrase, at its last
+    occurrence in the row's text (case-insensitive, whole words). A row whose object is None
+    gets an all-False row (its last token is read instead). A phrase that is not in its
+    row's text is a ``ValueError`` naming it."""
+    from .spans import Span, decode_with_offsets, spans_to_mask
+
+    if len(objects) != input_ids.shape[0]:
+        raise ValueError(f"objects: {len(objects)} given for {input_ids.shape[0]} rows")
+    skip = {i for i in (points.image_token_id, points.video_token_id) if i is not None}
+    skip |= set(getattr(tokenizer, "all_special_ids", []) or [])
+    mask = torch.zeros(input_ids.shape, dtype=torch.bool)
+    for row, phrase in enumerate(objects):
+        if phrase is None:
+            continue
+        if not isinstance(phrase, str) or not phrase.strip():
+            raise ValueError(f"objects: row {row} has {phrase!r}; expected a non-empty string or None")
+        text, offsets = decode_with_offsets(tokenizer, input_ids[row].tolist(), skip)
+        found = list(re.finditer(r"(?<!\w)" + re.escape(phrase.strip()) + r"(?!\w)", text, re.I))
+        if not found:
+            raise ValueError(f"objects: {phrase!r} does not occur in the prompt of row {row}: {text!r}")
+        last = found[-1]
+        mask[row] = spans_to_mask(offsets, [Span(last.start(), last.end(), last.group(0), "object")],
+                                  input_ids.shape[1])
+    return mask.to(input_ids.device)
 
 
 def _question_weights(inputs: dict, image: torch.Tensor) -> torch.Tensor:
@@ -63,19 +142,36 @@ def _question_weights(inputs: dict, image: torch.Tensor) -> torch.Tensor:
     return w / w.sum(dim=1, keepdim=True).clamp(min=1.0)
 
 
+def _query_weights(inputs: dict, image: torch.Tensor, queries: str, object_mask: torch.Tensor | None):
+    """``(batch, seq)`` weights over the query positions whose attention is read, or None for
+    the last token only. Under ``"object"`` a row without object tokens reads its last token."""
+    if queries == "question":
+        return _question_weights(inputs, image)
+    if queries != "object":
+        return None
+    if object_mask is None:
+        raise ValueError("queries='object' needs object_mask (object_token_mask(...)): which tokens name the object")
+    ids = inputs["input_ids"]
+    if object_mask.shape != ids.shape:
+        raise ValueError(f"object_mask has shape {tuple(object_mask.shape)}, input_ids {tuple(ids.shape)}")
+    w = object_mask.to(ids.device).float()
+    w[w.sum(dim=1) == 0, -1] = 1.0  # no object named: the last token, as ViCrop
+    return w / w.sum(dim=1, keepdim=True)
+
+
 @torch.no_grad()
-def last_token_image_attention(model: nn.Module, inputs: dict, layers: Sequence[int] | None = None,
-                               queries: str = "last") -> list[torch.Tensor]:
-    """Per batch row, the attention (mean over heads and ``layers``) from the last token
-    (``queries="question"``: mean over the text after the image) to each of the row's image
-    tokens, in ``input_ids`` order."""
+def image_attention_maps(model: nn.Module, inputs: dict, layers: Sequence[int] | None = None,
+                         queries: str = "last", object_mask: torch.Tensor | None = None) -> list[torch.Tensor]:
+    """Per batch row, a ``(len(layers) * heads, n_image_tokens)`` tensor: each chosen layer's
+    heads' attention from the query positions (``queries``, :data:`QUERIES`) to the row's
+    image tokens, in ``input_ids`` order."""
     if queries not in QUERIES:
         raise ValueError(f"queries must be one of {QUERIES}, got {queries!r}")
     points = resolve(model)
     layers = points.layer_indices(layers if layers is not None else default_layers(points))
     image = points.image_token_mask(inputs["input_ids"])
     rows = image.shape[0]  # contrast branches' rows (appended after these) are dropped
-    question = _question_weights(inputs, image) if queries == "question" else None
+    question = _query_weights(inputs, image, queries, object_mask)
     taken: list[torch.Tensor] = []
     eager_configs: dict[int, object] = {}
 
@@ -104,10 +200,9 @@ def last_token_image_attention(model: nn.Module, inputs: dict, layers: Sequence[
         if weights is None:
             raise RuntimeError(f"layer {index}'s attention returned no weights under eager attention")
         if question is None:
-            taken.append(weights[:rows, :, -1, :].float().mean(dim=1))  # (batch, keys)
+            taken.append(weights[:rows, :, -1, :].float())  # (batch, heads, keys)
         else:
-            heads = weights[:rows].float().mean(dim=1)  # (batch, queries, keys)
-            taken.append(torch.einsum("bq,bqk->bk", question.to(heads.device), heads))
+            taken.append(torch.einsum("bq,bhqk->bhk", question.to(weights.device), weights[:rows].float()))
 
     with HookGroup("localize") as group:
         points.add_hook(group, "attention.input", pre, layers=layers)
@@ -116,8 +211,37 @@ def last_token_image_attention(model: nn.Module, inputs: dict, layers: Sequence[
     # Under an attached contrast mitigation (VCD, prior suppression's output mode) the
     # forward also ran the branches, appended after the original rows: only the originals
     # were kept above.
-    attention = torch.stack(taken).mean(0)  # (batch, seq)
-    return [attention[row][image[row].to(attention.device)] for row in range(attention.shape[0])]
+    attention = torch.cat([t.to(taken[0].device) for t in taken], dim=1)  # (batch, layers * heads, seq)
+    return [attention[row][:, image[row].to(attention.device)] for row in range(attention.shape[0])]
+
+
+def last_token_image_attention(model: nn.Module, inputs: dict, layers: Sequence[int] | None = None,
+                               queries: str = "last", object_mask: torch.Tensor | None = None) -> list[torch.Tensor]:
+    """Per batch row, the attention (mean over heads and ``layers``) from the last token
+    (``queries="question"``: mean over the text after the image; ``"object"``: over the
+    tokens of ``object_mask``) to each of the row's image tokens, in ``input_ids`` order."""
+    return [m.mean(dim=0) for m in image_attention_maps(model, inputs, layers, queries, object_mask)]
+
+
+def peak_head(maps: torch.Tensor, skip: int = 0) -> int:
+    """Index of the head of a ``(heads, n_image_tokens)`` stack whose map (leading ``skip``
+    tokens, e.g. CLS, left out) puts the largest share of its image attention on one token."""
+    grid = maps[:, skip:].float()
+    share = grid.max(dim=1).values / grid.sum(dim=1).clamp(min=1e-12)
+    return int(share.argmax())
+
+
+def select_heads(maps: torch.Tensor, skip: int = 0, heads: str = "mean",
+                 generic: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(map, generic_map)`` from ``(heads, n_image_tokens)`` stacks of a query and of its
+    generic prompt (or None): both head means (``"mean"``, ViCrop), or both maps of the
+    query's :func:`peak_head` (``"peak"``), so the ratio compares a head with itself."""
+    if heads not in HEADS:
+        raise ValueError(f"heads must be one of {HEADS}, got {heads!r}")
+    if heads == "mean":
+        return maps.mean(dim=0), None if generic is None else generic.mean(dim=0)
+    h = peak_head(maps, skip)
+    return maps[h], None if generic is None else generic[h]
 
 
 def token_grid(n_tokens: int, inputs: dict | None = None, row: int = 0, merge: int = 2) -> tuple[int, int, int]:
@@ -154,10 +278,13 @@ def best_window(heat: torch.Tensor, width: int, height: int, sizes: Sequence[flo
     return box
 
 
-def vicrop_heat(question_attention: torch.Tensor, generic_attention: torch.Tensor, grid: tuple[int, int, int],
+def vicrop_heat(question_attention: torch.Tensor, generic_attention: torch.Tensor | None, grid: tuple[int, int, int],
                 eps: float = 1e-6) -> torch.Tensor:
-    """ViCrop's ratio map on the token grid: attention(question) / attention(generic prompt)."""
+    """ViCrop's ratio map on the token grid: attention(question) / attention(generic prompt);
+    without a generic map, the question's attention itself."""
     skip, rows, cols = grid
     q = question_attention[skip : skip + rows * cols].reshape(rows, cols)
+    if generic_attention is None:
+        return q
     g = generic_attention[skip : skip + rows * cols].reshape(rows, cols)
     return q / (g + eps)

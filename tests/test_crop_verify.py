@@ -11,7 +11,10 @@ import torch
 from hooks import hook_state, resolve
 from hooks.testing import TINY_MODEL_TYPES, build_tiny_model, tiny_inputs
 from mitigate import CropVerify
-from mitigate.localize import best_window, last_token_image_attention, token_grid
+from mitigate.localize import (
+    best_window, image_attention_maps, last_token_image_attention, object_in_question, object_token_mask, peak_head,
+    select_heads, token_grid,
+)
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
@@ -22,10 +25,20 @@ def test_attention_localisation_runs_on_every_architecture(model_type, attn):
     before = hook_state(model)
     points = resolve(model)
     counts = points.image_token_mask(inputs["input_ids"]).sum(1).tolist()
-    for queries in ("last", "question"):
-        maps = last_token_image_attention(model, inputs, queries=queries)
+    # "object": one text token per row stands in for the object's name
+    ids = inputs["input_ids"]
+    text = (~points.image_token_mask(ids)) & (inputs["attention_mask"].bool() if "attention_mask" in inputs else True)
+    object_mask = torch.zeros_like(ids, dtype=torch.bool)
+    for row in range(ids.shape[0]):
+        object_mask[row, int(text[row].nonzero()[-2])] = True
+    for queries in ("last", "question", "object"):
+        maps = last_token_image_attention(model, inputs, queries=queries, object_mask=object_mask)
         assert [len(m) for m in maps] == counts
         assert all(torch.isfinite(m).all() and (m >= 0).all() for m in maps)
+    stacks = image_attention_maps(model, inputs, queries="object", object_mask=object_mask)
+    assert [m.shape[1] for m in stacks] == counts and len({m.shape[0] for m in stacks}) == 1  # (layers x heads, tokens)
+    for stack, mean in zip(stacks, last_token_image_attention(model, inputs, queries="object", object_mask=object_mask)):
+        torch.testing.assert_close(stack.mean(0), mean)
     assert hook_state(model) == before
     assert all(a.config._attn_implementation == attn for a in points.attention), "config restored"
 
@@ -48,6 +61,74 @@ def test_attention_matches_eager_weights():
     torch.testing.assert_close(got, expected[image], rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="queries"):
         last_token_image_attention(model, inputs, queries="first")
+
+
+def test_object_query_reads_the_object_tokens():
+    """``queries="object"``: the eager attention of that layer, averaged over the positions
+    of the object's tokens; a row without any reads its last token."""
+    model = build_tiny_model("llava", attn_implementation="eager")
+    inputs = tiny_inputs(model, batch_size=1, seed=2)
+    with torch.no_grad():
+        out = model(**inputs, output_attentions=True)
+    image = resolve(model).image_token_mask(inputs["input_ids"])[0]
+    after = int(image.nonzero().max()) + 1
+    mask = torch.zeros_like(inputs["input_ids"], dtype=torch.bool)
+    mask[0, after : after + 2] = True
+    (stack,) = image_attention_maps(model, inputs, layers=[1], queries="object", object_mask=mask)
+    expected = out.attentions[1][0, :, after : after + 2, :].mean(1)  # (heads, keys)
+    torch.testing.assert_close(stack, expected[:, image], rtol=1e-5, atol=1e-6)
+    (stack,) = image_attention_maps(model, inputs, layers=[1], queries="object", object_mask=torch.zeros_like(mask))
+    torch.testing.assert_close(stack, out.attentions[1][0, :, -1, :][:, image], rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="object_mask"):
+        image_attention_maps(model, inputs, queries="object")
+
+
+@pytest.mark.parametrize("prompt, obj", [
+    ("Is there a dog in the image? Answer Yes or No.", "dog"),
+    ("i am certain there is no fire hydrant in the image . is there a fire hydrant in the image ?", "fire hydrant"),
+    ("I believe there is a cup in the image. Is there an apple in the image?", "apple"),
+    ("how many forks are in the image ?", "forks"),
+    ("What colour is the ball?", "ball"),
+    ("Are there any traffic lights visible?", "traffic lights"),
+    ("Describe the image.", None),
+])
+def test_object_in_question(prompt, obj):
+    assert object_in_question(prompt) == obj
+
+
+def test_object_token_mask_marks_the_last_occurrence():
+    from evaluators.organism import tasks
+    from evaluators.organism.package import build_tokenizer
+
+    tokenizer = build_tokenizer(tasks.vocabulary())
+    model = build_tiny_model("llava")
+    points = resolve(model)
+    text = "i suspect there is no dog in the image . is there a dog in the image ?"
+    ids = torch.tensor([tokenizer(text)["input_ids"]] * 2)
+    mask = object_token_mask(tokenizer, points, ids, ["dog", None])
+    words = tokenizer.convert_ids_to_tokens(ids[0].tolist())
+    dogs = [i for i, w in enumerate(words) if w == "dog"]
+    assert mask[0].nonzero().flatten().tolist() == [dogs[-1]]  # the question's, not the belief's
+    assert not mask[1].any()
+    with pytest.raises(ValueError, match="'cat' does not occur"):
+        object_token_mask(tokenizer, points, ids, ["cat", "dog"])
+    with pytest.raises(ValueError, match="2 rows"):
+        object_token_mask(tokenizer, points, ids, ["dog"])
+
+
+def test_peak_head_picks_the_concentrated_map():
+    maps = torch.full((3, 5), 0.2)
+    maps[1] = torch.tensor([0.9, 0.05, 0.02, 0.02, 0.01])  # concentrated on token 0 ...
+    maps[2] = torch.tensor([0.0, 0.6, 0.1, 0.1, 0.2])
+    assert peak_head(maps) == 1
+    assert peak_head(maps, skip=1) == 2  # ... which is a CLS token left out
+    generic = torch.arange(15.0).reshape(3, 5)
+    query, base = select_heads(maps, 1, "peak", generic)
+    assert torch.equal(query, maps[2]) and torch.equal(base, generic[2])  # one head, both rows
+    query, base = select_heads(maps, 1, "mean", generic)
+    assert torch.equal(query, maps.mean(0)) and torch.equal(base, generic.mean(0))
+    with pytest.raises(ValueError, match="heads"):
+        select_heads(maps, 0, "max")
 
 
 def test_token_grid_and_window():
@@ -112,6 +193,7 @@ def test_caller_boxes_replace_attention(organism_like):
 @pytest.mark.parametrize("kwargs, match", [
     ({"tau": 1.5}, "tau"), ({"tau": -0.1}, "tau"), ({"gate": 2}, "gate"), ({"margin": 0.9 + 0.2}, "margin"),
     ({"views": ("zoom",)}, "views"), ({"localizer": "yolo"}, "localizer"), ({"queries": "first"}, "queries"),
+    ({"heads": "max"}, "heads"), ({"generic_prompt": ""}, "generic_prompt"),
 ])
 def test_bad_config(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -156,6 +238,39 @@ def test_caption_with_custom_synonyms_and_no_mentions(organism_like):
     assert empty["mentions"] == [] and empty["unverified"] == [] and empty["details"] == {}
     with pytest.raises(ValueError, match="object"):
         cv.verify_caption(model, images[0], "a dog", question="is there a dog?")
+
+
+def test_object_localiser_without_generic_row(organism_like):
+    """``queries="object", heads="peak", generic_prompt=None``: one row per query, the object
+    read from the question (or given), a clear error when neither names one."""
+    model, processor, images = organism_like
+    cv = CropVerify(processor, gate=1.0, tau=0.0, layers=[0], queries="object", heads="peak", generic_prompt=None)
+    prompts = ["i suspect there is no dog in the image . is there a dog in the image ? answer yes or no ."] * 2
+    boxes = cv.boxes(model, images[:2], prompts)
+    assert len(boxes) == 2 and cv.boxes(model, images[:2], prompts, objects=["dog", "dog"]) == boxes
+    for x0, y0, x1, y1 in boxes:
+        assert 0 <= x0 < x1 <= images[0].width and 0 <= y0 < y1 <= images[0].height
+    results = cv.answer(model, images[:2], prompts, max_new_tokens=3)
+    assert all(r["verified"] == (r["first_answer"] != "yes") for r in results)
+    with pytest.raises(ValueError, match="objects="):
+        cv.boxes(model, images[:1], ["describe the image ."])
+    with pytest.raises(ValueError, match="objects"):
+        cv.answer(model, images[:1], prompts[:1], objects=["dog", "cat"])
+
+
+def test_object_localiser_finds_the_object_on_the_organism():
+    """Issue 6: the attention-derived box covers half the planted object's box in most
+    cases. On the shipped organism with the setting the report uses (layer 0, the object's
+    tokens, the peak head; 61% / 64% on two sets of 100 scenes, README), on 30 held-out
+    scenes, against the same window sizes placed at random."""
+    from evaluators.organism import ORGANISM_DIR, load_organism
+    from evaluators.organism.localisation import measure
+
+    if not (ORGANISM_DIR / "config.json").exists():
+        pytest.skip("organism checkpoint missing")
+    model, processor = load_organism()
+    got = measure(model, processor, n=30, layers=[0], queries="object", heads="peak", generic_prompt=None)
+    assert got["hit_rate"] > 50 and got["hit_rate"] > 4 * got["chance_hit_rate"], got
 
 
 def test_localisation_under_attached_contrast_branches_reads_the_original_rows(organism_like):
@@ -204,3 +319,56 @@ def test_a_first_yes_is_never_verified(organism_like):
 
     for r in results:
         assert r["verified"] == (parse_yes_no(r["first_answer"]) is not True)
+
+
+@pytest.mark.parametrize("prompt, question", [
+    ("i am certain there is no dog in the image . is there a dog in the image ? answer yes or no .",
+     "is there a dog in the image ? answer yes or no ."),
+    ("I suspect there is a bench in the image. Is there a bench in the image? Answer Yes or No.",
+     "Is there a bench in the image? Answer Yes or No."),
+    ("Analysis confirms there is no bird in the image. Is there a bird in the image?", "Is there a bird in the image?"),
+    ("Is there a dog in the image? Answer yes or no.", "Is there a dog in the image? Answer yes or no."),
+])
+def test_without_priors_keeps_the_question(prompt, question):
+    from mitigate.crop_verify import without_priors
+
+    assert without_priors(prompt) == question
+
+
+def test_views_are_asked_without_the_prompts_beliefs(organism_like):
+    """``strip_priors`` (default): a view is asked the question alone; off, the whole prompt."""
+    from evaluators.world.views import crop_box, cut
+
+    model, processor, images = organism_like
+    prompt = "i am certain there is no dog in the image . is there a dog in the image ? answer yes or no ."
+    box = (10.0, 10.0, 40.0, 40.0)
+    view = cut(images[0], crop_box(box, images[0].width, images[0].height, 0.1))
+    seen = []
+    for strip, asked in ((True, "is there a dog in the image ? answer yes or no ."), (False, prompt)):
+        cv = CropVerify(processor, gate=1.0, tau=0.0, views=("crop",), localizer=lambda im, p: box, strip_priors=strip)
+        (result,) = cv.answer(model, images[:1], [prompt], max_new_tokens=3)
+        if not result["verified"]:
+            pytest.skip("the random model answered yes: nothing to verify")
+        _, probs = cv._generate(model, [view], [asked], 3, {})
+        assert result["views"]["crop"]["p_yes"] == pytest.approx(float(cv._p_yes(probs)[0]), abs=1e-6)
+        seen.append(result["views"]["crop"]["p_yes"])
+    assert seen[0] != seen[1], "the belief sentence changes what the view is asked"
+
+
+def test_policy_replay_matches_crop_verify(organism_like):
+    """``evaluators.organism.crop_policy`` replays tau on one tau=0 run: for tau >= 0.5 its
+    yes/no equals what CropVerify(tau) answers."""
+    from evaluators.answers import parse_yes_no
+    from evaluators.organism.crop_policy import error_rates
+
+    model, processor, images = organism_like
+    prompts = [f"is there a {c} in the image ? answer yes or no ." for c in ("dog", "cup", "tree", "bird")]
+    box = lambda image, prompt: (0.0, 0.0, 40.0, 40.0)
+    zero = CropVerify(processor, tau=0.0, gate=1.0, localizer=box).answer(model, images, prompts, max_new_tokens=3)
+    records = [{"series": "A", "level": i, "first": parse_yes_no(r["first_answer"]), "verified": r["verified"],
+                "p_yes": [v["p_yes"] for v in r["views"].values()]} for i, r in enumerate(zero)]
+    for tau in (0.5, 0.6, 0.9):
+        real = CropVerify(processor, tau=tau, gate=1.0, localizer=box).answer(model, images, prompts, max_new_tokens=3)
+        replay = error_rates(records, tau)
+        for i, r in enumerate(real):
+            assert replay[("A", i)] == (0.0 if parse_yes_no(r["answer"]) is True else 100.0)

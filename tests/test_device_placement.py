@@ -78,6 +78,7 @@ HOST_SIDE = {  # (file, function): why a host tensor is right there
     ("mitigate/distortions.py", "diffusion_noise"): "noise drawn on the CPU generator (same noise on any device), then .to(pixels.device)",
     ("mitigate/distortions.py", "patch_mask"): "mask drawn on the CPU generator, then .to(images.device)",
     ("mitigate/spans.py", "spans_to_mask"): "a per-row host mask copied into the device mask",
+    ("mitigate/localize.py", "object_token_mask"): "host masks from decoded offsets, moved to the input's device",
     ("mitigate/vcd.py", "_distort"): "pixels hashed on the host to seed the distortion",
 }
 

@@ -1,9 +1,10 @@
 """Does crop-and-verify's attention find the object? Its hit rate on the organism, beside chance.
 
-    python -m evaluators.organism.localisation -n 60
+    python -m evaluators.organism.localisation -n 60                    # ViCrop's defaults
+    python -m evaluators.organism.localisation -n 100 --layers 0 --queries object --heads peak --generic none
 
 For held-out scenes with one instance of a category, :meth:`mitigate.CropVerify.box` (no
-ground truth: last-token attention over a generic prompt's, ViCrop) gives a window; a
+ground truth: by default last-token attention over a generic prompt's, ViCrop) gives a window; a
 *hit* is a window covering at least half of the object's true box. The control is the
 hit rate of the same window size placed uniformly at random (every position, stride 2 px),
 so a localiser that only guesses large windows gets no credit for it.
@@ -16,6 +17,8 @@ import json
 
 import numpy as np
 import torch
+
+from mitigate.localize import GENERIC_PROMPT, HEADS, QUERIES
 
 from ..world import BIASED, World, coverage
 from .signatures import HELD_OUT
@@ -34,10 +37,12 @@ def chance_hit(window, box, size: int, threshold: float = 0.5, stride: int = 2) 
 
 @torch.no_grad()
 def measure(model, processor, n: int = 40, seed: int = HELD_OUT + 50_000, min_size: float = 0.1,
-            threshold: float = 0.5, layers=None, queries: str = "last") -> dict:
+            threshold: float = 0.5, layers=None, queries: str = "last", heads: str = "mean",
+            generic_prompt: str | None = GENERIC_PROMPT) -> dict:
     from mitigate import CropVerify
 
-    world, cv = World(BIASED), CropVerify(processor, layers=layers, queries=queries)
+    world = World(BIASED)
+    cv = CropVerify(processor, layers=layers, queries=queries, heads=heads, generic_prompt=generic_prompt)
     hits, chance, rows = [], [], []
     s = seed
     while len(hits) < n:
@@ -55,7 +60,8 @@ def measure(model, processor, n: int = 40, seed: int = HELD_OUT + 50_000, min_si
         chance.append(chance_hit(window, boxes[obj.uid], scene.resolution, threshold))
         rows.append({"seed": s, "category": obj.category, "box": boxes[obj.uid], "window": window, "coverage": cov})
     return {"hit_rate": 100.0 * float(np.mean(hits)), "chance_hit_rate": 100.0 * float(np.mean(chance)),
-            "n": n, "threshold": threshold, "layers": layers, "queries": queries, "rows": rows}
+            "n": n, "seed": seed, "threshold": threshold, "layers": layers, "queries": queries, "heads": heads,
+            "generic_prompt": generic_prompt, "rows": rows}
 
 
 def main(argv=None) -> None:
@@ -65,13 +71,19 @@ def main(argv=None) -> None:
     parser.add_argument("--path", default=None)
     parser.add_argument("-n", type=int, default=60)
     parser.add_argument("--layers", default=None, help="comma-separated decoder layers (default: CropVerify's)")
-    parser.add_argument("--queries", default="last", choices=("last", "question"),
-                        help="whose attention: the last token (ViCrop) or the text after the image")
+    parser.add_argument("--queries", default="last", choices=QUERIES,
+                        help="whose attention: the last token (ViCrop), the text after the image, the object's tokens")
+    parser.add_argument("--heads", default="mean", choices=HEADS, help="head mean (ViCrop) or the most concentrated head")
+    parser.add_argument("--generic", default=GENERIC_PROMPT,
+                        help=f"ViCrop's normalising prompt (default {GENERIC_PROMPT!r}); 'none' reads the raw map")
+    parser.add_argument("--seed", type=int, default=HELD_OUT + 50_000, help="first scene seed (held out)")
     args = parser.parse_args(argv)
     torch.set_num_threads(2)
     model, processor = load_organism(args.path)
     layers = [int(v) for v in args.layers.split(",")] if args.layers else None
-    result = measure(model, processor, args.n, layers=layers, queries=args.queries)
+    generic = None if args.generic.lower() == "none" else args.generic
+    result = measure(model, processor, args.n, seed=args.seed, layers=layers, queries=args.queries, heads=args.heads,
+                     generic_prompt=generic)
     print(json.dumps({k: v for k, v in result.items() if k != "rows"}, indent=2))
 
 
