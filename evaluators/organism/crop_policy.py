@@ -1,0 +1,95 @@
+"""Crop-and-verify's overturn threshold and view prompt, traded off on DO-Bench's curves.
+
+    python -m evaluators.organism.crop_policy --scenes 40 --seed 0     # the report's scenes, full scale
+    python -m evaluators.organism.crop_policy --scenes 40 --seed 1     # other scenes
+
+Issue 6 asks that the Full-view false "no" on present objects fall while the false "yes"
+on absent ones (DO-Bench's B-series) rises by at most 3 points. Both depend on ``tau`` (a
+view's p(yes) must exceed it to overturn a "no") and on what the views are asked. This
+runs :class:`mitigate.CropVerify` once per setting with ``tau = 0`` -- every gated query
+is localised and re-asked, the same passes any ``tau`` would run -- keeps each view's
+p(yes), and replays the policy for each ``tau``: the answers ``CropVerify(tau=t)`` gives,
+for every ``t`` at the cost of one run (exact for ``t >= 0.5``: a view whose p(yes) exceeds
+one half answers "yes" greedily, which is what the overturn puts in; ``TAUS`` start there). Printed as a Markdown table of the A-series
+false-"no" and B-series false-"yes" rates (%) per prior level, Full view.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from ..answers import parse_yes_no
+from ..benchmarks.dobench.suite import build
+
+TAUS = (0.5, 0.6, 0.7, 0.8, 0.9)
+LOCALISERS = {
+    "ViCrop (default)": {},
+    "object tokens, peak head, layer 0": {"layers": [0], "queries": "object", "heads": "peak", "generic_prompt": None},
+}
+
+
+def collect(model, processor, scenes: int, seed: int, batch: int = 16) -> dict[str, list[dict]]:
+    """Per setting (localiser x view prompt), one record per Full-view query: series,
+    level, first answer, whether the gate let it through and each view's p(yes)."""
+    from mitigate import CropVerify
+
+    queries = [q for q in build(n_scenes=scenes, seed=seed) if q.record["view"] == "Full"]
+    out: dict[str, list[dict]] = {}
+    for name, localiser in LOCALISERS.items():
+        for strip in (True, False):
+            cv = CropVerify(processor, tau=0.0, strip_priors=strip, **localiser)
+            records = []
+            for i in range(0, len(queries), batch):
+                chunk = queries[i : i + batch]
+                for q, r in zip(chunk, cv.answer(model, [q.images[0] for q in chunk], [q.prompt for q in chunk])):
+                    records.append({"series": q.record["series"], "level": q.record["level"],
+                                    "first": parse_yes_no(r["first_answer"]), "verified": r["verified"],
+                                    "p_yes": [v["p_yes"] for v in r["views"].values()]})
+            out[f"{name}; views asked {'the question alone' if strip else 'the whole prompt'}"] = records
+    return out
+
+
+def error_rates(records: list[dict], tau: float | None) -> dict[tuple[str, int], float]:
+    """(series, level) -> error rate (%) under the overturn rule at ``tau`` (None: no overturn)."""
+    cells: dict[tuple[str, int], list[bool]] = {}
+    for r in records:
+        yes = r["first"] is True
+        if tau is not None and r["verified"] and r["first"] is False and any(p > tau for p in r["p_yes"]):
+            yes = True
+        cells.setdefault((r["series"], r["level"]), []).append(yes if r["series"] == "B" else not yes)
+    return {k: 100.0 * sum(v) / len(v) for k, v in cells.items()}
+
+
+def table(data: dict[str, list[dict]]) -> str:
+    head = ("| setting | tau | A FN level 0 / 1 / 2 / 3 | B FP level 0 / 1 / 2 / 3 | max B rise |\n"
+            "|---|---|---|---|---|")
+    lines = [head]
+    for name, records in data.items():
+        base = error_rates(records, None)
+        fmt = lambda rates, s: " / ".join(f"{rates[(s, lv)]:.1f}" for lv in range(4))
+        gated = sum(r["verified"] for r in records)
+        lines.append(f"| {name} | unmitigated ({gated} of {len(records)} gated) | {fmt(base, 'A')} | {fmt(base, 'B')} | |")
+        for tau in TAUS:
+            rates = error_rates(records, tau)
+            rise = max(rates[("B", lv)] - base[("B", lv)] for lv in range(4))
+            lines.append(f"| | {tau} | {fmt(rates, 'A')} | {fmt(rates, 'B')} | {rise:+.1f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    from .package import load_organism
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--path", default=None)
+    parser.add_argument("--scenes", type=int, default=40, help="DO-Bench scene groups (full scale: 40)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(2)
+    model, processor = load_organism(args.path)
+    print(table(collect(model, processor, args.scenes, args.seed)))
+
+
+if __name__ == "__main__":
+    main()
