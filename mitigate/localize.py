@@ -26,18 +26,18 @@ Two extensions, both off by default (ViCrop's choices are the defaults):
   heads that attend to the image and whose map is spatially concentrated -- ground the
   referred object while the head mean is a blur. They pick heads once, over a dataset, by
   image-attention sum and spatial entropy; with no dataset at inference time we pick per
-  query, by the peak share (the concentration criterion that localised best on the
-  organism; entropy among heads above the mean image-attention sum did worse, below).
+  query, by the peak share (a concentration criterion computed from the one query's map).
 
-Measured on the organism (a 4-layer decoder; held-out scenes of the localisation probes,
-seeds disjoint from every suite; a hit is a window covering half the object's box,
-``python -m evaluators.organism.localisation``): ViCrop's default (last token, head mean,
-layers 1-2) hits 5% against 6.8% for a window of the same size placed at random; at layer
-0 the object's tokens with the peak head hit 61% (100 scenes, chance 6.8%) and 64% on 100
-other scenes (chance 6.9%), the head mean of the same tokens 19%, the last token with the
-peak head 44%, and the peak head chosen by lowest entropy among heads with at least the
-mean image attention 34%. The reason is that model's circuit: it matches an image patch to
-the question's object word in its first layer, one or two heads doing the match.
+Measured on the organism (a 4-layer decoder; 100 held-out scenes of the localisation
+probes, seeds disjoint from every suite; a hit is a window covering half the object's box;
+``python -m evaluators.organism.localisation -n 100 --layers 0 --queries ... --heads ...
+--generic ...``, chance = the same window size placed at random): ViCrop's default (last
+token, head mean, layers 1-2) hits 5% (chance 6.8%). At layer 0, without the generic row:
+the object's tokens with the peak head 61% (chance 6.8%; 64% and 6.9% on 100 other scenes,
+``--seed 1000070000``), with the head mean 43% (11.1%), the last token with the peak head
+25% (6.8%); the object's tokens with the peak head and ViCrop's ratio 55% (6.8%). That
+model appears to match an image patch to the question's object word in its first layer,
+in one or two heads; its last token reads the word rather than the image.
 
 Image tokens map back to the image through a token grid: a square of ``g x g`` tokens,
 after a leading CLS token when there is one (LLaVA with the "full" feature strategy), or
