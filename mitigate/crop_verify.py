@@ -52,13 +52,16 @@ from evaluators.world.views import check_margin, cluster_box, crop_box, cut
 from hooks import resolve
 
 from .base import register
-from .spans import find_prior_spans
 from .localize import (
     GENERIC_PROMPT, HEADS, QUERIES, best_window, image_attention_maps, object_in_question, object_token_mask,
     select_heads, token_grid, vicrop_heat,
 )
+from .spans import find_prior_spans
 
 VIEWS = ("crop", "cluster")
+
+#: The existence question asked about each caption mention; ``{object}`` is the category.
+MENTION_QUESTION = "Is there a {object} in the image? Answer yes or no."
 
 
 def without_priors(prompt: str) -> str:
@@ -69,8 +72,6 @@ def without_priors(prompt: str) -> str:
         prompt = prompt[: span.start] + " " + prompt[span.end :]
     stripped = " ".join(prompt.split()) if spans else prompt
     return stripped or prompt  # a prompt that is all belief keeps it: there is nothing else to ask
-#: The existence question asked about each caption mention; ``{object}`` is the category.
-MENTION_QUESTION = "Is there a {object} in the image? Answer yes or no."
 
 
 @register

@@ -10,8 +10,9 @@ runs :class:`mitigate.CropVerify` once per setting with ``tau = 0`` -- every gat
 is localised and re-asked, the same passes any ``tau`` would run -- keeps each view's
 p(yes), and replays the policy for each ``tau``: the answers ``CropVerify(tau=t)`` gives,
 for every ``t`` at the cost of one run (exact for ``t >= 0.5``: a view whose p(yes) exceeds
-one half answers "yes" greedily, which is what the overturn puts in; ``TAUS`` start there). Printed as a Markdown table of the A-series
-false-"no" and B-series false-"yes" rates (%) per prior level, Full view.
+one half answers "yes" greedily, which is what the overturn puts in; ``TAUS`` start there).
+Printed as a Markdown table of the A-series false-"no" and B-series false-"yes" rates (%)
+per prior level, Full view.
 """
 
 from __future__ import annotations
@@ -62,19 +63,22 @@ def error_rates(records: list[dict], tau: float | None) -> dict[tuple[str, int],
     return {k: 100.0 * sum(v) / len(v) for k, v in cells.items()}
 
 
+def _levels(rates: dict[tuple[str, int], float], series: str) -> str:
+    return " / ".join(f"{rates[(series, level)]:.1f}" for level in range(4))
+
+
 def table(data: dict[str, list[dict]]) -> str:
     head = ("| setting | tau | A FN level 0 / 1 / 2 / 3 | B FP level 0 / 1 / 2 / 3 | max B rise |\n"
             "|---|---|---|---|---|")
     lines = [head]
     for name, records in data.items():
         base = error_rates(records, None)
-        fmt = lambda rates, s: " / ".join(f"{rates[(s, lv)]:.1f}" for lv in range(4))
         gated = sum(r["verified"] for r in records)
-        lines.append(f"| {name} | unmitigated ({gated} of {len(records)} gated) | {fmt(base, 'A')} | {fmt(base, 'B')} | |")
+        lines.append(f"| {name} | unmitigated ({gated} of {len(records)} gated) | {_levels(base, 'A')} | {_levels(base, 'B')} | |")
         for tau in TAUS:
             rates = error_rates(records, tau)
             rise = max(rates[("B", lv)] - base[("B", lv)] for lv in range(4))
-            lines.append(f"| | {tau} | {fmt(rates, 'A')} | {fmt(rates, 'B')} | {rise:+.1f} |")
+            lines.append(f"| | {tau} | {_levels(rates, 'A')} | {_levels(rates, 'B')} | {rise:+.1f} |")
     return "\n".join(lines)
 
 
