@@ -35,6 +35,7 @@ from .adapters import Adapter, get_adapter
 from .adapters.introspect import HookPointError, introspect_adapter
 from .errors import unknown
 from .group import HookGroup
+from .layout import Region, token_regions
 
 # abstract point -> (ModelPoints attribute, "input" | "output")
 POINTS: dict[str, tuple[str, str]] = {
@@ -117,6 +118,12 @@ class ModelPoints:
         mask = self.image_token_mask(input_ids, include_video=include_video)
         return [row.nonzero(as_tuple=True)[0] for row in mask]
 
+    def token_regions(self, n_tokens: int, inputs: dict | None = None, row: int = 0,
+                      image_size: tuple[int, int] | None = None) -> list[Region]:
+        """Where one row's ``n_tokens`` image tokens lie in its image, under the adapter's
+        ``token_layout`` (:mod:`hooks.layout`); ``image_size`` is the original ``(width, height)``."""
+        return token_regions(self.adapter.token_layout, self.model.config, n_tokens, inputs, row, image_size)
+
     # -- hook registration by abstract name ----------------------------------------------
     def modules_for(self, point: str, layers: Iterable[int] | None = None) -> list[nn.Module]:
         """The modules behind an abstract point; ``layers`` selects decoder layers (negative ok)."""
@@ -188,6 +195,7 @@ class ModelPoints:
             "pixel_inputs": list(self.pixel_inputs),
             "image_inputs": list(self.image_inputs),
             "pixel_layout": self.adapter.pixel_layout,
+            "token_layout": self.adapter.token_layout,
             "multimodal_rope": self.adapter.multimodal_rope,
         }
 

@@ -53,8 +53,7 @@ from hooks import resolve
 
 from .base import register
 from .localize import (
-    GENERIC_PROMPT, HEADS, QUERIES, best_window, image_attention_maps, object_in_question, object_token_mask,
-    select_heads, token_grid, vicrop_heat,
+    GENERIC_PROMPT, HEADS, QUERIES, attention_boxes, object_in_question, object_token_mask,
 )
 from .spans import find_prior_spans
 
@@ -183,14 +182,8 @@ class CropVerify:
             named = self._objects(prompts, objects)
             object_mask = object_token_mask(self.processor.tokenizer, resolve(model), enc["input_ids"],
                                             [o for obj in named for o in (obj, None)[:per]])
-        maps = image_attention_maps(model, enc, self.layers, self.queries, object_mask)
-        merge = getattr(getattr(model.config, "vision_config", None), "spatial_merge_size", 2)
-        out = []
-        for i, image in enumerate(images):
-            grid = token_grid(maps[per * i].shape[-1], enc, per * i, merge)
-            query, generic = select_heads(maps[per * i], grid[0], self.heads, maps[per * i + 1] if per == 2 else None)
-            out.append(best_window(vicrop_heat(query, generic, grid), image.width, image.height))
-        return out
+        return attention_boxes(model, enc, [im.size for im in images], layers=self.layers, queries=self.queries,
+                               heads=self.heads, object_mask=object_mask, generic_rows=per == 2)
 
     # -- the mitigation -------------------------------------------------------------------
     @torch.no_grad()

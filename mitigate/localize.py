@@ -39,10 +39,13 @@ the object's tokens with the peak head 61% (chance 6.8%; 64% and 6.9% on 100 oth
 model appears to match an image patch to the question's object word in its first layer,
 in one or two heads; its last token reads the word rather than the image.
 
-Image tokens map back to the image through a token grid: a square of ``g x g`` tokens,
-after a leading CLS token when there is one (LLaVA with the "full" feature strategy), or
-Qwen's ``image_grid_thw`` over the spatial merge. Other layouts (tiles, anyres, pooled
-crops) raise a clear error: pass boxes from a detector instead.
+Image tokens map back to the image through the adapter's token layout
+(:mod:`hooks.layout`): square grids (with or without a CLS token), Qwen's and Pixtral's
+dynamic resolution, LLaVA-NeXT / OneVision AnyRes (base image + unpadded high-resolution
+grid, newline tokens left out) and Idefics3 / SmolVLM / InternVL tiles with their
+thumbnail; :func:`region_heat` paints each region's map onto the image. A layout that
+cannot account for a row's image tokens (several images in one row, Gemma 3's
+pan-and-scan crops) raises a clear error: pass boxes from a detector instead.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ import re
 
 from hooks import HookGroup, ModelPoints, resolve
 from hooks.attention import _additive_mask
+from hooks.layout import Region, content_indices
 
 GENERIC_PROMPT = "describe the image ."  # ViCrop: "Write a general description of the image."
 
@@ -223,15 +227,24 @@ def last_token_image_attention(model: nn.Module, inputs: dict, layers: Sequence[
     return [m.mean(dim=0) for m in image_attention_maps(model, inputs, layers, queries, object_mask)]
 
 
-def peak_head(maps: torch.Tensor, skip: int = 0) -> int:
-    """Index of the head of a ``(heads, n_image_tokens)`` stack whose map (leading ``skip``
-    tokens, e.g. CLS, left out) puts the largest share of its image attention on one token."""
-    grid = maps[:, skip:].float()
+def _content(maps: torch.Tensor, content: int | torch.Tensor) -> torch.Tensor:
+    """The columns of ``maps`` that hold image content: after ``content`` leading tokens (an
+    int, e.g. 1 for CLS), or at the indices given (:func:`hooks.layout.content_indices`,
+    which leaves out CLS and newline tokens)."""
+    if isinstance(content, int):
+        return maps[:, content:]
+    return maps[:, content.to(maps.device)]
+
+
+def peak_head(maps: torch.Tensor, content: int | torch.Tensor = 0) -> int:
+    """Index of the head of a ``(heads, n_image_tokens)`` stack whose map (over the content
+    tokens, see :func:`_content`) puts the largest share of its image attention on one token."""
+    grid = _content(maps, content).float()
     share = grid.max(dim=1).values / grid.sum(dim=1).clamp(min=1e-12)
     return int(share.argmax())
 
 
-def select_heads(maps: torch.Tensor, skip: int = 0, heads: str = "mean",
+def select_heads(maps: torch.Tensor, content: int | torch.Tensor = 0, heads: str = "mean",
                  generic: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(map, generic_map)`` from ``(heads, n_image_tokens)`` stacks of a query and of its
     generic prompt (or None): both head means (``"mean"``, ViCrop), or both maps of the
@@ -240,24 +253,8 @@ def select_heads(maps: torch.Tensor, skip: int = 0, heads: str = "mean",
         raise ValueError(f"heads must be one of {HEADS}, got {heads!r}")
     if heads == "mean":
         return maps.mean(dim=0), None if generic is None else generic.mean(dim=0)
-    h = peak_head(maps, skip)
+    h = peak_head(maps, content)
     return maps[h], None if generic is None else generic[h]
-
-
-def token_grid(n_tokens: int, inputs: dict | None = None, row: int = 0, merge: int = 2) -> tuple[int, int, int]:
-    """``(skip, rows, cols)``: leading tokens to drop and the grid of the rest."""
-    grid = None if inputs is None else inputs.get("image_grid_thw")
-    if grid is not None:  # Qwen: (t, h, w) patches per image; t = 1 for images
-        _, h, w = (int(v) for v in grid[row])
-        return 0, h // merge, w // merge
-    for skip in (0, 1):
-        side = math.isqrt(n_tokens - skip)
-        if side * side == n_tokens - skip and side > 0:
-            return skip, side, side
-    raise ValueError(
-        f"cannot map {n_tokens} image tokens to a grid (not a square, nor a square after a CLS token); "
-        "for tiled / anyres models pass boxes from a detector (CropVerify(localizer=...))"
-    )
 
 
 def best_window(heat: torch.Tensor, width: int, height: int, sizes: Sequence[float] = (0.25, 0.4, 0.6)) -> tuple:
@@ -278,13 +275,65 @@ def best_window(heat: torch.Tensor, width: int, height: int, sizes: Sequence[flo
     return box
 
 
-def vicrop_heat(question_attention: torch.Tensor, generic_attention: torch.Tensor | None, grid: tuple[int, int, int],
-                eps: float = 1e-6) -> torch.Tensor:
-    """ViCrop's ratio map on the token grid: attention(question) / attention(generic prompt);
-    without a generic map, the question's attention itself."""
-    skip, rows, cols = grid
-    q = question_attention[skip : skip + rows * cols].reshape(rows, cols)
-    if generic_attention is None:
-        return q
-    g = generic_attention[skip : skip + rows * cols].reshape(rows, cols)
-    return q / (g + eps)
+def region_heat(query: torch.Tensor, generic: torch.Tensor | None, regions: Sequence[Region], width: int,
+                height: int, eps: float = 1e-6, max_side: int = 512) -> torch.Tensor:
+    """ViCrop's ratio map -- ``query / generic`` attention per image token, or ``query``
+    alone without a generic map -- painted onto the image through the layout's regions
+    (:mod:`hooks.layout`), on a canvas of the image's aspect ratio (long side at most
+    ``max_side``; :func:`best_window` scales it to the image).
+
+    With several regions, each region's map is divided by its own mean before painting, and where regions overlap
+    (a thumbnail under its tiles, LLaVA-NeXT's base image under the high-resolution grid)
+    the normalised maps are averaged. ViCrop has one grid and says nothing here; the mean
+    normalisation is our choice so that a region's weight does not depend on how many
+    tokens it has or how much attention its tokens share (the thumbnail's few tokens each
+    draw more attention than one of many tiles' tokens). A one-region layout is painted as
+    it is (the division would change no window, but could flip a near-tie by rounding)."""
+    scale = min(1.0, max_side / max(width, height))
+    canvas_w, canvas_h = max(1, round(width * scale)), max(1, round(height * scale))
+    total = torch.zeros(canvas_h, canvas_w)
+    count = torch.zeros(canvas_h, canvas_w)
+    for region in regions:
+        idx = region.indices().to(query.device)
+        values = query[idx].float()
+        if generic is not None:
+            values = values / (generic[idx].float() + eps)
+        if len(regions) > 1:
+            values = values / values.mean().clamp(min=eps)
+        values = values.cpu()
+        x0, y0, x1, y1 = region.box
+        left, top = round(x0 * canvas_w), round(y0 * canvas_h)
+        right, bottom = max(left + 1, round(x1 * canvas_w)), max(top + 1, round(y1 * canvas_h))
+        painted = torch.nn.functional.interpolate(values[None, None], size=(bottom - top, right - left), mode="nearest")
+        total[top:bottom, left:right] += painted[0, 0]
+        count[top:bottom, left:right] += 1
+    if not bool((count > 0).all()):
+        raise ValueError("the layout's regions do not cover the whole image")
+    return total / count
+
+
+@torch.no_grad()
+def attention_boxes(model: nn.Module, inputs: dict, sizes: Sequence[tuple[int, int]], *,
+                    layers: Sequence[int] | None = None, queries: str = "last", heads: str = "mean",
+                    object_mask: torch.Tensor | None = None, generic_rows: bool = True) -> list[tuple]:
+    """The queried object's box, ``(x0, y0, x1, y1)`` in original pixels, for each query of
+    ``inputs`` (one image per row; ``sizes`` the original ``(width, height)`` per query).
+
+    With ``generic_rows`` the rows come in pairs -- the query, then the same image under the
+    generic prompt -- and the map is ViCrop's ratio; without, every row is a query and the
+    map is its attention alone. Heads are combined by ``heads`` (:func:`select_heads`), the
+    map is painted through the adapter's token layout (:func:`region_heat`) and the window
+    holding most of it is the box (:func:`best_window`)."""
+    per = 2 if generic_rows else 1
+    rows = inputs["input_ids"].shape[0]
+    if rows != per * len(sizes):
+        raise ValueError(f"{rows} rows for {len(sizes)} queries" + (" (query, generic) pairs" if generic_rows else ""))
+    maps = image_attention_maps(model, inputs, layers, queries, object_mask)
+    points = resolve(model)
+    boxes = []
+    for i, (width, height) in enumerate(sizes):
+        row = per * i
+        regions = points.token_regions(maps[row].shape[-1], inputs, row, (width, height))
+        query, generic = select_heads(maps[row], content_indices(regions), heads, maps[row + 1] if per == 2 else None)
+        boxes.append(best_window(region_heat(query, generic, regions, width, height), width, height))
+    return boxes

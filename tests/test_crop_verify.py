@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from hooks import hook_state, resolve
+from hooks.layout import Region
 from hooks.testing import TINY_MODEL_TYPES, build_tiny_model, tiny_inputs
 from mitigate import CropVerify
 from mitigate.localize import (
-    best_window, image_attention_maps, last_token_image_attention, object_in_question, object_token_mask, peak_head,
-    select_heads, token_grid,
+    HEADS, attention_boxes, best_window, image_attention_maps, last_token_image_attention, object_in_question, object_token_mask, peak_head,
+    region_heat, select_heads,
 )
 
 
@@ -41,6 +42,28 @@ def test_attention_localisation_runs_on_every_architecture(model_type, attn):
         torch.testing.assert_close(stack.mean(0), mean)
     assert hook_state(model) == before
     assert all(a.config._attn_implementation == attn for a in points.attention), "config restored"
+
+
+@pytest.mark.parametrize("model_type", TINY_MODEL_TYPES)
+def test_attention_boxes_on_every_architecture(model_type):
+    """Localisation end to end -- attention, the adapter's token layout, the window -- on
+    the family's real preprocessing of a landscape and a portrait image (tiles, AnyRes,
+    dynamic resolution): a box inside each original image, for every head choice, with and
+    without the generic prompt's rows."""
+    from PIL import Image
+
+    model = build_tiny_model(model_type)
+    images = [Image.new("RGB", (96, 64), (90, 120, 200)), Image.new("RGB", (64, 96), (200, 40, 40))]
+    rows = [images[0], images[0], images[1], images[1]]  # (query, generic) pairs
+    inputs = tiny_inputs(model, images=rows, text_lengths=[6, 3, 5, 3], seed=3)
+    for heads in HEADS:
+        for generic_rows, sizes in ((True, [im.size for im in images]), (False, [im.size for im in rows])):
+            boxes = attention_boxes(model, inputs, sizes, heads=heads, generic_rows=generic_rows)
+            assert len(boxes) == len(sizes)
+            for (x0, y0, x1, y1), (width, height) in zip(boxes, sizes):
+                assert 0 <= x0 < x1 <= width and 0 <= y0 < y1 <= height
+    with pytest.raises(ValueError, match="4 rows for 3 queries"):
+        attention_boxes(model, inputs, [(96, 64)] * 3, generic_rows=False)
 
 
 def test_attention_matches_eager_weights():
@@ -121,7 +144,8 @@ def test_peak_head_picks_the_concentrated_map():
     maps[1] = torch.tensor([0.9, 0.05, 0.02, 0.02, 0.01])  # concentrated on token 0 ...
     maps[2] = torch.tensor([0.0, 0.6, 0.1, 0.1, 0.2])
     assert peak_head(maps) == 1
-    assert peak_head(maps, skip=1) == 2  # ... which is a CLS token left out
+    assert peak_head(maps, 1) == 2  # ... which is a CLS token left out
+    assert peak_head(maps, torch.tensor([1, 2, 3])) == 2  # ... or a newline token (anyres)
     generic = torch.arange(15.0).reshape(3, 5)
     query, base = select_heads(maps, 1, "peak", generic)
     assert torch.equal(query, maps[2]) and torch.equal(base, generic[2])  # one head, both rows
@@ -131,16 +155,32 @@ def test_peak_head_picks_the_concentrated_map():
         select_heads(maps, 0, "max")
 
 
-def test_token_grid_and_window():
-    assert token_grid(65) == (1, 8, 8)  # LLaVA "full": CLS + 8x8
-    assert token_grid(64) == (0, 8, 8)
-    assert token_grid(6, {"image_grid_thw": torch.tensor([[1, 4, 6]])}) == (0, 2, 3)
-    with pytest.raises(ValueError, match="detector"):
-        token_grid(70)
+def test_window_over_painted_regions():
     heat = torch.zeros(8, 8)
     heat[6, 1] = 10.0  # a hot cell at row 6, column 1 of a 128 px image: pixels x 16-32, y 96-112
     x0, y0, x1, y1 = best_window(heat, 128, 128)
     assert x0 <= 16 and x1 >= 32 and y0 <= 96 and y1 >= 112
+    # one region: the painted map is the grid upsampled
+    query = torch.rand(64) + 0.1
+    painted = region_heat(query, None, [Region(0, 8, 8, 8)], 128, 128)
+    expected = torch.nn.functional.interpolate(query.reshape(1, 1, 8, 8), size=(128, 128))[0, 0]
+    torch.testing.assert_close(painted, expected)
+    # a 2 x 2 tiling plus a thumbnail (tiles layout): the hot token of tile (1, 0) and the
+    # thumbnail's hot token agree on the lower-left quarter; the window lands there
+    tiles = [Region(4 * (2 * r + c), 2, 2, 2, (c / 2, r / 2, (c + 1) / 2, (r + 1) / 2)) for r in range(2) for c in range(2)]
+    thumbnail = Region(16, 2, 2, 2)
+    query = torch.ones(20)
+    query[8 + 1] = 8.0  # tile (1, 0), its top-right token: pixels x 32-64, y 64-96 of 128
+    query[16 + 2] = 4.0  # the thumbnail's bottom-left token: x 0-64, y 64-128
+    generic = torch.ones(20)
+    heat = region_heat(query, generic, tiles + [thumbnail], 128, 128)
+    assert heat.shape == (128, 128) and heat[80, 48] == heat.max()
+    x0, y0, x1, y1 = best_window(heat, 128, 128)
+    assert x0 < 64 and y1 > 64
+    with pytest.raises(ValueError, match="cover"):
+        region_heat(query, None, tiles[:2], 128, 128)
+    # a non-square image: the canvas keeps its aspect ratio, long side capped
+    assert region_heat(torch.rand(16) + 0.1, None, [Region(0, 4, 4, 4)], 2000, 1000).shape == (256, 512)
 
 
 @pytest.fixture(scope="module")

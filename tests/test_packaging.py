@@ -27,6 +27,7 @@ def test_readme_table_rows_match_the_adapters():
         adapter = hooks.get_adapter(model_type)
         row = next(line for line in text.splitlines() if line.startswith(f"| `{model_type}` |"))
         assert f"`{adapter.vision_encoder}`" in row and f"`{adapter.projector}`" in row, model_type
+        assert row.rstrip().endswith(f"`{adapter.token_layout}` |"), (model_type, adapter.token_layout)
         for name in adapter.pixel_inputs[:1] + tuple(n for n in adapter.image_inputs if "video" not in n):
             assert f"`{name}`" in row, (model_type, name)
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import unknown
+from ..layout import LAYOUTS
 
 _DATA_DIR = Path(__file__).parent
 
@@ -59,6 +60,8 @@ class Adapter:
     # rather than those rows in order.
     packed_image_features: bool = False
     image_newline: str | None = None
+    # how the image tokens of one row map back onto the image: a key of hooks.layout.LAYOUTS
+    token_layout: str = "grid"
     notes: str = ""
     source: str = field(default="table", compare=False)
 
@@ -71,6 +74,8 @@ class Adapter:
             raise ValueError(
                 f"adapter {self.model_type!r}: pixel_layout {self.pixel_layout!r} is not one of {PIXEL_LAYOUTS}"
             )
+        if self.token_layout not in LAYOUTS:
+            raise ValueError(f"adapter {self.model_type!r}: token_layout {self.token_layout!r} is not one of {sorted(LAYOUTS)}")
         for name in ("image_token_id", "video_token_id", "pixel_inputs", "image_inputs"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
         if not self.image_token_id:

@@ -9,7 +9,9 @@ Per-architecture facts live in ``tiny_configs/<model_type>.json``:
   ``image_sizes`` (``[height, width]`` per image, cycled over the batch), optional
   ``image_wrap`` (ids, or config attribute names, placed around each image's placeholder
   run), optional ``token_types`` (name and per-kind value of a token-type input) and
-  ``prompt`` (segment order; ``"bos"``, ``"text"`` or ``"images"``).
+  ``prompt`` (segment order; ``"bos"``, ``"text"`` or ``"images"``);
+* ``image_processor`` -- the family's transformers image processor (``class``) with
+  ``kwargs`` sizing it for the tiny tower (:func:`tiny_image_processor`).
 
 The number of image placeholder tokens is never computed from a formula: :func:`tiny_inputs`
 runs the model's own ``get_image_features`` on the pixel inputs -- the same call
@@ -37,6 +39,8 @@ __all__ = [
     "TINY_MODEL_TYPES",
     "build_tiny_model",
     "tiny_config",
+    "tiny_image_features",
+    "tiny_image_processor",
     "tiny_inputs",
     "tiny_spec",
 ]
@@ -105,6 +109,35 @@ def build_tiny_model(model_type: str, attn_implementation: str = "sdpa", seed: i
                 if param.dim() >= 2 and not param.any():
                     param.normal_(0.0, 0.02)
     return model.float().eval()
+
+
+def tiny_image_processor(model_type: str):
+    """The family's own image processor (from transformers, built from code: nothing is
+    downloaded) sized for the tiny tower: the spec's ``image_processor`` ``class`` and
+    ``kwargs``. Real preprocessing -- resizing, AnyRes tiling, Idefics3 / InternVL
+    splitting, Qwen's patch packing -- on real PIL images, at the tiny model's scale."""
+    import transformers
+
+    spec = tiny_spec(model_type).get("image_processor")
+    if spec is None:
+        raise ValueError(f"the tiny spec of {model_type!r} names no image_processor")
+    # the PIL backend (transformers' fallback when torchvision is absent), named directly so
+    # that the result does not depend on whether torchvision happens to be installed
+    cls = getattr(transformers, spec["class"] + "Pil", None) or getattr(transformers, spec["class"])
+    return cls(**spec["kwargs"])
+
+
+def tiny_image_features(model: PreTrainedModel, pixel_inputs: dict) -> torch.Tensor:
+    """``(n_tokens, dim)``: the rows the decoder receives at the image positions of the
+    images in ``pixel_inputs`` (a processor's output), in order -- the model's own
+    ``get_image_features``, packed as ``generate()`` packs them (AnyRes newlines included)."""
+    encoder = model.base_model.get_image_features
+    accepted = inspect.signature(encoder).parameters
+    kwargs = {name: value for name, value in pixel_inputs.items() if name in accepted}
+    with torch.no_grad():
+        pooled = encoder(**kwargs, return_dict=True).pooler_output
+    units = list(pooled) if isinstance(pooled, torch.Tensor) else pooled
+    return torch.cat([unit.reshape(-1, unit.shape[-1]) for unit in units])
 
 
 # --------------------------------------------------------------------------- pixel layouts
@@ -308,6 +341,18 @@ def _pixel_inputs(model, options, batch_size, images_per_sample, generator):
     return pixel_inputs, _image_feature_counts(model, pixel_inputs, layout, images_per_sample, options)
 
 
+def _processed_pixel_inputs(model, options, images):
+    """The image processor's pixel inputs for one image per row, and each image's token
+    count (the features of that image alone)."""
+    processor = tiny_image_processor(model.config.model_type)
+    out = processor(images=[[image] for image in images], return_tensors="pt")
+    missing = [name for name in options["pixel_inputs"] if name not in out]
+    if missing:
+        raise ValueError(f"{type(processor).__name__} returned no {missing}")
+    counts = [len(tiny_image_features(model, processor(images=[[image]], return_tensors="pt"))) for image in images]
+    return {name: out[name] for name in options["pixel_inputs"]}, counts
+
+
 def _left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     length = max(map(len, rows))
     input_ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
@@ -324,6 +369,7 @@ def tiny_inputs(
     text_lengths: list[int] | None = None,
     seed: int = 0,
     images_per_sample: int = 1,
+    images: list | None = None,
 ) -> dict[str, torch.Tensor]:
     """Dummy inputs for ``model(**inputs)`` and ``model.generate(**inputs)``.
 
@@ -340,6 +386,10 @@ def tiny_inputs(
             (attention mask 0 there).
         seed: seed for the text ids and pixels.
         images_per_sample: images in every row (0 gives text-only inputs without pixels).
+        images: real PIL images, one per row (``batch_size`` is then their number): the
+            pixel inputs are the family's own image processor's output
+            (:func:`tiny_image_processor`) instead of random tensors, so tiling, AnyRes and
+            dynamic resolution follow each image's size.
 
     Returns:
         ``input_ids``, ``attention_mask``, the family's pixel inputs and, where the family has
@@ -351,6 +401,12 @@ def tiny_inputs(
     """
     config, text_config = model.config, model.config.get_text_config()
     options = tiny_spec(config.model_type)["inputs"]
+    if images is not None:
+        if not images or images_per_sample != 1:
+            raise ValueError("images: give one PIL image per row (images_per_sample=1)")
+        batch_size = len(images)
+        if text_lengths is not None and len(text_lengths) != batch_size:
+            raise ValueError(f"text_lengths must be {batch_size} non-negative ints, got {text_lengths}")
     if batch_size < 1 or images_per_sample < 0:
         raise ValueError(f"need batch_size >= 1 and images_per_sample >= 0, got {batch_size}, {images_per_sample}")
     text_lengths = [_DEFAULT_TEXT_LENGTH] * batch_size if text_lengths is None else list(text_lengths)
@@ -364,7 +420,9 @@ def tiny_inputs(
     generator = torch.Generator().manual_seed(seed)
     # Pixels first: their features decide how many placeholder tokens each image needs.
     pixel_inputs, counts = {}, []
-    if images_per_sample:
+    if images is not None:
+        pixel_inputs, counts = _processed_pixel_inputs(model, options, images)
+    elif images_per_sample:
         pixel_inputs, counts = _pixel_inputs(model, options, batch_size, images_per_sample, generator)
 
     wrap = options.get("image_wrap", {})

@@ -1,0 +1,210 @@
+"""Where each image token sits in the image: token layouts, one per family, as a registry.
+
+A VLM's image tokens are not always one square grid. This module maps the image tokens of
+one batch row (in ``input_ids`` order, as :meth:`hooks.ModelPoints.image_token_mask`
+finds them) back to the image, as a list of :class:`Region`: a block of tokens laid out as
+a ``rows x cols`` raster covering a box of the *original* image (fractions of its width and
+height). Tokens in no region (a CLS token, LLaVA-NeXT's newline column) carry no place.
+
+The adapter names its family's layout (``token_layout`` in ``hooks/adapters/*.json``);
+each layout is a function in :data:`LAYOUTS` reading only the model config and the
+processor's per-image inputs:
+
+* ``grid`` -- a square of ``g x g`` tokens, after a leading CLS token when there is one
+  (LLaVA 1.5 with the "full" feature strategy, PaliGemma, Gemma 3 without pan-and-scan).
+* ``qwen_thw`` -- Qwen2/2.5/3-VL's dynamic resolution: ``image_grid_thw`` (t, h, w) patches
+  over ``vision_config.spatial_merge_size``; the processor resizes the whole image to a
+  multiple of the patch, so the raster covers all of it.
+* ``pixtral`` -- Mistral 3's Pixtral tower: ``image_sizes`` (the resized height and width)
+  over ``patch_size x spatial_merge_size``; row-break tokens are not image tokens.
+* ``anyres`` -- LLaVA-NeXT / OneVision: the base image (the whole image squashed to the
+  tower's square) then the high-resolution tiles' patches, unpadded back to the image's
+  aspect ratio, with one newline token closing each row. The tile grid and the unpadding
+  are computed with transformers' own ``get_anyres_image_grid_shape`` / ``unpad_image``;
+  OneVision's ``anyres_max_N`` down-sampling follows its ``pack_image_features``.
+* ``tiles`` -- Idefics3 / SmolVLM and InternVL: ``k`` equal tiles of ``t`` tokens each
+  (``t`` = the tower's patch grid over the pixel-shuffle factor), row-major, then one
+  global image (thumbnail) of the whole image when ``k > 1``. Neither family passes the
+  tile grid to the model, so ``rows x cols`` is the factorisation of ``k - 1`` whose
+  aspect ratio is closest (in log ratio) to the image's: InternVL chooses its grid that
+  way among all candidates, and Idefics3's grid (the image resized to a longest edge,
+  rounded up to whole tiles) agrees with it for every aspect ratio we checked. Pass the
+  original image's size for tiled layouts; without it a square grid is assumed, and a
+  non-square tile count is an error.
+
+Every layout checks that its regions account for exactly the row's image tokens and
+raises a ``ValueError`` saying what it expected otherwise -- a wrong map would silently
+localise the wrong place.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from .errors import unknown
+
+Box = tuple[float, float, float, float]
+FULL: Box = (0.0, 0.0, 1.0, 1.0)
+
+
+@dataclass(frozen=True)
+class Region:
+    """``rows x cols`` image tokens in raster order, starting at ``start`` among the row's
+    image tokens, ``stride`` tokens per raster row (``cols`` plus any trailing newline
+    tokens), covering ``box`` = (x0, y0, x1, y1) as fractions of the original image."""
+
+    start: int
+    rows: int
+    cols: int
+    stride: int
+    box: Box = FULL
+
+    def __post_init__(self) -> None:
+        if self.rows < 1 or self.cols < 1 or self.stride < self.cols or self.start < 0:
+            raise ValueError(f"invalid region {self}")
+
+    @property
+    def end(self) -> int:
+        """One past the last token of the region (newlines after the last row included)."""
+        return self.start + self.rows * self.stride
+
+    def indices(self) -> torch.Tensor:
+        """``(rows, cols)`` indices of the region's tokens among the row's image tokens."""
+        r = torch.arange(self.rows)[:, None] * self.stride
+        return self.start + r + torch.arange(self.cols)[None, :]
+
+
+#: layout name -> ``fn(config, n_tokens, inputs, row, image_size) -> list[Region]``
+LAYOUTS: dict[str, Callable[..., list[Region]]] = {}
+
+
+def register_layout(name: str):
+    """Decorator: add a token layout under ``name`` (an adapter's ``token_layout``)."""
+    def add(fn):
+        LAYOUTS[name] = fn
+        return fn
+    return add
+
+
+def token_regions(layout: str, config: Any, n_tokens: int, inputs: dict | None = None, row: int = 0,
+                  image_size: tuple[int, int] | None = None) -> list[Region]:
+    """The regions of one row's ``n_tokens`` image tokens under ``layout``.
+
+    ``inputs``: the processor's output (per-image tensors such as ``image_grid_thw``,
+    ``image_sizes``); ``row`` the batch row, holding one image; ``image_size`` the original
+    image's ``(width, height)`` (needed by tiled layouts)."""
+    if layout not in LAYOUTS:
+        raise ValueError(unknown("token layout", layout, LAYOUTS))
+    if n_tokens < 1:
+        raise ValueError(f"row {row} has no image tokens to map")
+    regions = LAYOUTS[layout](config, n_tokens, inputs or {}, row, image_size)
+    end = max(r.end for r in regions)
+    if end != n_tokens and not (layout == "anyres" and end + 1 == n_tokens):
+        raise ValueError(f"{layout} layout: regions account for {end} image tokens, the row has {n_tokens}")
+    return regions
+
+
+def content_indices(regions: list[Region]) -> torch.Tensor:
+    """Sorted indices of the tokens that lie in some region (CLS and newlines left out)."""
+    return torch.cat([r.indices().flatten() for r in regions]).unique()
+
+
+def _per_image(inputs: dict, name: str, row: int) -> list[int]:
+    value = inputs.get(name)
+    if value is None:
+        raise ValueError(f"this layout needs the processor's {name!r} to place image tokens; pass the processor output")
+    if row >= len(value):
+        raise ValueError(f"{name!r} has {len(value)} entries, no entry for row {row} (one image per row)")
+    return [int(v) for v in value[row]]
+
+
+def _vision(config: Any, name: str):
+    value = getattr(getattr(config, "vision_config", None), name, None)
+    if value is None:
+        raise ValueError(f"config.vision_config has no {name!r}; cannot place image tokens")
+    return int(value[0] if isinstance(value, (list, tuple)) else value)
+
+
+@register_layout("grid")
+def _grid(config, n_tokens, inputs, row, image_size) -> list[Region]:
+    for skip in (0, 1):
+        side = math.isqrt(n_tokens - skip)
+        if side > 0 and side * side == n_tokens - skip:
+            return [Region(skip, side, side, side)]
+    raise ValueError(
+        f"cannot map {n_tokens} image tokens to a square grid (nor one after a CLS token); several images in "
+        "one row, or a tiled input under a grid adapter? Pass boxes from a detector instead")
+
+
+@register_layout("qwen_thw")
+def _qwen(config, n_tokens, inputs, row, image_size) -> list[Region]:
+    t, h, w = _per_image(inputs, "image_grid_thw", row)
+    merge = _vision(config, "spatial_merge_size")
+    if t != 1:
+        raise ValueError(f"image_grid_thw row {row} has t={t}: a video, not an image")
+    return [Region(0, h // merge, w // merge, w // merge)]
+
+
+@register_layout("pixtral")
+def _pixtral(config, n_tokens, inputs, row, image_size) -> list[Region]:
+    height, width = _per_image(inputs, "image_sizes", row)
+    step = _vision(config, "patch_size") * int(getattr(config, "spatial_merge_size", 1) or 1)
+    return [Region(0, height // step, width // step, width // step)]
+
+
+@register_layout("anyres")
+def _anyres(config, n_tokens, inputs, row, image_size) -> list[Region]:
+    from transformers.models.llava_next.modeling_llava_next import get_anyres_image_grid_shape, unpad_image
+
+    side = _vision(config, "image_size") // _vision(config, "patch_size")
+    base = Region(0, side, side, side)
+    if n_tokens <= side * side + 1:  # one tile: the base image (and a newline)
+        return [base]
+    size = _per_image(inputs, "image_sizes", row)  # (height, width) of the original image
+    tiles_h, tiles_w = get_anyres_image_grid_shape(size, config.image_grid_pinpoints, _vision(config, "image_size"))
+    _, rows, cols = unpad_image(torch.empty(1, tiles_h * side, tiles_w * side), size).shape
+    aspect = getattr(config, "vision_aspect_ratio", None)  # OneVision: "anyres_max_9"
+    if isinstance(aspect, str) and aspect.startswith("anyres_max_"):
+        ratio = math.sqrt(rows * cols / (int(aspect[len("anyres_max_"):]) * side * side))
+        if ratio > 1.1:  # the same rule as LlavaOnevisionModel.pack_image_features
+            rows, cols = int(rows // ratio), int(cols // ratio)
+    newline = (n_tokens - side * side) - rows * cols  # one per row when the model has image_newline
+    if newline not in (0, rows):
+        raise ValueError(f"anyres layout: expected {side * side} base tokens and a {rows} x {cols} grid "
+                         f"(+{rows} newlines), the row has {n_tokens} image tokens")
+    return [base, Region(side * side, rows, cols, cols + (1 if newline else 0))]
+
+
+def _tile_grid(count: int, image_size: tuple[int, int] | None) -> tuple[int, int]:
+    """``(rows, cols)`` with ``rows * cols == count``, closest to the image's aspect ratio."""
+    pairs = [(count // c, c) for c in range(1, count + 1) if count % c == 0]
+    if image_size is None:
+        side = math.isqrt(count)
+        if side * side != count:
+            raise ValueError(f"{count} tiles: pass the image's size to tell the tile grid ({pairs})")
+        return side, side
+    width, height = image_size
+    return min(pairs, key=lambda rc: (abs(math.log(rc[1] / rc[0]) - math.log(width / height)), rc[0]))
+
+
+@register_layout("tiles")
+def _tiles(config, n_tokens, inputs, row, image_size) -> list[Region]:
+    side = _vision(config, "image_size") // _vision(config, "patch_size")
+    if getattr(config, "scale_factor", None):  # Idefics3 / SmolVLM pixel shuffle
+        side //= int(config.scale_factor)
+    elif getattr(config, "downsample_ratio", None):  # InternVL pixel shuffle
+        side = int(side * float(config.downsample_ratio))
+    per = side * side
+    if n_tokens % per:
+        raise ValueError(f"tiles layout: {n_tokens} image tokens are not whole tiles of {per}")
+    count = n_tokens // per
+    if count == 1:
+        return [Region(0, side, side, side)]
+    rows, cols = _tile_grid(count - 1, image_size)
+    regions = [Region(per * (r * cols + c), side, side, side, (c / cols, r / rows, (c + 1) / cols, (r + 1) / rows))
+               for r in range(rows) for c in range(cols)]
+    return regions + [Region(per * (count - 1), side, side, side)]  # the global image / thumbnail, last

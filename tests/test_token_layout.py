@@ -1,0 +1,136 @@
+"""hooks.layout: each family's image tokens map back to the right place of the original image.
+
+The end-to-end check runs the family's own transformers image processor (resizing, AnyRes
+tiling and unpadding, Idefics3 / InternVL splitting, Qwen's patch packing) on a real PIL
+image, takes the rows the decoder receives (the model's ``get_image_features``) with the
+vision tower's self-attention silenced -- so a token's features depend on its own patches
+only, as the layout claims, and random attention cannot carry the change elsewhere --,
+paints a white square into the image and asks: in every region of the layout that holds most of the
+square, does the token whose features changed most lie, by the layout, on the square? A
+transposed grid, a wrong tile order or a wrong unpadding puts it cells away.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from PIL import Image
+
+from hooks import HookGroup, get_adapter, register_adapter, resolve
+from hooks.layout import LAYOUTS, Region, _tile_grid, content_indices, token_regions
+from hooks.testing import TINY_MODEL_TYPES, build_tiny_model, tiny_config, tiny_image_features, tiny_image_processor
+
+SQUARE = 16  # pixels
+
+
+def _most_changed_cell(region: Region, changed: torch.Tensor, size: tuple[int, int]) -> tuple[float, ...]:
+    """The pixel box the layout gives the token of ``region`` whose features changed most."""
+    width, height = size
+    k = int(changed[region.indices().flatten()].argmax())
+    i, j = divmod(k, region.cols)
+    x0, y0, x1, y1 = region.box
+    cell_w, cell_h = (x1 - x0) * width / region.cols, (y1 - y0) * height / region.rows
+    return x0 * width + j * cell_w, y0 * height + i * cell_h, x0 * width + (j + 1) * cell_w, y0 * height + (i + 1) * cell_h
+
+
+def _silence_tower_attention(model, group: HookGroup) -> None:
+    """Every attention module of the vision tower outputs zeros (its residual keeps the token)."""
+    def zero(module, args, kwargs, output):
+        if isinstance(output, tuple):
+            return (torch.zeros_like(output[0]), *output[1:])
+        return torch.zeros_like(output)
+
+    for name, module in resolve(model).vision_encoder.named_modules():
+        if type(module).__name__.endswith("Attention"):
+            group.add_forward_hook(module, zero)
+
+
+def _overlap(a, b) -> float:
+    return max(0.0, min(a[2], b[2]) - max(a[0], b[0])) * max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
+
+
+@pytest.mark.parametrize("size", [(96, 64), (64, 96)], ids=["landscape", "portrait"])
+@pytest.mark.parametrize("model_type", TINY_MODEL_TYPES)
+def test_tokens_map_to_where_the_image_changed(model_type, size):
+    model = build_tiny_model(model_type)
+    with HookGroup("silence") as group:
+        _silence_tower_attention(model, group)
+        _check_layout(model_type, model, size)
+
+
+def _check_layout(model_type, model, size) -> None:
+    processor = tiny_image_processor(model_type)
+    points = resolve(model)
+    width, height = size
+    blank = Image.new("RGB", size, (128, 128, 128))
+    before = tiny_image_features(model, processor(images=[blank], return_tensors="pt"))
+    checked = 0
+    for x, y in [(6, 6), (width - 20, height - 20), (int(0.42 * width), int(0.38 * height)), (width - 20, 6)]:
+        image = blank.copy()
+        image.paste((255, 255, 255), (x, y, x + SQUARE, y + SQUARE))
+        enc = dict(processor(images=[image], return_tensors="pt"))
+        changed = (tiny_image_features(model, enc) - before).norm(dim=-1)
+        regions = points.token_regions(len(changed), enc, 0, size)
+        square = (x, y, x + SQUARE, y + SQUARE)
+        for region in regions:
+            x0, y0, x1, y1 = region.box
+            if _overlap(square, (x0 * width, y0 * height, x1 * width, y1 * height)) >= SQUARE * SQUARE / 2:
+                cell = _most_changed_cell(region, changed, size)
+                assert _overlap(cell, square) > 0, f"{model_type} {size}: square {square}, region {region}: cell {cell}"
+                checked += 1
+    assert checked >= 4  # every square was in some region
+
+
+def test_region_indices_skip_newlines_and_cls():
+    region = Region(start=1, rows=2, cols=3, stride=4)
+    assert region.indices().tolist() == [[1, 2, 3], [5, 6, 7]]
+    assert region.end == 9
+    assert content_indices([Region(0, 2, 2, 2), region]).tolist() == [0, 1, 2, 3, 5, 6, 7]
+    with pytest.raises(ValueError, match="invalid region"):
+        Region(start=0, rows=2, cols=3, stride=2)
+
+
+def test_grid_layout():
+    assert token_regions("grid", None, 65) == [Region(1, 8, 8, 8)]  # LLaVA "full": CLS + 8 x 8
+    assert token_regions("grid", None, 64) == [Region(0, 8, 8, 8)]
+    with pytest.raises(ValueError, match="detector"):
+        token_regions("grid", None, 70)
+
+
+def test_tile_grid_follows_the_aspect_ratio():
+    # Idefics3 resizes the long side to 4 tiles and rounds the short side up to whole tiles
+    assert _tile_grid(12, (1000, 600)) == (3, 4)
+    assert _tile_grid(8, (1560, 400)) == (2, 4)
+    assert _tile_grid(4, (1000, 200)) == (1, 4)
+    assert _tile_grid(4, (200, 1000)) == (4, 1)
+    assert _tile_grid(16, (1050, 1000)) == (4, 4)
+    assert _tile_grid(9, None) == (3, 3)
+    with pytest.raises(ValueError, match="size"):
+        _tile_grid(6, None)
+
+
+def test_layouts_say_what_they_expected():
+    with pytest.raises(ValueError, match="unknown token layout"):
+        token_regions("hexagons", None, 16)
+    with pytest.raises(ValueError, match="no image tokens"):
+        token_regions("grid", None, 0)
+    with pytest.raises(ValueError, match="whole tiles of 16"):
+        token_regions("tiles", tiny_config("idefics3"), 20)
+    with pytest.raises(ValueError, match="image_grid_thw"):
+        token_regions("qwen_thw", tiny_config("qwen2_vl"), 6, {})
+    with pytest.raises(ValueError, match="regions account for 6 image tokens, the row has 8"):
+        token_regions("qwen_thw", tiny_config("qwen2_vl"), 8, {"image_grid_thw": torch.tensor([[1, 4, 6]])})
+    with pytest.raises(ValueError, match="video"):
+        token_regions("qwen_thw", tiny_config("qwen2_vl"), 6, {"image_grid_thw": torch.tensor([[2, 4, 6]])})
+    config = tiny_config("llava_next")
+    with pytest.raises(ValueError, match="anyres layout: expected 16 base tokens"):
+        token_regions("anyres", config, 16 + 50, {"image_sizes": torch.tensor([[40, 64]])})
+
+
+def test_every_table_adapter_names_a_known_layout():
+    for model_type in TINY_MODEL_TYPES:
+        assert get_adapter(model_type).token_layout in LAYOUTS
+    data = {**get_adapter("llava").to_dict(), "model_type": "llava_hex", "token_layout": "hexagons"}
+    data.pop("source")
+    with pytest.raises(ValueError, match="token_layout 'hexagons'"):
+        register_adapter(data)
