@@ -131,13 +131,17 @@ def tiny_image_features(model: PreTrainedModel, pixel_inputs: dict) -> torch.Ten
     """``(n_tokens, dim)``: the rows the decoder receives at the image positions of the
     images in ``pixel_inputs`` (a processor's output), in order -- the model's own
     ``get_image_features``, packed as ``generate()`` packs them (AnyRes newlines included)."""
+    return torch.cat([unit.reshape(-1, unit.shape[-1]) for unit in _feature_units(model, pixel_inputs)])
+
+
+def _feature_units(model: PreTrainedModel, pixel_inputs: dict) -> list[torch.Tensor]:
+    """``get_image_features(...).pooler_output`` as a list of units (images, tiles or samples)."""
     encoder = model.base_model.get_image_features
     accepted = inspect.signature(encoder).parameters
     kwargs = {name: value for name, value in pixel_inputs.items() if name in accepted}
     with torch.no_grad():
         pooled = encoder(**kwargs, return_dict=True).pooler_output
-    units = list(pooled) if isinstance(pooled, torch.Tensor) else pooled
-    return torch.cat([unit.reshape(-1, unit.shape[-1]) for unit in units])
+    return list(pooled) if isinstance(pooled, torch.Tensor) else pooled
 
 
 # --------------------------------------------------------------------------- pixel layouts
@@ -296,12 +300,7 @@ PIXEL_LAYOUTS: dict[str, PixelLayout] = {
 
 def _image_feature_counts(model, pixel_inputs, layout, images_per_sample, options) -> list[int]:
     """Image-token count per image, from the model's own ``get_image_features``."""
-    encoder = model.base_model.get_image_features
-    accepted = inspect.signature(encoder).parameters
-    kwargs = {name: value for name, value in pixel_inputs.items() if name in accepted}
-    with torch.no_grad():
-        pooled = encoder(**kwargs, return_dict=True).pooler_output
-    units = list(pooled) if isinstance(pooled, torch.Tensor) else pooled
+    units = _feature_units(model, pixel_inputs)
     return layout.split([unit.numel() // unit.shape[-1] for unit in units], images_per_sample, options)
 
 
