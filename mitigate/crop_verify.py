@@ -28,6 +28,14 @@ combines them at inference time:
    answers (counts, colours) a view's answer replaces the first one when its confidence
    is above both ``tau`` and the first answer's confidence.
 
+Two options, off by default: ``views`` may include ``"pair"`` -- the original and its crop
+as two images of one prompt, for models that take several -- and ``control=True`` also
+asks the question on a window of the crop's size placed as far from the object as the
+image allows (:func:`control_box`); a "no" is then overturned only when a view's p(yes)
+exceeds both ``tau`` and the control's. A model that says "yes" to any zoomed-in cut says
+it to the control too, so the control separates "the object is here" from "crops look
+full" (it does not apply to counts and colours).
+
 For free-form captions, :meth:`CropVerify.verify_caption` finds the objects a caption
 mentions (CHAIR's phrase matcher over a synonym table: the world's by default, COCO's or
 any other by argument), asks an existence question about each through :meth:`answer` --
@@ -57,7 +65,22 @@ from .localize import (
 )
 from .spans import find_prior_spans
 
-VIEWS = ("crop", "cluster")
+#: The views a query can be re-asked on: DO-Bench's Crop and Cluster, and "pair" -- the
+#: original and its Crop view as two images of one prompt (issue 6's [original, crop], for
+#: models that take several images; the crop adds resolution without losing the context).
+VIEWS = ("crop", "cluster", "pair")
+
+
+def control_box(box: tuple, width: int, height: int) -> tuple[float, float, float, float]:
+    """A window of ``box``'s size placed as far from it as the image allows: of the four
+    corner placements, the one whose centre is farthest from ``box``'s centre. The control
+    view: what the model says on a same-sized cut of somewhere else (deterministic)."""
+    x0, y0, x1, y1 = box
+    w, h = min(x1 - x0, width), min(y1 - y0, height)
+    cx, cy = (x0 + x1) / 2, (y0 + y1) / 2
+    corners = [(0.0, 0.0), (width - w, 0.0), (0.0, height - h), (width - w, height - h)]
+    left, top = max(corners, key=lambda c: (c[0] + w / 2 - cx) ** 2 + (c[1] + h / 2 - cy) ** 2)
+    return (float(left), float(top), float(left + w), float(top + h))
 
 #: The existence question asked about each caption mention; ``{object}`` is the category.
 MENTION_QUESTION = "Is there a {object} in the image? Answer yes or no."
@@ -76,7 +99,10 @@ def without_priors(prompt: str) -> str:
 @register
 @dataclass
 class CropVerify:
-    """``CropVerify(processor, tau=0.5, gate=0.9, margin=0.1, views=("crop", "cluster"))``.
+    """``CropVerify(processor, tau=0.5, gate=0.9, margin=0.1, views=("crop", "cluster"), control=False)``.
+
+    ``views``: a non-empty subset of :data:`VIEWS`; ``control``: also ask a same-size window
+    away from the object and overturn only when a view beats it (module docstring).
 
     Localisation: ``layers`` (default: ViCrop's middle layers), ``queries`` (``"last"``,
     ``"question"`` or ``"object"``), ``heads`` (``"mean"`` or ``"peak"``), ``generic_prompt``
@@ -88,7 +114,8 @@ class CropVerify:
     tau: float = 0.5
     gate: float = 0.9
     margin: float = 0.1
-    views: Sequence[str] = VIEWS
+    views: Sequence[str] = ("crop", "cluster")
+    control: bool = False  # also ask a same-size window away from the object (control_box)
     layers: Sequence[int] | None = None
     queries: str = "last"  # "question": the text after the image; "object": the object's tokens
     heads: str = "mean"  # "peak": per query, the most concentrated head (see localize)
@@ -100,11 +127,15 @@ class CropVerify:
     name = "crop_verify"
 
     def __post_init__(self) -> None:
+        if not isinstance(self.control, bool):
+            raise ValueError(f"control must be True or False, got {self.control!r}")
         if not isinstance(self.tau, (int, float)) or not 0.0 <= self.tau <= 1.0:
             raise ValueError(f"tau must be in [0, 1], got {self.tau!r}")
         if not isinstance(self.gate, (int, float)) or not 0.0 <= self.gate <= 1.0:
             raise ValueError(f"gate must be in [0, 1], got {self.gate!r}")
         check_margin(self.margin)
+        if isinstance(self.views, str):  # "crop+pair", as a command-line spec gives it
+            self.views = tuple(v.strip() for v in self.views.split("+"))
         unknown = [v for v in self.views if v not in VIEWS]
         if unknown or not self.views:
             raise ValueError(f"views must be a non-empty subset of {VIEWS}, got {list(self.views)!r}")
@@ -122,11 +153,14 @@ class CropVerify:
             raise ValueError("localizer must be callable: localizer(image, prompt) -> (x0, y0, x1, y1)")
 
     # -- plumbing -----------------------------------------------------------------------
-    def _inputs(self, images: list[Image.Image], prompts: list[str], model) -> dict:
+    def _inputs(self, images: list, prompts: list[str], model) -> dict:
+        """One prompt per entry of ``images``: an image, or a list of images (the "pair" view)."""
+        groups = [im if isinstance(im, list) else [im] for im in images]
         texts = [self.processor.apply_chat_template(
-            [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": p}]}], add_generation_prompt=True)
-            for p in prompts]
-        return self.processor(text=texts, images=images, return_tensors="pt", padding=True).to(model.device)
+            [{"role": "user", "content": [{"type": "image"}] * len(g) + [{"type": "text", "text": p}]}],
+            add_generation_prompt=True) for g, p in zip(groups, prompts)]
+        flat = [im for g in groups for im in g]
+        return self.processor(text=texts, images=flat, return_tensors="pt", padding=True).to(model.device)
 
     def _generate(self, model, images, prompts, max_new_tokens: int, generate_kwargs: dict):
         enc = self._inputs(images, prompts, model)
@@ -222,14 +256,16 @@ class CropVerify:
         view_images, view_prompts, built_all = [], [], []
         if self.strip_priors:
             prompts = [without_priors(p) for p in prompts]
+        asked = [*self.views, *(["control"] if self.control else [])]
         for image, prompt, box in zip(images, prompts, boxes):
-            built = {"crop": crop_box(box, image.width, image.height, self.margin),
-                     "cluster": cluster_box(box, [], image.width, image.height, self.margin)}
+            crop = crop_box(box, image.width, image.height, self.margin)
+            built = {"crop": crop, "cluster": cluster_box(box, [], image.width, image.height, self.margin),
+                     "pair": crop, "control": control_box(crop, image.width, image.height)}
             built_all.append(built)
-            view_images += [cut(image, built[v]) for v in self.views]
-            view_prompts += [prompt] * len(self.views)
+            view_images += [[image, cut(image, crop)] if v == "pair" else cut(image, built[v]) for v in asked]
+            view_prompts += [prompt] * len(asked)
         all_texts, all_probs = self._generate(model, view_images, view_prompts, max_new_tokens, generate_kwargs)
-        k = len(self.views)
+        k = len(asked)
         for j, (result, box, built) in enumerate(zip(results, boxes, built_all)):
             texts, probs = all_texts[j * k : (j + 1) * k], all_probs[j * k : (j + 1) * k]
             self._decide(result, box, built, texts, probs)
@@ -240,11 +276,17 @@ class CropVerify:
         self.stats["verified"] += 1
         result["verified"] = True
         result["box"] = box
+        k = len(self.views)
         result["views"] = {v: {"answer": t, "p_yes": float(p), "confidence": float(c), "box": built[v]}
                            for v, t, p, c in zip(self.views, texts, p_yes, conf)}
+        floor = self.tau
+        if self.control:  # a view must also beat a same-size cut of somewhere else
+            result["control"] = {"answer": texts[k], "p_yes": float(p_yes[k]), "box": built["control"]}
+            floor = max(floor, float(p_yes[k]))
+        texts, p_yes, conf = texts[:k], p_yes[:k], conf[:k]
         first = parse_yes_no(result["first_answer"])
         if first is False:
-            if any(float(p) > self.tau for p in p_yes):
+            if any(float(p) > floor for p in p_yes):
                 best = max(range(len(texts)), key=lambda j: float(p_yes[j]))
                 result["answer"] = texts[best]
                 self.stats["overturned"] += 1

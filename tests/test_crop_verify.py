@@ -222,6 +222,52 @@ def test_gate_decides_when_views_run(organism_like):
     assert 0 <= box[0] < box[2] <= images[0].width and 0 <= box[1] < box[3] <= images[0].height
 
 
+def test_command_line_spec_sets_views_and_control():
+    from evaluators.cli import parse_mitigations
+
+    (cv,) = parse_mitigations("crop_verify:views=crop+pair;control=true;tau=0.7", None, processor=object())
+    assert isinstance(cv, CropVerify) and tuple(cv.views) == ("crop", "pair") and cv.control is True and cv.tau == 0.7
+
+
+def test_control_box_is_the_farthest_same_size_window():
+    from mitigate.crop_verify import control_box
+
+    assert control_box((10, 10, 30, 40), 100, 80) == (80.0, 50.0, 100.0, 80.0)  # top-left -> bottom-right
+    assert control_box((70, 50, 100, 80), 100, 80) == (0.0, 0.0, 30.0, 30.0)
+    assert control_box((0, 0, 120, 50), 100, 80) == (0.0, 30.0, 100.0, 80.0)  # clipped to the image
+
+
+def test_pair_view_and_control(organism_like):
+    """The "pair" view re-asks with [original, crop] as two images of one prompt; with
+    ``control`` a view overturns a "no" only when its p(yes) beats the control window's."""
+    from evaluators.answers import parse_yes_no
+    from hooks import resolve
+
+    model, processor, images = organism_like
+    prompts = ["is there a dog in the image ? answer yes or no ."] * len(images)
+    seen = []
+    points = resolve(model)
+    handle = model.register_forward_pre_hook(
+        lambda m, args, kwargs: seen.append(points.image_token_mask(kwargs["input_ids"]).sum(1).tolist())
+        if kwargs.get("input_ids") is not None and kwargs["input_ids"].shape[1] > 1 else None, with_kwargs=True)
+    try:
+        cv = CropVerify(processor, gate=1.0, tau=0.0, views=("crop", "pair"), control=True)
+        results = cv.answer(model, images, prompts, max_new_tokens=2)
+    finally:
+        handle.remove()
+    single = seen[0][0]
+    assert any(counts.count(2 * single) for counts in seen), "some prompt carried two images"
+    for r in results:
+        if not r["verified"]:
+            continue
+        assert set(r["views"]) == {"crop", "pair"} and r["views"]["pair"]["box"] == r["views"]["crop"]["box"]
+        control = r["control"]["p_yes"]
+        beats = any(v["p_yes"] > max(cv.tau, control) for v in r["views"].values())
+        assert (parse_yes_no(r["answer"]) is not parse_yes_no(r["first_answer"])) <= beats
+        if parse_yes_no(r["first_answer"]) is False and not beats:
+            assert r["answer"] == r["first_answer"]
+
+
 def test_caller_boxes_replace_attention(organism_like):
     model, processor, images = organism_like
     cv = CropVerify(processor, gate=1.0, tau=0.0, views=("crop",), localizer=lambda image, prompt: (10, 10, 30, 30))
@@ -233,7 +279,8 @@ def test_caller_boxes_replace_attention(organism_like):
 @pytest.mark.parametrize("kwargs, match", [
     ({"tau": 1.5}, "tau"), ({"tau": -0.1}, "tau"), ({"gate": 2}, "gate"), ({"margin": 0.9 + 0.2}, "margin"),
     ({"views": ("zoom",)}, "views"), ({"localizer": "yolo"}, "localizer"), ({"queries": "first"}, "queries"),
-    ({"heads": "max"}, "heads"), ({"generic_prompt": ""}, "generic_prompt"),
+    ({"heads": "max"}, "heads"), ({"generic_prompt": ""}, "generic_prompt"), ({"control": "yes"}, "control"),
+    ({"views": ("pair", "zoom")}, "views"),
 ])
 def test_bad_config(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -395,20 +442,23 @@ def test_views_are_asked_without_the_prompts_beliefs(organism_like):
     assert seen[0] != seen[1], "the belief sentence changes what the view is asked"
 
 
-def test_policy_replay_matches_crop_verify(organism_like):
+@pytest.mark.parametrize("control", [False, True])
+def test_policy_replay_matches_crop_verify(organism_like, control):
     """``evaluators.organism.crop_policy`` replays tau on one tau=0 run: for tau >= 0.5 its
-    yes/no equals what CropVerify(tau) answers."""
+    yes/no equals what CropVerify(tau) answers, with and without the control window."""
     from evaluators.answers import parse_yes_no
     from evaluators.organism.crop_policy import error_rates
 
     model, processor, images = organism_like
     prompts = [f"is there a {c} in the image ? answer yes or no ." for c in ("dog", "cup", "tree", "bird")]
     box = lambda image, prompt: (0.0, 0.0, 40.0, 40.0)
-    zero = CropVerify(processor, tau=0.0, gate=1.0, localizer=box).answer(model, images, prompts, max_new_tokens=3)
+    kwargs = {"gate": 1.0, "localizer": box, "control": control}
+    zero = CropVerify(processor, tau=0.0, **kwargs).answer(model, images, prompts, max_new_tokens=3)
     records = [{"series": "A", "level": i, "first": parse_yes_no(r["first_answer"]), "verified": r["verified"],
-                "p_yes": [v["p_yes"] for v in r["views"].values()]} for i, r in enumerate(zero)]
+                "p_yes": [v["p_yes"] for v in r["views"].values()],
+                "p_control": r["control"]["p_yes"] if control and r["verified"] else None} for i, r in enumerate(zero)]
     for tau in (0.5, 0.6, 0.9):
-        real = CropVerify(processor, tau=tau, gate=1.0, localizer=box).answer(model, images, prompts, max_new_tokens=3)
+        real = CropVerify(processor, tau=tau, **kwargs).answer(model, images, prompts, max_new_tokens=3)
         replay = error_rates(records, tau)
         for i, r in enumerate(real):
             assert replay[("A", i)] == (0.0 if parse_yes_no(r["answer"]) is True else 100.0)

@@ -2,6 +2,7 @@
 
     python -m evaluators.organism.crop_policy --scenes 40 --seed 0     # the report's scenes, full scale
     python -m evaluators.organism.crop_policy --scenes 40 --seed 1     # other scenes
+    python -m evaluators.organism.crop_policy --settings views         # pair view, control window
 
 Issue 6 asks that the Full-view false "no" on present objects fall while the false "yes"
 on absent ones (DO-Bench's B-series) rises by at most 3 points. Both depend on ``tau`` (a
@@ -25,39 +26,56 @@ from ..answers import parse_yes_no
 from ..benchmarks.dobench.suite import build
 
 TAUS = (0.5, 0.6, 0.7, 0.8, 0.9)
-LOCALISERS = {
-    "ViCrop (default)": {},
-    "object tokens, peak head, layer 0": {"layers": [0], "queries": "object", "heads": "peak", "generic_prompt": None},
+_OBJECT = {"layers": [0], "queries": "object", "heads": "peak", "generic_prompt": None}
+#: ``--settings``: named CropVerify configurations, compared on the same queries.
+SETTINGS = {
+    # session 6: localiser x what the views are asked
+    "policy": {
+        "ViCrop (default); views asked the question alone": {},
+        "ViCrop (default); views asked the whole prompt": {"strip_priors": False},
+        "object tokens, peak head, layer 0; views asked the question alone": _OBJECT,
+        "object tokens, peak head, layer 0; views asked the whole prompt": {**_OBJECT, "strip_priors": False},
+    },
+    # session 7: the [original, crop] pair view and the control window
+    "views": {
+        "ViCrop (default); crop + cluster": {},
+        "ViCrop; crop + cluster, with control": {"control": True},
+        "ViCrop; crop + cluster + [original, crop] pair": {"views": ("crop", "cluster", "pair")},
+        "ViCrop; [original, crop] pair alone": {"views": ("pair",)},
+        "object tokens, peak head, layer 0; crop + cluster, with control": {**_OBJECT, "control": True},
+    },
 }
 
 
-def collect(model, processor, scenes: int, seed: int, batch: int = 16) -> dict[str, list[dict]]:
-    """Per setting (localiser x view prompt), one record per Full-view query: series,
-    level, first answer, whether the gate let it through and each view's p(yes)."""
+def collect(model, processor, scenes: int, seed: int, batch: int = 16, settings: str = "policy") -> dict[str, list[dict]]:
+    """Per setting, one record per Full-view query: series, level, first answer, whether
+    the gate let it through, each view's p(yes) and (with ``control``) the control's."""
     from mitigate import CropVerify
 
     queries = [q for q in build(n_scenes=scenes, seed=seed) if q.record["view"] == "Full"]
     out: dict[str, list[dict]] = {}
-    for name, localiser in LOCALISERS.items():
-        for strip in (True, False):
-            cv = CropVerify(processor, tau=0.0, strip_priors=strip, **localiser)
-            records = []
-            for i in range(0, len(queries), batch):
-                chunk = queries[i : i + batch]
-                for q, r in zip(chunk, cv.answer(model, [q.images[0] for q in chunk], [q.prompt for q in chunk])):
-                    records.append({"series": q.record["series"], "level": q.record["level"],
-                                    "first": parse_yes_no(r["first_answer"]), "verified": r["verified"],
-                                    "p_yes": [v["p_yes"] for v in r["views"].values()]})
-            out[f"{name}; views asked {'the question alone' if strip else 'the whole prompt'}"] = records
+    for name, kwargs in SETTINGS[settings].items():
+        cv = CropVerify(processor, tau=0.0, **kwargs)
+        records = []
+        for i in range(0, len(queries), batch):
+            chunk = queries[i : i + batch]
+            for q, r in zip(chunk, cv.answer(model, [q.images[0] for q in chunk], [q.prompt for q in chunk])):
+                records.append({"series": q.record["series"], "level": q.record["level"],
+                                "first": parse_yes_no(r["first_answer"]), "verified": r["verified"],
+                                "p_yes": [v["p_yes"] for v in r["views"].values()],
+                                "p_control": r["control"]["p_yes"] if "control" in r else None})
+        out[name] = records
     return out
 
 
 def error_rates(records: list[dict], tau: float | None) -> dict[tuple[str, int], float]:
-    """(series, level) -> error rate (%) under the overturn rule at ``tau`` (None: no overturn)."""
+    """(series, level) -> error rate (%) under the overturn rule at ``tau`` (None: no
+    overturn): a view's p(yes) must exceed ``tau`` and, when there is one, the control's."""
     cells: dict[tuple[str, int], list[bool]] = {}
     for r in records:
         yes = r["first"] is True
-        if tau is not None and r["verified"] and r["first"] is False and any(p > tau for p in r["p_yes"]):
+        floor = None if tau is None else max(tau, r.get("p_control") or 0.0)
+        if floor is not None and r["verified"] and r["first"] is False and any(p > floor for p in r["p_yes"]):
             yes = True
         cells.setdefault((r["series"], r["level"]), []).append(yes if r["series"] == "B" else not yes)
     return {k: 100.0 * sum(v) / len(v) for k, v in cells.items()}
@@ -89,10 +107,12 @@ def main(argv=None) -> None:
     parser.add_argument("--path", default=None)
     parser.add_argument("--scenes", type=int, default=40, help="DO-Bench scene groups (full scale: 40)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--settings", choices=sorted(SETTINGS), default="policy",
+                        help="policy: localiser x view prompt (session 6); views: pair view and control window")
     args = parser.parse_args(argv)
     torch.set_num_threads(2)
     model, processor = load_organism(args.path)
-    print(table(collect(model, processor, args.scenes, args.seed)))
+    print(table(collect(model, processor, args.scenes, args.seed, settings=args.settings)))
 
 
 if __name__ == "__main__":
