@@ -6,13 +6,18 @@ from the original image where the model's own attention points.
 
 No ground truth is used at inference: the box comes from last-token attention normalised
 by a generic prompt (ViCrop); pass ``localizer=`` to plug in a detector instead.
+
+Two ways to use it, with the same answers: ``CropVerify.answer(model, images, prompts)``,
+which reports what each view said, and ``attach(model, CropVerify(processor))``, under
+which the caller's own ``processor(...)`` + ``model.generate()`` (or a pipeline) verify
+themselves.
 """
 
 import argparse
 
 from evaluators.model import load_hf
 from evaluators.world import BIASED, World
-from mitigate import CropVerify
+from mitigate import CropVerify, attach
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--model", default="organism")
@@ -37,3 +42,13 @@ for prompt, result in zip(prompts, cv.answer(model, images, prompts, max_new_tok
     views = ", ".join(f"{v}: {r['answer']} (p_yes {r['p_yes']:.2f})" for v, r in result["views"].items())
     print(f"{prompt!r}: {result['first_answer']} -> {result['answer']}" + (f"   [{views}]" if views else ""))
 print(f"stats: {cv.stats}  (truth: every object asked about is present)")
+
+# the same through plain generate(): preprocess while attached, so the originals are known
+verified = CropVerify(processor, tau=0.5, gate=0.9, margin=0.1)
+with attach(model, verified):
+    texts = [processor.apply_chat_template([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": p}]}],
+                                           add_generation_prompt=True) for p in prompts]
+    enc = processor(text=texts, images=images, return_tensors="pt", padding=True).to(model.device)
+    out = model.generate(**enc, max_new_tokens=3, do_sample=False)
+answers = [t.strip() for t in processor.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)]
+print(f"generate() under attach: {answers}  stats: {verified.stats}")

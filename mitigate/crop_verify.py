@@ -59,7 +59,7 @@ from evaluators.world.views import check_margin, cluster_box, crop_box, cut
 
 from hooks import resolve
 
-from .base import register
+from .base import Mitigation, register
 from .localize import (
     GENERIC_PROMPT, HEADS, QUERIES, attention_boxes, object_in_question, object_token_mask,
 )
@@ -98,7 +98,7 @@ def without_priors(prompt: str) -> str:
 
 @register
 @dataclass
-class CropVerify:
+class CropVerify(Mitigation):
     """``CropVerify(processor, tau=0.5, gate=0.9, margin=0.1, views=("crop", "cluster"), control=False)``.
 
     ``views``: a non-empty subset of :data:`VIEWS`; ``control``: also ask a same-size window
@@ -151,6 +151,21 @@ class CropVerify:
             self.layers = [self.layers]
         if self.localizer is not None and not callable(self.localizer):
             raise ValueError("localizer must be callable: localizer(image, prompt) -> (x0, y0, x1, y1)")
+
+    # -- attach(): plain generate() and pipelines ---------------------------------------------
+    def validate(self, points) -> None:
+        if "pair" in self.views:
+            raise ValueError("the 'pair' view puts two images in one prompt: use CropVerify.answer(), not attach()")
+        for part in ("tokenizer", "image_processor"):
+            if getattr(self.processor, part, None) is None:
+                raise ValueError(f"attach(model, CropVerify(processor)) needs the model's processor (with its {part})")
+
+    def attach_hooks(self, points, group) -> None:
+        """Under :func:`mitigate.attach`, ``model.generate()`` verifies its own answers
+        (:mod:`mitigate.crop_verify_generate`)."""
+        from .crop_verify_generate import attach_verified_generate
+
+        attach_verified_generate(self, points, group)
 
     # -- plumbing -----------------------------------------------------------------------
     def _inputs(self, images: list, prompts: list[str], model) -> dict:
@@ -288,12 +303,12 @@ class CropVerify:
         if first is False:
             if any(float(p) > floor for p in p_yes):
                 best = max(range(len(texts)), key=lambda j: float(p_yes[j]))
-                result["answer"] = texts[best]
+                result["answer"], result["chosen"] = texts[best], self.views[best]
                 self.stats["overturned"] += 1
         elif first is None:  # counts, colours: the most confident view, if confident enough
             best = max(range(len(texts)), key=lambda j: float(conf[j]))
             if float(conf[best]) > max(self.tau, result["confidence"]):
-                result["answer"] = texts[best]
+                result["answer"], result["chosen"] = texts[best], self.views[best]
                 self.stats["overturned"] += result["answer"] != result["first_answer"]
 
     @torch.no_grad()

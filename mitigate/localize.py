@@ -315,25 +315,38 @@ def region_heat(query: torch.Tensor, generic: torch.Tensor | None, regions: Sequ
 @torch.no_grad()
 def attention_boxes(model: nn.Module, inputs: dict, sizes: Sequence[tuple[int, int]], *,
                     layers: Sequence[int] | None = None, queries: str = "last", heads: str = "mean",
-                    object_mask: torch.Tensor | None = None, generic_rows: bool = True) -> list[tuple]:
+                    object_mask: torch.Tensor | None = None, generic_rows: bool = True,
+                    generic_inputs: dict | None = None) -> list[tuple]:
     """The queried object's box, ``(x0, y0, x1, y1)`` in original pixels, for each query of
     ``inputs`` (one image per row; ``sizes`` the original ``(width, height)`` per query).
 
     With ``generic_rows`` the rows come in pairs -- the query, then the same image under the
-    generic prompt -- and the map is ViCrop's ratio; without, every row is a query and the
-    map is its attention alone. Heads are combined by ``heads`` (:func:`select_heads`), the
-    map is painted through the adapter's token layout (:func:`region_heat`) and the window
+    generic prompt -- and the map is ViCrop's ratio; ``generic_inputs`` gives those generic
+    rows as a separate batch instead (one row per query, e.g. when the queries' inputs come
+    from the caller's ``generate()``); with neither, the map is the query's attention alone.
+    The generic rows are read at their last token (or their question, under
+    ``queries="question"``). Heads are combined by ``heads`` (:func:`select_heads`), the map
+    is painted through the adapter's token layout (:func:`region_heat`) and the window
     holding most of it is the box (:func:`best_window`)."""
-    per = 2 if generic_rows else 1
+    per = 2 if generic_rows and generic_inputs is None else 1
     rows = inputs["input_ids"].shape[0]
     if rows != per * len(sizes):
-        raise ValueError(f"{rows} rows for {len(sizes)} queries" + (" (query, generic) pairs" if generic_rows else ""))
+        raise ValueError(f"{rows} rows for {len(sizes)} queries" + (" (query, generic) pairs" if per == 2 else ""))
     maps = image_attention_maps(model, inputs, layers, queries, object_mask)
+    generic_maps = None
+    if generic_inputs is not None:
+        if generic_inputs["input_ids"].shape[0] != len(sizes):
+            raise ValueError(f"generic_inputs: {generic_inputs['input_ids'].shape[0]} rows for {len(sizes)} queries")
+        generic_maps = image_attention_maps(model, generic_inputs, layers, "last" if queries == "object" else queries)
     points = resolve(model)
     boxes = []
     for i, (width, height) in enumerate(sizes):
         row = per * i
         regions = points.token_regions(maps[row].shape[-1], inputs, row, (width, height))
-        query, generic = select_heads(maps[row], content_indices(regions), heads, maps[row + 1] if per == 2 else None)
+        generic = maps[row + 1] if per == 2 else None if generic_maps is None else generic_maps[i]
+        if generic is not None and generic.shape != maps[row].shape:
+            raise ValueError(f"query {i}: the generic prompt's image has {generic.shape[-1]} tokens, the query's "
+                             f"{maps[row].shape[-1]}")
+        query, generic = select_heads(maps[row], content_indices(regions), heads, generic)
         boxes.append(best_window(region_heat(query, generic, regions, width, height), width, height))
     return boxes

@@ -1,0 +1,237 @@
+"""Crop-and-verify under plain ``model.generate()`` and ``pipeline("image-text-to-text")``.
+
+``attach(model, CropVerify(processor))`` makes the model's own ``generate()`` verify its
+answers, with no change to the caller's code. Two owned attribute patches do it (both
+restored exactly on ``detach()``, :meth:`hooks.HookGroup.patch_attribute`):
+
+* the processor's ``image_processor.preprocess`` remembers the images it was given, keyed
+  by the pixels it returned (:class:`OriginalImages`) -- ``generate()`` only ever sees the
+  resized pixels, and the views must be cut from the *original* image;
+* ``model.generate`` runs the caller's generation with the first step's scores, gates
+  each row as :meth:`CropVerify.answer` does (first answer not "yes", first-token
+  confidence below ``gate``), localises the gated rows' objects in one forward, and
+  re-asks every view of every gated row in one more ``generate()``.
+
+The views are re-asked with the caller's own prompt tokens: each view is resized to its
+original's size, so the family's processor gives it exactly as many image tokens as the
+original had and the rows' ``input_ids`` are reused unchanged (no chat template is
+re-applied, nothing about the prompt is guessed). ``strip_priors`` -- asking the views the
+question without the prompt's belief sentences -- is done by attaching
+:class:`mitigate.PriorSuppression` in context mode at strength 1 for the views' pass,
+which removes those tokens from the attention (tested equal to deleting them from the
+mask). The overturn policy is :meth:`CropVerify._decide`, the same as ``answer()``'s; an
+overturned row's returned sequence is the prompt followed by the chosen view's answer.
+
+Not verified, and counted in ``stats`` rather than dropped silently: rows of a call
+without pixels, beam search or several returned sequences (``not_applicable``), calls
+whose images were not preprocessed by the attached processor or hold several images per
+row (``no_original``; a warning says so). The "pair" view needs two images per prompt and
+is only available through :meth:`CropVerify.answer`. Returned ``scores`` (when asked for)
+are the first pass's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections import deque
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from PIL import Image
+
+from evaluators.answers import parse_yes_no
+from evaluators.world.views import cluster_box, crop_box, cut
+from hooks import HookGroup, ModelPoints
+
+from .localize import attention_boxes, object_in_question, object_token_mask
+
+
+def _flat_images(images: Any) -> list[Image.Image | None]:
+    """The images of a preprocess call, flattened (nested lists of PIL images or arrays)."""
+    if isinstance(images, (list, tuple)):
+        return [im for item in images for im in _flat_images(item)]
+    if isinstance(images, Image.Image):
+        return [images]
+    if isinstance(images, np.ndarray) and images.ndim == 3:
+        array = images if images.shape[-1] in (1, 3, 4) else np.moveaxis(images, 0, -1)
+        if array.dtype != np.uint8:
+            array = np.clip(array * (255.0 if array.max() <= 1.0 else 1.0), 0, 255).astype(np.uint8)
+        return [Image.fromarray(array.squeeze(-1) if array.shape[-1] == 1 else array)]
+    return [None]  # a tensor or an unknown type: cannot be cut
+
+
+def _fingerprint(pixels: torch.Tensor) -> tuple:
+    values = pixels.detach().double()
+    return tuple(pixels.shape), float(values.sum()), float(values.abs().sum())
+
+
+class OriginalImages:
+    """The last ``keep`` batches the image processor saw, keyed by the pixels it returned.
+
+    A later ``generate()`` finds its originals by matching its ``pixel_values`` (shape and
+    two sums, within 1% -- the caller may have cast them to bf16 or moved them to a GPU)."""
+
+    def __init__(self, keep: int = 16) -> None:
+        self._seen: deque = deque(maxlen=keep)
+        self.paused = False
+
+    def record(self, images: Any, out: Any) -> None:
+        pixels = out.get("pixel_values") if hasattr(out, "get") else None
+        if not self.paused and isinstance(pixels, torch.Tensor):
+            self._seen.append((_fingerprint(pixels), _flat_images(images)))
+
+    def find(self, pixels: torch.Tensor) -> list[Image.Image | None] | None:
+        shape, total, magnitude = _fingerprint(pixels)
+        for (seen_shape, seen_total, seen_magnitude), images in reversed(self._seen):
+            if seen_shape == shape and abs(seen_magnitude - magnitude) <= 0.01 * max(1.0, abs(seen_magnitude)) \
+                    and abs(seen_total - total) <= 0.01 * max(1.0, seen_magnitude):
+                return images
+        return None
+
+
+def _row_inputs(kwargs: dict, rows: list[int], images: list[Image.Image], image_processor, device) -> dict:
+    """The model inputs of ``rows`` of a call, with each row's image replaced by ``images``:
+    per-token tensors (ids, masks, token types) are taken row by row, the pixel inputs are
+    the image processor's output for the new images."""
+    ids = kwargs["input_ids"]
+    with_pixels = dict(image_processor(images=[[im] for im in images], return_tensors="pt"))
+    out: dict = {}
+    index = torch.tensor(rows, device=ids.device)
+    for key, value in kwargs.items():
+        if key in with_pixels:
+            continue
+        if isinstance(value, torch.Tensor) and value.dim() == 2 and value.shape == ids.shape:
+            out[key] = value.index_select(0, index.to(value.device))
+    for key, value in with_pixels.items():
+        if key in kwargs:  # only what the caller's call carried (the processor may return more)
+            out[key] = value.to(device) if isinstance(value, torch.Tensor) else value
+    return out
+
+
+def _pad_cat(rows: list[torch.Tensor], pad: int) -> torch.Tensor:
+    length = max(r.shape[-1] for r in rows)
+    return torch.stack([torch.nn.functional.pad(r, (0, length - r.shape[-1]), value=pad) for r in rows])
+
+
+class VerifiedGenerate:
+    """The ``generate`` a :class:`mitigate.CropVerify` puts on the model while attached."""
+
+    def __init__(self, cv, points: ModelPoints, generate: Callable, originals: OriginalImages) -> None:
+        self.cv, self.points, self.generate, self.originals = cv, points, generate, originals
+        self.model = points.model
+
+    def __call__(self, *args: Any, **kwargs: Any):
+        if args:  # generate(inputs, ...): the first positional argument is the input ids
+            kwargs = {"input_ids": args[0], **kwargs}
+            args = ()
+        cv = self.cv
+        ids, pixels = kwargs.get("input_ids"), kwargs.get("pixel_values")
+        config = kwargs.get("generation_config") or self.model.generation_config
+        beams = kwargs.get("num_beams", getattr(config, "num_beams", 1)) or 1
+        returned = kwargs.get("num_return_sequences", getattr(config, "num_return_sequences", 1)) or 1
+        if ids is None or pixels is None or cv.tau >= 1.0 or beams > 1 or returned > 1:
+            if ids is not None and (beams > 1 or returned > 1):
+                cv.stats["not_applicable"] = cv.stats.get("not_applicable", 0) + ids.shape[0]
+            return self.generate(*args, **kwargs)
+        want_dict = kwargs.get("return_dict_in_generate", getattr(config, "return_dict_in_generate", False))
+        out = self.generate(**{**kwargs, "output_scores": True, "return_dict_in_generate": True})
+        rows, start = ids.shape[0], ids.shape[1]
+        tok = cv.processor.tokenizer
+        texts = [t.strip() for t in tok.batch_decode(out.sequences[:, start:], skip_special_tokens=True)]
+        probs = torch.softmax(out.scores[0].float(), dim=-1)
+        confidence = probs.max(-1).values
+        cv.stats["queries"] += rows
+        gated = [i for i in range(rows) if float(confidence[i]) < cv.gate and parse_yes_no(texts[i]) is not True]
+        if gated:
+            images = self.originals.find(pixels)
+            if images is None or len(images) != rows or any(images[i] is None for i in gated):
+                cv.stats["no_original"] = cv.stats.get("no_original", 0) + len(gated)
+                warnings.warn("crop_verify: the original images of this generate() call were not preprocessed by the "
+                              "attached processor (or hold several images per row); its answers are not verified",
+                              stacklevel=2)
+            else:
+                sequences = self._verify(kwargs, gated, [images[i] for i in gated], texts, confidence, out.sequences)
+                out.sequences = sequences
+        return out if want_dict else out.sequences
+
+    def _verify(self, kwargs, gated, images, texts, confidence, sequences) -> torch.Tensor:
+        cv, model, tok = self.cv, self.model, self.cv.processor.tokenizer
+        device = kwargs["input_ids"].device
+        image_processor = cv.processor.image_processor
+        self.originals.paused = True
+        try:
+            query = _row_inputs(kwargs, gated, images, image_processor, device)
+            prompts = [tok.decode(kwargs["input_ids"][i], skip_special_tokens=True) for i in gated]
+            boxes = self._boxes(query, images, prompts)
+            asked = [*cv.views, *(["control"] if cv.control else [])]
+            built_all, view_images = [], []
+            for image, box in zip(images, boxes):
+                crop = crop_box(box, image.width, image.height, cv.margin)
+                built = {"crop": crop, "cluster": cluster_box(box, [], image.width, image.height, cv.margin)}
+                if cv.control:
+                    from .crop_verify import control_box
+
+                    built["control"] = control_box(crop, image.width, image.height)
+                built_all.append(built)
+                # resized to the original's size: the same number of image tokens, the same prompt ids
+                view_images += [cut(image, built[v]).resize(image.size, Image.BICUBIC) for v in asked]
+            view_rows = [i for i in gated for _ in asked]
+            views = _row_inputs(kwargs, view_rows, view_images, image_processor, device)
+        finally:
+            self.originals.paused = False
+        per_image = {*self.points.pixel_inputs, *self.points.image_inputs}
+        passthrough = {k: v for k, v in kwargs.items() if k not in views and k not in per_image}
+        strip = contextlib.nullcontext()
+        if cv.strip_priors:
+            from .base import attach
+            from .prior import PriorSuppression
+
+            strip = attach(model, PriorSuppression(tok, mode="context", strength=1.0))
+        with strip:
+            vout = self.generate(**{**passthrough, **views, "output_scores": True, "return_dict_in_generate": True})
+        start = kwargs["input_ids"].shape[1]
+        vtexts = [t.strip() for t in tok.batch_decode(vout.sequences[:, start:], skip_special_tokens=True)]
+        vprobs = torch.softmax(vout.scores[0].float(), dim=-1)
+        k = len(asked)
+        rows = list(sequences)
+        for j, (i, box, built) in enumerate(zip(gated, boxes, built_all)):
+            result = {"answer": texts[i], "first_answer": texts[i], "confidence": float(confidence[i]),
+                      "verified": False, "views": {}}
+            cv._decide(result, box, built, vtexts[j * k : (j + 1) * k], vprobs[j * k : (j + 1) * k])
+            if result.get("chosen") is not None:
+                rows[i] = vout.sequences[j * k + asked.index(result["chosen"])]
+        pad = getattr(model.generation_config, "pad_token_id", None)
+        pad = tok.pad_token_id if pad is None else pad
+        return _pad_cat([r.to(sequences.device) for r in rows], int(pad if pad is not None else 0))
+
+    def _boxes(self, query: dict, images: list[Image.Image], prompts: list[str]) -> list[tuple]:
+        cv, model = self.cv, self.model
+        if cv.localizer is not None:
+            return [tuple(float(v) for v in cv.localizer(im, p)) for im, p in zip(images, prompts)]
+        object_mask = None
+        if cv.queries == "object":
+            objects = [object_in_question(p) for p in prompts]
+            cv.stats["object_not_found"] = cv.stats.get("object_not_found", 0) + sum(o is None for o in objects)
+            object_mask = object_token_mask(cv.processor.tokenizer, self.points, query["input_ids"], objects)
+        generic = None
+        if cv.generic_prompt is not None:
+            generic = dict(cv._inputs(images, [cv.generic_prompt] * len(images), model))
+        return attention_boxes(model, query, [im.size for im in images], layers=cv.layers, queries=cv.queries,
+                               heads=cv.heads, object_mask=object_mask, generic_rows=False, generic_inputs=generic)
+
+
+def attach_verified_generate(cv, points: ModelPoints, group: HookGroup) -> None:
+    """Patch the processor's ``preprocess`` and the model's ``generate`` (owned by ``group``)."""
+    image_processor = cv.processor.image_processor
+    originals = OriginalImages()
+    preprocess = image_processor.preprocess
+
+    def remembering(images, *args, **kwargs):
+        out = preprocess(images, *args, **kwargs)
+        originals.record(images, out)
+        return out
+
+    group.patch_attribute(image_processor, "preprocess", remembering)
+    group.patch_attribute(points.model, "generate", VerifiedGenerate(cv, points, points.model.generate, originals))

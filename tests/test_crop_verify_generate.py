@@ -1,0 +1,136 @@
+"""Crop-and-verify through plain ``generate()`` and ``pipeline("image-text-to-text")``:
+``attach(model, CropVerify(processor))`` gives the answers ``CropVerify.answer`` gives, on
+the shipped organism; tau = 1 and detach leave the model exactly as it was; what cannot be
+verified is counted and warned about, never dropped silently."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from PIL import Image
+
+from hooks import hook_state
+from hooks.testing import TINY_MODEL_TYPES, build_tiny_model, tiny_image_features, tiny_image_processor
+from mitigate import CropVerify, attach
+
+
+@pytest.fixture(scope="module")
+def organism():
+    from evaluators.organism import ORGANISM_DIR, load_organism
+
+    if not (ORGANISM_DIR / "config.json").exists():
+        pytest.skip("organism checkpoint missing")
+    return load_organism()
+
+
+@pytest.fixture(scope="module")
+def queries():
+    """DO-Bench Full-view questions at every prior level (levels 1-3 carry belief sentences)."""
+    from evaluators.benchmarks.dobench.suite import build
+
+    full = [q for q in build(n_scenes=6, seed=1) if q.record["view"] == "Full"]
+    return [q for level in range(4) for q in [q for q in full if q.record["level"] == level][:5]]
+
+
+def _templated(processor, prompts):
+    return [processor.apply_chat_template([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": p}]}],
+                                          add_generation_prompt=True) for p in prompts]
+
+
+def _decode(processor, out, enc):
+    return [t.strip() for t in processor.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)]
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"strip_priors": False, "control": True}], ids=["default", "whole-prompt+control"])
+def test_generate_gives_the_answers_of_answer(organism, queries, kwargs):
+    model, processor = organism
+    images, prompts = [q.images[0] for q in queries], [q.prompt for q in queries]
+    reference = CropVerify(processor, **kwargs)
+    expected = reference.answer(model, images, prompts, max_new_tokens=4)
+    assert reference.stats["overturned"] >= 2, "the check must cover overturned answers"
+    cv = CropVerify(processor, **kwargs)
+    with attach(model, cv):
+        enc = processor(text=_templated(processor, prompts), images=images, return_tensors="pt", padding=True)
+        out = model.generate(**enc, max_new_tokens=4, do_sample=False)
+    assert _decode(processor, out, enc) == [r["answer"] for r in expected]
+    assert cv.stats == reference.stats
+
+
+def test_pipeline_is_verified_while_attached(organism, queries):
+    from transformers import pipeline
+
+    model, processor = organism
+    pipe = pipeline("image-text-to-text", model=model, processor=processor)
+    messages = [[{"role": "user", "content": [{"type": "image", "image": q.images[0]}, {"type": "text", "text": q.prompt}]}]
+                for q in queries]
+
+    def answers():
+        return [o[0]["generated_text"][-1]["content"].strip() for o in pipe(text=messages, max_new_tokens=4)]
+
+    plain = answers()
+    cv = CropVerify(processor)
+    with attach(model, cv):
+        mitigated = answers()
+    expected = CropVerify(processor).answer(model, [q.images[0] for q in queries], [q.prompt for q in queries],
+                                            max_new_tokens=4)
+    assert mitigated == [r["answer"] for r in expected]
+    assert sum(a != b for a, b in zip(plain, mitigated)) == cv.stats["overturned"] > 0
+    assert answers() == plain  # detached: the pipeline is the plain one again
+
+
+def test_tau_one_and_detach_leave_generate_exactly_as_it_was(organism, queries):
+    model, processor = organism
+    images, prompts = [q.images[0] for q in queries[:6]], [q.prompt for q in queries[:6]]
+    before = hook_state(model)
+    enc = processor(text=_templated(processor, prompts), images=images, return_tensors="pt", padding=True)
+    plain = model.generate(**enc, max_new_tokens=4, do_sample=False)
+    cv = CropVerify(processor, tau=1.0)
+    with attach(model, cv):
+        enc = processor(text=_templated(processor, prompts), images=images, return_tensors="pt", padding=True)
+        assert torch.equal(model.generate(**enc, max_new_tokens=4, do_sample=False), plain)
+        as_dict = model.generate(**enc, max_new_tokens=4, do_sample=False, return_dict_in_generate=True)
+        assert torch.equal(as_dict.sequences, plain)
+    assert cv.stats["verified"] == 0
+    assert "generate" not in vars(model) and "preprocess" not in vars(processor.image_processor)
+    assert hook_state(model) == before
+
+
+def test_unverifiable_calls_are_counted_and_warned(organism, queries):
+    model, processor = organism
+    images, prompts = [q.images[0] for q in queries[:6]], [q.prompt for q in queries[:6]]
+    enc = processor(text=_templated(processor, prompts), images=images, return_tensors="pt", padding=True)
+    plain = model.generate(**enc, max_new_tokens=4, do_sample=False)
+    cv = CropVerify(processor, gate=1.0)
+    with attach(model, cv):  # preprocessed before attaching: the originals are unknown
+        with pytest.warns(UserWarning, match="not verified"):
+            out = model.generate(**enc, max_new_tokens=4, do_sample=False)
+        assert torch.equal(out, plain)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            beams = model.generate(**enc, max_new_tokens=4, do_sample=False, num_beams=2)
+    assert cv.stats["no_original"] > 0 and cv.stats["not_applicable"] == len(prompts) and cv.stats["verified"] == 0
+    assert torch.equal(beams, model.generate(**enc, max_new_tokens=4, do_sample=False, num_beams=2))
+
+
+def test_attach_refuses_what_it_cannot_do(organism):
+    model, processor = organism
+    with pytest.raises(ValueError, match="pair"):
+        attach(model, CropVerify(processor, views=("crop", "pair")))
+    with pytest.raises(ValueError, match="processor"):
+        attach(model, CropVerify(None))
+    assert "generate" not in vars(model)
+
+
+@pytest.mark.parametrize("model_type", TINY_MODEL_TYPES)
+def test_a_view_resized_to_its_original_keeps_the_token_count(model_type):
+    """Why the views can reuse the caller's prompt ids: on every family's own preprocessing,
+    a crop resized to the original's size gets exactly the original's image tokens."""
+    model = build_tiny_model(model_type)
+    processor = tiny_image_processor(model_type)
+    for size in ((96, 64), (64, 96), (80, 80)):
+        original = Image.new("RGB", size, (30, 90, 160))
+        view = original.crop((10, 5, 50, 40)).resize(size, Image.BICUBIC)
+        counts = [len(tiny_image_features(model, processor(images=[[im]], return_tensors="pt"))) for im in (original, view)]
+        assert counts[0] == counts[1], (model_type, size, counts)
