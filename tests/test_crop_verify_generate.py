@@ -134,3 +134,25 @@ def test_a_view_resized_to_its_original_keeps_the_token_count(model_type):
         view = original.crop((10, 5, 50, 40)).resize(size, Image.BICUBIC)
         counts = [len(tiny_image_features(model, processor(images=[[im]], return_tensors="pt"))) for im in (original, view)]
         assert counts[0] == counts[1], (model_type, size, counts)
+
+
+def test_composes_with_contrast_mitigations(organism, queries):
+    """attach(model, VCD(), CropVerify(...)): the first pass and the views are decoded with
+    VCD, as CropVerify.answer() under attach(model, VCD()) decodes them (the evaluators'
+    route) -- the same answers and stats -- and detach restores every hook."""
+    from mitigate import VCD
+
+    model, processor = organism
+    images, prompts = [q.images[0] for q in queries], [q.prompt for q in queries]
+    reference = CropVerify(processor, gate=1.0, tau=0.0)
+    with attach(model, VCD()):
+        expected = reference.answer(model, images, prompts, max_new_tokens=4)
+    assert reference.stats["overturned"] > 0
+    before = hook_state(model)  # after a first forward: transformers installs its output recorders lazily
+    cv = CropVerify(processor, gate=1.0, tau=0.0)
+    with attach(model, VCD(), cv):
+        enc = processor(text=_templated(processor, prompts), images=images, return_tensors="pt", padding=True)
+        out = model.generate(**enc, max_new_tokens=4, do_sample=False)
+    assert hook_state(model) == before
+    assert _decode(processor, out, enc) == [r["answer"] for r in expected]
+    assert cv.stats == reference.stats
