@@ -1,5 +1,6 @@
 """Crop-and-verify cost on the organism: plain generate() vs CropVerify.answer with its
-confidence gate, on existence questions (issue 6: <= 1.5x plain).
+confidence gate, and vs the same plain call under attach(model, CropVerify(processor)),
+on existence questions (issue 6: <= 1.5x plain).
 
     python -m pytest benchmarks/test_crop_verify_speed.py --benchmark-enable
 
@@ -19,7 +20,7 @@ from evaluators.benchmarks.dobench.suite import build
 from evaluators.organism.package import format_prompt
 from evaluators.organism.tasks import existence_question
 from evaluators.world import CATEGORIES, UNBIASED, World
-from mitigate import CropVerify
+from mitigate import CropVerify, attach
 
 NEW_TOKENS = 8
 
@@ -41,7 +42,7 @@ def _questions(kind: str):
 
 
 @pytest.mark.parametrize("kind", ["dobench_level0", "clean"])
-@pytest.mark.parametrize("role", ["baseline", "crop_verify"])
+@pytest.mark.parametrize("role", ["baseline", "crop_verify", "crop_verify_generate"])
 def test_crop_verify_speed(benchmark, paired, organism, rounds, role, kind):
     model, processor = organism
     images, prompts = _questions(kind)
@@ -57,6 +58,9 @@ def test_crop_verify_speed(benchmark, paired, organism, rounds, role, kind):
         benchmark.pedantic(plain, rounds=rounds, warmup_rounds=2)
         return
     cv = CropVerify(processor)
-    out = paired(lambda: cv.answer(model, images, prompts, max_new_tokens=NEW_TOKENS), plain)
+    if role == "crop_verify_generate":  # attach(): the plain call itself, verified
+        out = paired(plain, plain, attach=lambda: attach(model, cv))
+    else:
+        out = paired(lambda: cv.answer(model, images, prompts, max_new_tokens=NEW_TOKENS), plain)
     assert len(out) == len(prompts)
     benchmark.extra_info.update(verified_share=cv.stats["verified"] / cv.stats["queries"])
