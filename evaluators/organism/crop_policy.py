@@ -3,6 +3,7 @@
     python -m evaluators.organism.crop_policy --scenes 40 --seed 0     # the report's scenes, full scale
     python -m evaluators.organism.crop_policy --scenes 40 --seed 1     # other scenes
     python -m evaluators.organism.crop_policy --settings views         # pair view, control window
+    python -m evaluators.organism.crop_policy --settings gate          # gate (cost) x tau (effect)
 
 Issue 6 asks that the Full-view false "no" on present objects fall while the false "yes"
 on absent ones (DO-Bench's B-series) rises by at most 3 points. Both depend on ``tau`` (a
@@ -44,7 +45,10 @@ SETTINGS = {
         "ViCrop; [original, crop] pair alone": {"views": ("pair",)},
         "object tokens, peak head, layer 0; crop + cluster, with control": {**_OBJECT, "control": True},
     },
+    # session 7: the confidence gate (cost) against the overturn threshold (effect)
+    "gate": {"ViCrop (default), every first answer but yes verified": {"gate": 1.0}},
 }
+GATES = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
 
 def collect(model, processor, scenes: int, seed: int, batch: int = 16, settings: str = "policy") -> dict[str, list[dict]]:
@@ -62,20 +66,26 @@ def collect(model, processor, scenes: int, seed: int, batch: int = 16, settings:
             for q, r in zip(chunk, cv.answer(model, [q.images[0] for q in chunk], [q.prompt for q in chunk])):
                 records.append({"series": q.record["series"], "level": q.record["level"],
                                 "first": parse_yes_no(r["first_answer"]), "verified": r["verified"],
-                                "p_yes": [v["p_yes"] for v in r["views"].values()],
+                                "confidence": r["confidence"], "p_yes": [v["p_yes"] for v in r["views"].values()],
                                 "p_control": r["control"]["p_yes"] if "control" in r else None})
         out[name] = records
     return out
 
 
-def error_rates(records: list[dict], tau: float | None) -> dict[tuple[str, int], float]:
+def _gated(record: dict, gate: float | None) -> bool:
+    """Verified in the run, and (replaying a stricter ``gate``) first-token confidence below it."""
+    return record["verified"] and (gate is None or record["confidence"] < gate)
+
+
+def error_rates(records: list[dict], tau: float | None, gate: float | None = None) -> dict[tuple[str, int], float]:
     """(series, level) -> error rate (%) under the overturn rule at ``tau`` (None: no
-    overturn): a view's p(yes) must exceed ``tau`` and, when there is one, the control's."""
+    overturn): a view's p(yes) must exceed ``tau`` and, when there is one, the control's;
+    ``gate`` replays a stricter confidence gate than the run's (exact: views do not depend on it)."""
     cells: dict[tuple[str, int], list[bool]] = {}
     for r in records:
         yes = r["first"] is True
         floor = None if tau is None else max(tau, r.get("p_control") or 0.0)
-        if floor is not None and r["verified"] and r["first"] is False and any(p > floor for p in r["p_yes"]):
+        if floor is not None and _gated(r, gate) and r["first"] is False and any(p > floor for p in r["p_yes"]):
             yes = True
         cells.setdefault((r["series"], r["level"]), []).append(yes if r["series"] == "B" else not yes)
     return {k: 100.0 * sum(v) / len(v) for k, v in cells.items()}
@@ -100,6 +110,22 @@ def table(data: dict[str, list[dict]]) -> str:
     return "\n".join(lines)
 
 
+def gate_table(records: list[dict], taus: tuple = (0.5, 0.7, 0.9)) -> str:
+    """Per gate and tau: the share of queries verified (what the extra passes cost scales
+    with) beside the A-series false "no" and B-series false "yes" rates."""
+    base = error_rates(records, None)
+    lines = ["| gate | verified | tau | A FN level 0 / 1 / 2 / 3 | B FP level 0 / 1 / 2 / 3 | max B rise |",
+             "|---|---|---|---|---|---|",
+             f"| unmitigated | 0% | | {_levels(base, 'A')} | {_levels(base, 'B')} | |"]
+    for gate in GATES:
+        share = 100.0 * sum(_gated(r, gate) for r in records) / len(records)
+        for tau in taus:
+            rates = error_rates(records, tau, gate)
+            rise = max(rates[("B", lv)] - base[("B", lv)] for lv in range(4))
+            lines.append(f"| {gate} | {share:.1f}% | {tau} | {_levels(rates, 'A')} | {_levels(rates, 'B')} | {rise:+.1f} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> None:
     from .package import load_organism
 
@@ -108,11 +134,13 @@ def main(argv=None) -> None:
     parser.add_argument("--scenes", type=int, default=40, help="DO-Bench scene groups (full scale: 40)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--settings", choices=sorted(SETTINGS), default="policy",
-                        help="policy: localiser x view prompt (session 6); views: pair view and control window")
+                        help="policy: localiser x view prompt (session 6); views: pair view and control window; "
+                             "gate: the confidence gate's share of verified queries against its effect")
     args = parser.parse_args(argv)
     torch.set_num_threads(2)
     model, processor = load_organism(args.path)
-    print(table(collect(model, processor, args.scenes, args.seed, settings=args.settings)))
+    data = collect(model, processor, args.scenes, args.seed, settings=args.settings)
+    print(gate_table(next(iter(data.values()))) if args.settings == "gate" else table(data))
 
 
 if __name__ == "__main__":
