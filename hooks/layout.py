@@ -55,22 +55,25 @@ FULL: Box = (0.0, 0.0, 1.0, 1.0)
 class Region:
     """``rows x cols`` image tokens in raster order, starting at ``start`` among the row's
     image tokens, ``stride`` tokens per raster row (``cols`` plus any trailing newline
-    tokens), covering ``box`` = (x0, y0, x1, y1) as fractions of the original image."""
+    tokens), covering ``box`` = (x0, y0, x1, y1) as fractions of the original image;
+    ``trailing`` tokens without a place follow the last row (LLaVA-NeXT's one newline
+    after an untiled image)."""
 
     start: int
     rows: int
     cols: int
     stride: int
     box: Box = FULL
+    trailing: int = 0
 
     def __post_init__(self) -> None:
-        if self.rows < 1 or self.cols < 1 or self.stride < self.cols or self.start < 0:
+        if self.rows < 1 or self.cols < 1 or self.stride < self.cols or self.start < 0 or self.trailing < 0:
             raise ValueError(f"invalid region {self}")
 
     @property
     def end(self) -> int:
-        """One past the last token of the region (newlines after the last row included)."""
-        return self.start + self.rows * self.stride
+        """One past the last token of the region (newlines and trailing tokens included)."""
+        return self.start + self.rows * self.stride + self.trailing
 
     def indices(self) -> torch.Tensor:
         """``(rows, cols)`` indices of the region's tokens among the row's image tokens."""
@@ -103,7 +106,7 @@ def token_regions(layout: str, config: Any, n_tokens: int, inputs: dict | None =
         raise ValueError(f"row {row} has no image tokens to map")
     regions = LAYOUTS[layout](config, n_tokens, inputs or {}, row, image_size)
     end = max(r.end for r in regions)
-    if end != n_tokens and not (layout == "anyres" and end + 1 == n_tokens):
+    if end != n_tokens:
         raise ValueError(f"{layout} layout: regions account for {end} image tokens, the row has {n_tokens}")
     return regions
 
@@ -161,9 +164,9 @@ def _anyres(config, n_tokens, inputs, row, image_size) -> list[Region]:
     from transformers.models.llava_next.modeling_llava_next import get_anyres_image_grid_shape, unpad_image
 
     side = _vision(config, "image_size") // _vision(config, "patch_size")
-    base = Region(0, side, side, side)
     if n_tokens <= side * side + 1:  # one tile: the base image (and a newline)
-        return [base]
+        return [Region(0, side, side, side, trailing=max(0, n_tokens - side * side))]
+    base = Region(0, side, side, side)
     size = _per_image(inputs, "image_sizes", row)  # (height, width) of the original image
     tiles_h, tiles_w = get_anyres_image_grid_shape(size, config.image_grid_pinpoints, _vision(config, "image_size"))
     _, rows, cols = unpad_image(torch.empty(1, tiles_h * side, tiles_w * side), size).shape

@@ -221,7 +221,7 @@ class CropVerify(Mitigation):
         """:meth:`box` for several queries, localised in one batched forward (each query's
         row beside its generic-prompt row, when there is a generic prompt)."""
         if self.localizer is not None:
-            return [tuple(float(v) for v in self.localizer(im, p)) for im, p in zip(images, prompts)]
+            return self.detector_boxes(images, prompts)
         per = 1 if self.generic_prompt is None else 2
         rows_images = [im for im in images for _ in range(per)]
         rows_prompts = [q for p in prompts for q in (p, self.generic_prompt)[:per]]
@@ -271,19 +271,32 @@ class CropVerify(Mitigation):
         view_images, view_prompts, built_all = [], [], []
         if self.strip_priors:
             prompts = [without_priors(p) for p in prompts]
-        asked = [*self.views, *(["control"] if self.control else [])]
+        asked = self.asked_views()
         for image, prompt, box in zip(images, prompts, boxes):
-            crop = crop_box(box, image.width, image.height, self.margin)
-            built = {"crop": crop, "cluster": cluster_box(box, [], image.width, image.height, self.margin),
-                     "pair": crop, "control": control_box(crop, image.width, image.height)}
+            built = self.view_boxes(image, box)
             built_all.append(built)
-            view_images += [[image, cut(image, crop)] if v == "pair" else cut(image, built[v]) for v in asked]
+            view_images += [[image, cut(image, built["crop"])] if v == "pair" else cut(image, built[v]) for v in asked]
             view_prompts += [prompt] * len(asked)
         all_texts, all_probs = self._generate(model, view_images, view_prompts, max_new_tokens, generate_kwargs)
         k = len(asked)
         for j, (result, box, built) in enumerate(zip(results, boxes, built_all)):
             texts, probs = all_texts[j * k : (j + 1) * k], all_probs[j * k : (j + 1) * k]
             self._decide(result, box, built, texts, probs)
+
+    def asked_views(self) -> list[str]:
+        """What each verified query is re-asked on, in order: the views, then the control."""
+        return [*self.views, *(["control"] if self.control else [])]
+
+    def view_boxes(self, image: Image.Image, box: tuple) -> dict[str, tuple]:
+        """Every view's box for the object at ``box`` in ``image`` (DO-Bench's geometry, the
+        control window far from the crop); "pair" shows the crop beside the original."""
+        crop = crop_box(box, image.width, image.height, self.margin)
+        return {"crop": crop, "cluster": cluster_box(box, [], image.width, image.height, self.margin),
+                "pair": crop, "control": control_box(crop, image.width, image.height)}
+
+    def detector_boxes(self, images: list[Image.Image], prompts: list[str]) -> list[tuple]:
+        """The caller's ``localizer`` boxes, as float tuples."""
+        return [tuple(float(v) for v in self.localizer(im, p)) for im, p in zip(images, prompts)]
 
     def _decide(self, result, box, built, texts, probs) -> None:
         """The overturn policy for one query, given what its views answered."""

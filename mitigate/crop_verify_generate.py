@@ -42,7 +42,7 @@ import torch
 from PIL import Image
 
 from evaluators.answers import parse_yes_no
-from evaluators.world.views import cluster_box, crop_box, cut
+from evaluators.world.views import cut
 from hooks import HookGroup, ModelPoints
 
 from .localize import attention_boxes, object_in_question, object_token_mask
@@ -162,21 +162,16 @@ class VerifiedGenerate:
         image_processor = cv.processor.image_processor
         self.originals.paused = True
         try:
+            # the gated rows' own pixels, re-made from their originals: slicing the caller's
+            # pixel inputs by row is family-specific (Qwen flattens patches, InternVL tiles)
             query = _row_inputs(kwargs, gated, images, image_processor, device)
             prompts = [tok.decode(kwargs["input_ids"][i], skip_special_tokens=True) for i in gated]
             boxes = self._boxes(query, images, prompts)
-            asked = [*cv.views, *(["control"] if cv.control else [])]
-            built_all, view_images = [], []
-            for image, box in zip(images, boxes):
-                crop = crop_box(box, image.width, image.height, cv.margin)
-                built = {"crop": crop, "cluster": cluster_box(box, [], image.width, image.height, cv.margin)}
-                if cv.control:
-                    from .crop_verify import control_box
-
-                    built["control"] = control_box(crop, image.width, image.height)
-                built_all.append(built)
-                # resized to the original's size: the same number of image tokens, the same prompt ids
-                view_images += [cut(image, built[v]).resize(image.size, Image.BICUBIC) for v in asked]
+            asked = cv.asked_views()
+            built_all = [cv.view_boxes(image, box) for image, box in zip(images, boxes)]
+            # resized to the original's size: the same number of image tokens, the same prompt ids
+            view_images = [cut(image, built[v]).resize(image.size, Image.BICUBIC)
+                           for image, built in zip(images, built_all) for v in asked]
             view_rows = [i for i in gated for _ in asked]
             views = _row_inputs(kwargs, view_rows, view_images, image_processor, device)
         finally:
@@ -209,7 +204,7 @@ class VerifiedGenerate:
     def _boxes(self, query: dict, images: list[Image.Image], prompts: list[str]) -> list[tuple]:
         cv, model = self.cv, self.model
         if cv.localizer is not None:
-            return [tuple(float(v) for v in cv.localizer(im, p)) for im, p in zip(images, prompts)]
+            return cv.detector_boxes(images, prompts)
         object_mask = None
         if cv.queries == "object":
             objects = [object_in_question(p) for p in prompts]

@@ -123,6 +123,10 @@ def test_layouts_say_what_they_expected():
     with pytest.raises(ValueError, match="video"):
         token_regions("qwen_thw", tiny_config("qwen2_vl"), 6, {"image_grid_thw": torch.tensor([[2, 4, 6]])})
     config = tiny_config("llava_next")
+    # one tile: the base image and its single newline (a trailing token with no place)
+    assert token_regions("anyres", config, 17) == [Region(0, 4, 4, 4, trailing=1)]
+    with pytest.raises(ValueError, match="account for 16 image tokens, the row has 15"):
+        token_regions("anyres", config, 15)
     with pytest.raises(ValueError, match="anyres layout: expected 16 base tokens"):
         token_regions("anyres", config, 16 + 50, {"image_sizes": torch.tensor([[40, 64]])})
 
