@@ -15,12 +15,14 @@ nothing about hallucination; :mod:`mitigate` builds on it.
 from .adapters import Adapter, get_adapter, register_adapter, supported_model_types
 from .adapters.introspect import HookPointError, introspect_adapter
 from .attention import BiasContext, add_attention_bias, key_bias
+from .capture import AttentionCapture
 from .describe import inspect
 from .group import HookGroup, hook_state
 from .points import POINTS, ModelPoints, resolve
 
 __all__ = [
     "Adapter",
+    "AttentionCapture",
     "BiasContext",
     "HookGroup",
     "HookPointError",

@@ -11,11 +11,14 @@ combines them at inference time:
 2. **gate**: verify only when the first answer is not confident (top first-token
    probability below ``gate``) and is not "yes" (the policy never overturns a "yes") -- so
    the extra passes run only when they can change the answer; all gated queries of a call
-   are localised in one batched forward and re-asked in one ``generate()``;
+   are localised together and re-asked in one ``generate()``;
 3. **localise** the queried object: a box from the caller's ``localizer`` (any detector
    callable) or from attention (:mod:`mitigate.localize`: ViCrop's last-token map by
    default; ``queries="object"`` reads the tokens naming the object, ``heads="peak"`` the
-   most concentrated head, ``generic_prompt=None`` drops ViCrop's normalising row);
+   most concentrated head, ``generic_prompt=None`` drops ViCrop's normalising row). The
+   query's attention is captured at step 1's own prefill (:mod:`hooks.capture`: scores
+   recomputed from the chosen layers' queries and keys, the answer untouched), so the only
+   localisation pass is one forward of the generic prompt over the gated images;
 4. **views**: Cluster / Crop cut from the *original* image (not the resized model input)
    with DO-Bench's margin rule, the same geometry the evaluators use
    (:mod:`evaluators.world.views`);
@@ -61,7 +64,8 @@ from hooks import resolve
 
 from .base import Mitigation, register
 from .localize import (
-    GENERIC_PROMPT, HEADS, QUERIES, attention_boxes, object_in_question, object_token_mask,
+    GENERIC_PROMPT, HEADS, QUERIES, attention_boxes, boxes_from_maps, capture_first_pass, generic_queries,
+    image_attention_maps, object_in_question, object_token_mask,
 )
 from .spans import find_prior_spans
 
@@ -177,14 +181,28 @@ class CropVerify(Mitigation):
         flat = [im for g in groups for im in g]
         return self.processor(text=texts, images=flat, return_tensors="pt", padding=True).to(model.device)
 
-    def _generate(self, model, images, prompts, max_new_tokens: int, generate_kwargs: dict):
+    def _generate(self, model, images, prompts, max_new_tokens: int, generate_kwargs: dict,
+                  capture_objects: Sequence[str | None] | None = None):
+        """Texts and first-step probabilities; with ``capture_objects`` (one object or None
+        per prompt) also the encoded inputs and each row's localisation maps, captured at
+        the prefill of this very ``generate()`` (:func:`capture_first_pass`)."""
         enc = self._inputs(images, prompts, model)
-        out = model.generate(**enc, max_new_tokens=max_new_tokens, output_scores=True, return_dict_in_generate=True,
-                             **{"do_sample": False, **generate_kwargs})
+        kwargs = dict(max_new_tokens=max_new_tokens, output_scores=True, return_dict_in_generate=True,
+                      **{"do_sample": False, **generate_kwargs})
+        maps = None
+        if capture_objects is None:
+            out = model.generate(**enc, **kwargs)
+        else:
+            with capture_first_pass(model, enc, layers=self.layers, queries=self.queries, objects=capture_objects,
+                                    tokenizer=self.processor.tokenizer) as captured:
+                out = model.generate(**enc, **kwargs)
+            maps = captured["maps"]
         texts = [t.strip() for t in self.processor.batch_decode(out.sequences[:, enc["input_ids"].shape[1]:],
                                                                 skip_special_tokens=True)]
         probs = torch.softmax(out.scores[0].float(), dim=-1)
-        return texts, probs
+        if capture_objects is None:
+            return texts, probs
+        return texts, probs, enc, maps
 
     def _word_ids(self, word: str) -> list[int]:
         tok = self.processor.tokenizer
@@ -250,7 +268,12 @@ class CropVerify(Mitigation):
         small = [im.size for im in images if min(im.size) < 8]
         if small:
             raise ValueError(f"image of size {small[0]} is too small to cut a view with a {self.margin:.0%} margin")
-        texts, probs = self._generate(model, images, prompts, max_new_tokens, generate_kwargs)
+        localise = self.localizer is None and self.tau < 1.0
+        named = None
+        if localise:  # the object each prompt names (None: its last token is read) for queries="object"
+            named = list(objects) if objects is not None else [object_in_question(p) for p in prompts]
+        first = self._generate(model, images, prompts, max_new_tokens, generate_kwargs, capture_objects=named)
+        texts, probs = first[:2]
         confidence = probs.max(-1).values
         results = []
         for i in range(len(images)):
@@ -262,12 +285,28 @@ class CropVerify(Mitigation):
         gated = [i for i in range(len(images)) if self.tau < 1.0 and float(confidence[i]) < self.gate
                  and parse_yes_no(texts[i]) is not True]
         if gated:  # the extra passes, batched over every query that needs them
+            if localise:
+                boxes = self._captured_boxes(model, first[2], first[3], gated, [images[i] for i in gated],
+                                             [prompts[i] for i in gated], [named[i] for i in gated])
+            else:
+                boxes = self.detector_boxes([images[i] for i in gated], [prompts[i] for i in gated])
             self._verify([images[i] for i in gated], [prompts[i] for i in gated], [results[i] for i in gated],
-                         model, max_new_tokens, generate_kwargs, None if objects is None else [objects[i] for i in gated])
+                         model, max_new_tokens, generate_kwargs, boxes)
         return results
 
-    def _verify(self, images, prompts, results, model, max_new_tokens, generate_kwargs, objects=None) -> None:
-        boxes = self.boxes(model, images, prompts, objects)
+    def _captured_boxes(self, model, enc, maps, rows, images, prompts, named) -> list[tuple]:
+        """Boxes for ``rows`` of the first pass, from the maps captured at its prefill; the
+        generic prompt's maps (ViCrop's ratio) take one forward over those rows' images."""
+        if self.queries == "object":
+            self._objects([p for p, o in zip(prompts, named) if o is None], None)  # a clear error if unnamed
+        generic = None
+        if self.generic_prompt is not None:
+            generic_enc = dict(self._inputs(images, [self.generic_prompt] * len(images), model))
+            generic = image_attention_maps(model, generic_enc, self.layers, generic_queries(self.queries))
+        return boxes_from_maps(resolve(model), [maps[i] for i in rows], enc, rows, [im.size for im in images],
+                               heads=self.heads, generic_maps=generic)
+
+    def _verify(self, images, prompts, results, model, max_new_tokens, generate_kwargs, boxes) -> None:
         view_images, view_prompts, built_all = [], [], []
         if self.strip_priors:
             prompts = [without_priors(p) for p in prompts]

@@ -7,10 +7,13 @@ restored exactly on ``detach()``, :meth:`hooks.HookGroup.patch_attribute`):
 * the processor's ``image_processor.preprocess`` remembers the images it was given, keyed
   by the pixels it returned (:class:`OriginalImages`) -- ``generate()`` only ever sees the
   resized pixels, and the views must be cut from the *original* image;
-* ``model.generate`` runs the caller's generation with the first step's scores, gates
-  each row as :meth:`CropVerify.answer` does (first answer not "yes", first-token
-  confidence below ``gate``), localises the gated rows' objects in one forward, and
-  re-asks every view of every gated row in one more ``generate()``.
+* ``model.generate`` runs the caller's generation with the first step's scores and, at
+  its prefill, captures the chosen layers' attention maps of every row
+  (:func:`mitigate.localize.capture_first_pass`; the generation itself is unchanged),
+  gates each row as :meth:`CropVerify.answer` does (first answer not "yes", first-token
+  confidence below ``gate``), localises the gated rows' objects from those maps (plus one
+  forward of the generic prompt, for ViCrop's ratio), and re-asks every view of every
+  gated row in one more ``generate()``.
 
 The views are re-asked with the caller's own prompt tokens: each view is resized to its
 original's size, so the family's processor gives it exactly as many image tokens as the
@@ -45,7 +48,7 @@ from evaluators.answers import parse_yes_no
 from evaluators.world.views import cut
 from hooks import HookGroup, ModelPoints
 
-from .localize import attention_boxes, object_in_question, object_token_mask
+from .localize import boxes_from_maps, capture_first_pass, generic_queries, image_attention_maps, object_in_question
 
 
 def _flat_images(images: Any) -> list[Image.Image | None]:
@@ -136,9 +139,18 @@ class VerifiedGenerate:
                 cv.stats["not_applicable"] = cv.stats.get("not_applicable", 0) + ids.shape[0]
             return self.generate(*args, **kwargs)
         want_dict = kwargs.get("return_dict_in_generate", getattr(config, "return_dict_in_generate", False))
-        out = self.generate(**{**kwargs, "output_scores": True, "return_dict_in_generate": True})
-        rows, start = ids.shape[0], ids.shape[1]
         tok = cv.processor.tokenizer
+        first = {**kwargs, "output_scores": True, "return_dict_in_generate": True}
+        captured, objects = {"maps": None}, None
+        if cv.localizer is None:  # the gated rows' maps, captured at this very call's prefill
+            prompts = [tok.decode(row, skip_special_tokens=True) for row in ids]
+            objects = [object_in_question(p) for p in prompts] if cv.queries == "object" else None
+            with capture_first_pass(self.model, kwargs, layers=cv.layers, queries=cv.queries, objects=objects,
+                                    tokenizer=tok) as captured:
+                out = self.generate(**first)
+        else:
+            out = self.generate(**first)
+        rows, start = ids.shape[0], ids.shape[1]
         texts = [t.strip() for t in tok.batch_decode(out.sequences[:, start:], skip_special_tokens=True)]
         probs = torch.softmax(out.scores[0].float(), dim=-1)
         confidence = probs.max(-1).values
@@ -152,21 +164,22 @@ class VerifiedGenerate:
                               "attached processor (or hold several images per row); its answers are not verified",
                               stacklevel=2)
             else:
-                sequences = self._verify(kwargs, gated, [images[i] for i in gated], texts, confidence, out.sequences)
+                if objects is not None:  # these rows are read at their last token instead
+                    cv.stats["object_not_found"] = cv.stats.get("object_not_found", 0) + sum(
+                        objects[i] is None for i in gated)
+                sequences = self._verify(kwargs, gated, [images[i] for i in gated], texts, confidence, out.sequences,
+                                         captured["maps"])
                 out.sequences = sequences
         return out if want_dict else out.sequences
 
-    def _verify(self, kwargs, gated, images, texts, confidence, sequences) -> torch.Tensor:
+    def _verify(self, kwargs, gated, images, texts, confidence, sequences, maps) -> torch.Tensor:
         cv, model, tok = self.cv, self.model, self.cv.processor.tokenizer
         device = kwargs["input_ids"].device
         image_processor = cv.processor.image_processor
         self.originals.paused = True
         try:
-            # the gated rows' own pixels, re-made from their originals: slicing the caller's
-            # pixel inputs by row is family-specific (Qwen flattens patches, InternVL tiles)
-            query = _row_inputs(kwargs, gated, images, image_processor, device)
             prompts = [tok.decode(kwargs["input_ids"][i], skip_special_tokens=True) for i in gated]
-            boxes = self._boxes(query, images, prompts)
+            boxes = self._boxes(kwargs, maps, gated, images, prompts)
             asked = cv.asked_views()
             built_all = [cv.view_boxes(image, box) for image, box in zip(images, boxes)]
             # resized to the original's size: the same number of image tokens, the same prompt ids
@@ -201,20 +214,18 @@ class VerifiedGenerate:
         pad = tok.pad_token_id if pad is None else pad
         return _pad_cat([r.to(sequences.device) for r in rows], int(pad if pad is not None else 0))
 
-    def _boxes(self, query: dict, images: list[Image.Image], prompts: list[str]) -> list[tuple]:
+    def _boxes(self, kwargs: dict, maps, gated: list[int], images: list[Image.Image], prompts: list[str]) -> list[tuple]:
+        """The gated rows' boxes: the caller's detector, or the maps captured at the first
+        pass's prefill (with the generic prompt's maps from one forward, for ViCrop's ratio)."""
         cv, model = self.cv, self.model
         if cv.localizer is not None:
             return cv.detector_boxes(images, prompts)
-        object_mask = None
-        if cv.queries == "object":
-            objects = [object_in_question(p) for p in prompts]
-            cv.stats["object_not_found"] = cv.stats.get("object_not_found", 0) + sum(o is None for o in objects)
-            object_mask = object_token_mask(cv.processor.tokenizer, self.points, query["input_ids"], objects)
         generic = None
         if cv.generic_prompt is not None:
-            generic = dict(cv._inputs(images, [cv.generic_prompt] * len(images), model))
-        return attention_boxes(model, query, [im.size for im in images], layers=cv.layers, queries=cv.queries,
-                               heads=cv.heads, object_mask=object_mask, generic_rows=False, generic_inputs=generic)
+            generic_inputs = dict(cv._inputs(images, [cv.generic_prompt] * len(images), model))
+            generic = image_attention_maps(model, generic_inputs, cv.layers, generic_queries(cv.queries))
+        return boxes_from_maps(self.points, [maps[i] for i in gated], kwargs, gated, [im.size for im in images],
+                               heads=cv.heads, generic_maps=generic)
 
 
 def attach_verified_generate(cv, points: ModelPoints, group: HookGroup) -> None:

@@ -5,11 +5,13 @@ tokens, at a middle layer, divided elementwise by the same map for a generic pro
 regions every prompt attends to cancel out); then the window of a few sizes that holds the
 most of that ratio is the object's box.
 
-Only the chosen layers compute attention weights: a pre-forward hook gives those
-attention modules an eager copy of their config for the one call (and an additive mask
-where sdpa would have relied on ``is_causal`` or a boolean mask), a forward hook takes the weights and puts
-the config back. The rest of the model keeps its attention implementation. One forward
-per prompt, no generation, no cache.
+Only the chosen layers compute attention weights, and only for the query positions read:
+:class:`hooks.capture.AttentionCapture` recomputes them from the queries and keys each
+chosen layer's attention call receives, leaving the call (sdpa, eager, flash) and the
+model's output untouched. So the maps can come from a forward of their own
+(:func:`image_attention_maps`) or ride along the caller's ``generate()`` at its prefill
+(:func:`arm` before, :func:`captured_maps` after) -- which is how crop-and-verify
+localises without an extra pass over the question.
 
 Two extensions, both off by default (ViCrop's choices are the defaults):
 
@@ -50,7 +52,7 @@ pan-and-scan crops) raises a clear error: pass boxes from a detector instead.
 
 from __future__ import annotations
 
-import copy
+import contextlib
 import math
 from typing import Sequence
 
@@ -60,7 +62,7 @@ from torch import nn
 import re
 
 from hooks import HookGroup, ModelPoints, resolve
-from hooks.attention import _additive_mask
+from hooks.capture import AttentionCapture
 from hooks.layout import Region, content_indices
 
 GENERIC_PROMPT = "describe the image ."  # ViCrop: "Write a general description of the image."
@@ -172,50 +174,55 @@ def image_attention_maps(model: nn.Module, inputs: dict, layers: Sequence[int] |
     if queries not in QUERIES:
         raise ValueError(f"queries must be one of {QUERIES}, got {queries!r}")
     points = resolve(model)
-    layers = points.layer_indices(layers if layers is not None else default_layers(points))
-    image = points.image_token_mask(inputs["input_ids"])
-    rows = image.shape[0]  # contrast branches' rows (appended after these) are dropped
-    question = _query_weights(inputs, image, queries, object_mask)
-    taken: list[torch.Tensor] = []
-    eager_configs: dict[int, object] = {}
-
-    def pre(index: int, module, args, kwargs):
-        config = module.config
-        eager = eager_configs.setdefault(id(config), copy.copy(config))
-        eager._attn_implementation = "eager"
-        module._localize_config = config
-        module.config = eager
-        hidden = kwargs.get("hidden_states", args[0] if args else None)
-        mask = kwargs.get("attention_mask")
-        # eager attention adds its mask: sdpa's "no mask, is_causal" and its boolean masks
-        # (e.g. the one built for contrast-branch rows) must become additive first
-        needs = (mask is None and hidden is not None and hidden.shape[1] > 1) or (
-            mask is not None and mask.dtype == torch.bool)
-        if needs:
-            q = torch.arange(hidden.shape[1], device=hidden.device)
-            mask = _additive_mask(mask, q, q, bool(getattr(module, "is_causal", True)), hidden.dtype)
-            return args, {**kwargs, "attention_mask": mask}
-        return None
-
-    def post(index: int, module, args, kwargs, output):
-        module.config = module._localize_config
-        del module._localize_config
-        weights = output[1] if isinstance(output, tuple) and len(output) > 1 else None
-        if weights is None:
-            raise RuntimeError(f"layer {index}'s attention returned no weights under eager attention")
-        if question is None:
-            taken.append(weights[:rows, :, -1, :].float())  # (batch, heads, keys)
-        else:
-            taken.append(torch.einsum("bq,bhqk->bhk", question.to(weights.device), weights[:rows].float()))
-
+    capture = AttentionCapture(points, layers if layers is not None else default_layers(points))
     with HookGroup("localize") as group:
-        points.add_hook(group, "attention.input", pre, layers=layers)
-        points.add_hook(group, "attention.output", post, layers=layers)
+        capture.attach(group)
+        arm(capture, inputs, queries, object_mask)
         model(**inputs, use_cache=False)
-    # Under an attached contrast mitigation (VCD, prior suppression's output mode) the
-    # forward also ran the branches, appended after the original rows: only the originals
-    # were kept above.
-    attention = torch.cat([t.to(taken[0].device) for t in taken], dim=1)  # (batch, layers * heads, seq)
+        # Under an attached contrast mitigation (VCD, prior suppression's output mode) the
+        # forward also ran the branches, appended after the original rows: the capture
+        # keeps the original rows only.
+    return captured_maps(capture, inputs)
+
+
+def arm(capture: AttentionCapture, inputs: dict, queries: str = "last",
+        object_mask: torch.Tensor | None = None) -> None:
+    """Arm ``capture`` for the next forward over ``inputs`` (the query positions of
+    ``queries``, :data:`QUERIES`): call before the model (or its ``generate()``) runs."""
+    if queries not in QUERIES:
+        raise ValueError(f"queries must be one of {QUERIES}, got {queries!r}")
+    ids = inputs["input_ids"]
+    image = capture.points.image_token_mask(ids)
+    capture.arm(ids.shape[0], ids.shape[1], _query_weights(inputs, image, queries, object_mask))
+
+
+@contextlib.contextmanager
+def capture_first_pass(model: nn.Module, inputs: dict, *, layers: Sequence[int] | None = None, queries: str = "last",
+                       objects: Sequence[str | None] | None = None, tokenizer=None):
+    """Capture the localisation maps of ``inputs``' rows at the prefill of whatever runs the
+    model inside the block -- typically the caller's own ``generate()``, whose output the
+    capture leaves unchanged. Yields a dict whose ``"maps"`` (per row, ``(layers * heads,
+    n_image_tokens)``, as :func:`image_attention_maps`) is filled when the block ends.
+    ``queries="object"`` needs ``objects`` (one phrase or None per row) and the ``tokenizer``."""
+    points = resolve(model)
+    capture = AttentionCapture(points, layers if layers is not None else default_layers(points))
+    object_mask = None
+    if queries == "object":
+        if objects is None or tokenizer is None:
+            raise ValueError("queries='object' needs objects (one per row) and the tokenizer")
+        object_mask = object_token_mask(tokenizer, points, inputs["input_ids"], objects)
+    result: dict = {}
+    with HookGroup("localize:first-pass") as group:
+        capture.attach(group)
+        arm(capture, inputs, queries, object_mask)
+        yield result
+    result["maps"] = captured_maps(capture, inputs)
+
+
+def captured_maps(capture: AttentionCapture, inputs: dict) -> list[torch.Tensor]:
+    """Per row of ``inputs``, the captured ``(layers * heads, n_image_tokens)`` maps."""
+    image = capture.points.image_token_mask(inputs["input_ids"])
+    attention = capture.take()  # (rows, layers * heads, seq)
     return [attention[row][:, image[row].to(attention.device)] for row in range(attention.shape[0])]
 
 
@@ -263,15 +270,21 @@ def best_window(heat: torch.Tensor, width: int, height: int, sizes: Sequence[flo
     up = torch.nn.functional.interpolate(heat[None, None].float(), size=(height, width), mode="nearest")[0, 0]
     integral = torch.nn.functional.pad(up.cumsum(0).cumsum(1), (1, 0, 1, 0))
     best, box = -math.inf, (0.0, 0.0, float(width), float(height))
-    for frac in sizes:
+    for frac in sizes:  # every window of a size at once; the first best in (size, y, x) order wins
         side = max(1, int(round(frac * min(width, height))))
         stride = max(1, side // 4)
-        for y in range(0, height - side + 1, stride):
-            for x in range(0, width - side + 1, stride):
-                total = integral[y + side, x + side] - integral[y, x + side] - integral[y + side, x] + integral[y, x]
-                score = float(total) / (side * side) * math.sqrt(frac)  # favour larger windows on ties
-                if score > best:
-                    best, box = score, (float(x), float(y), float(x + side), float(y + side))
+        if side > height or side > width:
+            continue
+        ys = torch.arange(0, height - side + 1, stride, device=integral.device)
+        xs = torch.arange(0, width - side + 1, stride, device=integral.device)
+        total = (integral[ys + side][:, xs + side] - integral[ys][:, xs + side]
+                 - integral[ys + side][:, xs] + integral[ys][:, xs])
+        scores = total.double() / (side * side) * math.sqrt(frac)  # favour larger windows on ties
+        k = int(scores.flatten().argmax())
+        score = float(scores.flatten()[k])
+        if score > best:
+            y, x = int(ys[k // len(xs)]), int(xs[k % len(xs)])
+            best, box = score, (float(x), float(y), float(x + side), float(y + side))
     return box
 
 
@@ -337,16 +350,38 @@ def attention_boxes(model: nn.Module, inputs: dict, sizes: Sequence[tuple[int, i
     if generic_inputs is not None:
         if generic_inputs["input_ids"].shape[0] != len(sizes):
             raise ValueError(f"generic_inputs: {generic_inputs['input_ids'].shape[0]} rows for {len(sizes)} queries")
-        generic_maps = image_attention_maps(model, generic_inputs, layers, "last" if queries == "object" else queries)
-    points = resolve(model)
+        generic_maps = image_attention_maps(model, generic_inputs, layers, generic_queries(queries))
+    elif per == 2:
+        generic_maps, maps = maps[1::2], maps[0::2]
+    return boxes_from_maps(resolve(model), maps, inputs, [per * i for i in range(len(sizes))], sizes, heads=heads,
+                           generic_maps=generic_maps)
+
+
+def generic_queries(queries: str) -> str:
+    """Where the generic prompt's attention is read: its last token (or its question, under
+    ``queries="question"``) -- it names no object."""
+    return "last" if queries == "object" else queries
+
+
+def boxes_from_maps(points: ModelPoints, maps: Sequence[torch.Tensor], inputs: dict, rows: Sequence[int],
+                    sizes: Sequence[tuple[int, int]], *, heads: str = "mean",
+                    generic_maps: Sequence[torch.Tensor] | None = None) -> list[tuple]:
+    """Boxes from captured maps: query ``i``'s ``(layers * heads, n_image_tokens)`` map
+    ``maps[i]`` belongs to row ``rows[i]`` of ``inputs`` (for its token layout) and to an
+    original image of ``sizes[i]``; ``generic_maps[i]`` is its generic prompt's map (ViCrop's
+    ratio) or absent. Heads are combined by ``heads`` (:func:`select_heads`), the map is
+    painted through the adapter's token layout (:func:`region_heat`) and the window holding
+    most of it is the box (:func:`best_window`)."""
+    if not len(maps) == len(rows) == len(sizes) or (generic_maps is not None and len(generic_maps) != len(maps)):
+        raise ValueError(f"{len(maps)} maps, {len(rows)} rows, {len(sizes)} sizes"
+                         + ("" if generic_maps is None else f", {len(generic_maps)} generic maps"))
     boxes = []
-    for i, (width, height) in enumerate(sizes):
-        row = per * i
-        regions = points.token_regions(maps[row].shape[-1], inputs, row, (width, height))
-        generic = maps[row + 1] if per == 2 else None if generic_maps is None else generic_maps[i]
-        if generic is not None and generic.shape != maps[row].shape:
+    for i, (row, (width, height)) in enumerate(zip(rows, sizes)):
+        regions = points.token_regions(maps[i].shape[-1], inputs, row, (width, height))
+        generic = None if generic_maps is None else generic_maps[i]
+        if generic is not None and generic.shape != maps[i].shape:
             raise ValueError(f"query {i}: the generic prompt's image has {generic.shape[-1]} tokens, the query's "
-                             f"{maps[row].shape[-1]}")
-        query, generic = select_heads(maps[row], content_indices(regions), heads, generic)
+                             f"{maps[i].shape[-1]}")
+        query, generic = select_heads(maps[i], content_indices(regions), heads, generic)
         boxes.append(best_window(region_heat(query, generic, regions, width, height), width, height))
     return boxes

@@ -155,6 +155,34 @@ def test_peak_head_picks_the_concentrated_map():
         select_heads(maps, 0, "max")
 
 
+def _best_window_by_loop(heat, width, height, sizes=(0.25, 0.4, 0.6)):
+    """best_window's definition, one window at a time: the first best in (size, y, x) order."""
+    import math
+
+    up = torch.nn.functional.interpolate(heat[None, None].float(), size=(height, width), mode="nearest")[0, 0]
+    integral = torch.nn.functional.pad(up.cumsum(0).cumsum(1), (1, 0, 1, 0))
+    best, box = -math.inf, (0.0, 0.0, float(width), float(height))
+    for frac in sizes:
+        side = max(1, int(round(frac * min(width, height))))
+        for y in range(0, height - side + 1, max(1, side // 4)):
+            for x in range(0, width - side + 1, max(1, side // 4)):
+                total = integral[y + side, x + side] - integral[y, x + side] - integral[y + side, x] + integral[y, x]
+                score = float(total) / (side * side) * math.sqrt(frac)
+                if score > best:
+                    best, box = score, (float(x), float(y), float(x + side), float(y + side))
+    return box
+
+
+def test_vectorised_window_search_equals_the_loop():
+    g = torch.Generator().manual_seed(0)
+    for i in range(120):
+        h, w = (int(v) for v in torch.randint(8, 160, (2,), generator=g))
+        heat = torch.rand(int(torch.randint(2, 10, (1,), generator=g)), int(torch.randint(2, 10, (1,), generator=g)),
+                          generator=g)
+        heat = (heat > 0.7).float() if i % 3 == 0 else torch.zeros_like(heat) if i % 7 == 0 else heat  # ties too
+        assert best_window(heat, w, h) == _best_window_by_loop(heat, w, h)
+
+
 def test_window_over_painted_regions():
     heat = torch.zeros(8, 8)
     heat[6, 1] = 10.0  # a hot cell at row 6, column 1 of a 128 px image: pixels x 16-32, y 96-112

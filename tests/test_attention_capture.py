@@ -1,0 +1,117 @@
+"""hooks.capture: attention weights recomputed from the q/k a layer's attention call receives.
+
+Checked on every supported family (tiny random models): the captured rows equal the
+weights eager attention returns with ``output_attentions`` (within 1e-5), under sdpa and
+eager, with left padding; the model's output is bit-for-bit what it is without the
+capture, so a capture can ride along the caller's ``generate()``; detach restores the
+attention modules' configs.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hooks import HookGroup, resolve
+from hooks.capture import AttentionCapture, attention_probabilities
+from hooks.testing import TINY_MODEL_TYPES, build_tiny_model, tiny_inputs
+
+LAYERS = [0, -1]
+
+
+def _eager_reference(model_type, inputs):
+    """Per chosen layer, eager attention's full (B, H, S, S) weights (same weights as sdpa)."""
+    eager = build_tiny_model(model_type, attn_implementation="eager")
+    with torch.no_grad():
+        out = eager(**inputs, output_attentions=True, use_cache=False)
+    points = resolve(eager)
+    return [out.attentions[i] for i in points.layer_indices(LAYERS)]
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+@pytest.mark.parametrize("model_type", TINY_MODEL_TYPES)
+def test_captured_rows_equal_eager_weights(model_type, impl):
+    model = build_tiny_model(model_type, attn_implementation=impl)
+    inputs = tiny_inputs(model, batch_size=2, text_lengths=[3, 7], seed=1)  # left padding on row 0
+    reference = _eager_reference(model_type, inputs)
+    points = resolve(model)
+    rows, seq = inputs["input_ids"].shape
+    # a question-style weighting: the last four positions, unequal weights per row
+    weights = torch.zeros(rows, seq)
+    weights[0, -4:] = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    weights[1, -2:] = 0.5
+    for w in (None, weights):
+        capture = AttentionCapture(points, LAYERS)
+        with HookGroup("capture") as group, torch.no_grad():
+            capture.attach(group)
+            capture.arm(rows, seq, w)
+            model(**inputs, use_cache=False)
+            got = capture.take()  # (rows, layers * heads, seq)
+        heads = reference[0].shape[1]
+        for n, ref in enumerate(reference):
+            mine = got[:, n * heads : (n + 1) * heads]
+            expected = ref[:, :, -1] if w is None else torch.einsum("bq,bhqk->bhk", w, ref.float())
+            torch.testing.assert_close(mine, expected.float(), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("model_type", TINY_MODEL_TYPES)
+def test_capture_leaves_generate_unchanged_and_detaches(model_type):
+    model = build_tiny_model(model_type)
+    inputs = tiny_inputs(model, batch_size=2, text_lengths=[2, 5], seed=3)
+    points = resolve(model)
+    configs = [m.config for m in points.attention]
+    kwargs = dict(max_new_tokens=4, do_sample=False, output_scores=True, return_dict_in_generate=True)
+    with torch.no_grad():
+        plain = model.generate(**inputs, **kwargs)
+        capture = AttentionCapture(points, LAYERS)
+        with HookGroup("capture") as group:
+            capture.attach(group)
+            capture.arm(*inputs["input_ids"].shape)
+            captured = model.generate(**inputs, **kwargs)
+            maps = capture.take()  # the prefill was recorded, the decoding steps ignored
+        again = model.generate(**inputs, **kwargs)
+    assert torch.equal(plain.sequences, captured.sequences)
+    for a, b in zip(plain.scores, captured.scores):
+        assert torch.equal(a, b)
+    assert maps.shape[-1] == inputs["input_ids"].shape[1]
+    assert torch.allclose(maps.sum(-1), torch.ones(()), atol=1e-4)  # each head's row is a distribution
+    assert [m.config for m in points.attention] == configs and all(
+        a is b for a, b in zip((m.config for m in points.attention), configs))
+    assert torch.equal(plain.sequences, again.sequences)
+
+
+def test_probabilities_follow_each_mask_form():
+    torch.manual_seed(0)
+    q, k = torch.randn(2, 4, 5, 8), torch.randn(2, 2, 5, 8)  # grouped-query: 2 key heads
+    positions = torch.tensor([1, 4])
+    pad = torch.tensor([[0, 1, 1, 1, 1], [1, 1, 1, 1, 1]])  # row 0 left-padded
+    causal = torch.ones(5, 5).tril().bool()
+    boolean = (causal[None, None] & pad[:, None, None, :].bool())
+    additive = torch.zeros(boolean.shape).masked_fill(~boolean, torch.finfo(torch.float32).min)
+    by_bool = attention_probabilities(q, k, boolean, positions)
+    assert torch.allclose(by_bool, attention_probabilities(q, k, additive, positions), atol=1e-6)
+    assert torch.allclose(by_bool, attention_probabilities(q, k, pad, positions), atol=1e-6)  # flash's 2-D mask
+    # reference: repeat the key heads, mask, softmax
+    scores = q @ k.repeat_interleave(2, dim=1).transpose(-1, -2) / 8 ** 0.5
+    expected = torch.softmax(scores.masked_fill(~boolean, float("-inf")), -1)[:, :, positions]
+    assert torch.allclose(by_bool, expected, atol=1e-6)
+    assert torch.all(by_bool[0, :, :, 0] == 0)  # the padded key gets nothing
+    no_mask = attention_probabilities(q[:1], k[:1], None, positions)  # sdpa's is_causal: causal only
+    assert torch.all(no_mask[0, :, 0, 2:] == 0) and torch.allclose(no_mask.sum(-1), torch.ones(()))
+
+
+def test_bad_use_is_a_clear_error():
+    model = build_tiny_model("llava")
+    points = resolve(model)
+    with pytest.raises(ValueError, match="layers"):
+        AttentionCapture(points, [])
+    capture = AttentionCapture(points, [0])
+    with pytest.raises(ValueError, match="weights has shape"):
+        capture.arm(2, 5, torch.ones(2, 4))
+    with pytest.raises(RuntimeError, match="saw no prompt forward"):
+        capture.arm(1, 5)
+        capture.take()
+    with HookGroup("a") as group:
+        capture.attach(group)
+        with pytest.raises(ValueError, match="already being captured"):
+            AttentionCapture(points, [0]).attach(HookGroup("b"))
