@@ -156,3 +156,98 @@ def test_composes_with_contrast_mitigations(organism, queries):
     assert hook_state(model) == before
     assert _decode(processor, out, enc) == [r["answer"] for r in expected]
     assert cv.stats == reference.stats
+
+
+def _word_tokenizer(vocab_size: int, pad_id: int):
+    """A word-level tokenizer over ``w0 .. w{vocab_size-1}``: decodes any id of a tiny model."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = {f"w{i}": i for i in range(vocab_size)}
+    core = Tokenizer(models.WordLevel(words, unk_token="w0"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=core, pad_token=f"w{pad_id}")
+
+
+def _noise_images(seed: int = 0) -> list:
+    g = torch.Generator().manual_seed(seed)
+    return [Image.fromarray((torch.rand(h, w, 3, generator=g) * 255).to(torch.uint8).numpy())
+            for w, h in ((96, 64), (64, 96))]
+
+
+@pytest.mark.parametrize("model_type", TINY_MODEL_TYPES)
+def test_generate_path_localises_and_reasks_on_every_family(model_type):
+    """The generate() path end to end on every family's own preprocessing (tiles, AnyRes,
+    dynamic resolution): the maps captured at the caller's prefill, views cut from the
+    originals, resized, re-asked with the caller's prompt ids -- every row verified, none
+    lost, the prompt part of each returned row untouched; detach restores the model."""
+    from types import SimpleNamespace
+
+    from hooks.testing import tiny_inputs
+
+    model = build_tiny_model(model_type)
+    text_config = model.config.get_text_config()
+    pad = text_config.pad_token_id if text_config.pad_token_id is not None else model.config.pad_token_id
+    image_processor = tiny_image_processor(model_type)
+    processor = SimpleNamespace(tokenizer=_word_tokenizer(text_config.vocab_size, pad), image_processor=image_processor)
+    images = _noise_images()
+    inputs = tiny_inputs(model, images=images)
+    with torch.no_grad():
+        plain = model.generate(**inputs, max_new_tokens=3, do_sample=False)
+    cv = CropVerify(processor, gate=1.0, tau=0.0, generic_prompt=None, heads="peak")  # verify every row
+    with attach(model, cv), torch.no_grad():
+        image_processor(images=[[im] for im in images], return_tensors="pt")  # the caller's preprocessing
+        out = model.generate(**inputs, max_new_tokens=3, do_sample=False)
+    start = inputs["input_ids"].shape[1]
+    assert cv.stats["queries"] == 2 and cv.stats["verified"] == 2, cv.stats
+    assert "no_original" not in cv.stats and "not_applicable" not in cv.stats
+    assert torch.equal(out[:, :start], plain[:, :start])
+    with torch.no_grad():
+        assert torch.equal(model.generate(**inputs, max_new_tokens=3, do_sample=False), plain)
+
+
+@pytest.mark.parametrize("model_type", TINY_MODEL_TYPES)
+def test_maps_captured_in_generate_equal_a_forward_of_their_own(model_type):
+    """Localising from the caller's generate() prefill reads the same attention (within
+    1e-5) as localising with a forward of its own, on every family, and yields boxes."""
+    from hooks import resolve
+    from hooks.testing import tiny_inputs
+    from mitigate.localize import boxes_from_maps, capture_first_pass, image_attention_maps
+
+    model = build_tiny_model(model_type)
+    images = _noise_images(1)
+    inputs = tiny_inputs(model, images=images)
+    with torch.no_grad():
+        separate = image_attention_maps(model, inputs, queries="question")
+        with capture_first_pass(model, inputs, queries="question") as captured:
+            model.generate(**inputs, max_new_tokens=2, do_sample=False)
+    assert len(captured["maps"]) == len(separate) == 2
+    for a, b in zip(captured["maps"], separate):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    boxes = boxes_from_maps(resolve(model), captured["maps"], inputs, [0, 1], [im.size for im in images])
+    for (x0, y0, x1, y1), im in zip(boxes, images):
+        assert 0 <= x0 < x1 <= im.width and 0 <= y0 < y1 <= im.height
+
+
+def test_counting_and_colour_questions_through_generate(organism):
+    """Counting and attribute questions take the same generate() path as existence ones:
+    the same answers and stats as CropVerify.answer (which picks a view's answer when it is
+    more confident than the first and than tau), with some answers replaced by a view."""
+    from evaluators.organism.tasks import colour, counting
+    from evaluators.world import BIASED, World
+    import numpy as np
+
+    model, processor = organism
+    world = World(BIASED)
+    examples = [task(world, np.random.default_rng(seed), 7 * 10**8 + seed) for seed in range(10)
+                for task in (colour, counting)]
+    images, prompts = [e.images[0] for e in examples], [e.question for e in examples]
+    reference = CropVerify(processor, gate=1.0, tau=0.0)
+    expected = reference.answer(model, images, prompts, max_new_tokens=4)
+    assert reference.stats["verified"] == len(prompts) and reference.stats["overturned"] > 0
+    cv = CropVerify(processor, gate=1.0, tau=0.0)
+    with attach(model, cv):
+        enc = processor(text=_templated(processor, prompts), images=images, return_tensors="pt", padding=True)
+        out = model.generate(**enc, max_new_tokens=4, do_sample=False)
+    assert _decode(processor, out, enc) == [r["answer"] for r in expected]
+    assert cv.stats == reference.stats
