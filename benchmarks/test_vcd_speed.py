@@ -2,9 +2,17 @@
 
     python -m pytest benchmarks/test_vcd_speed.py --benchmark-enable
 
-Batch 1 and 8, 32 new tokens (forced with min_new_tokens). The naive reference runs the
-original and the distorted-image branch as two separate cached forwards per token, as the
-reference implementation does.
+Batch 1 and 8, 32 new tokens (forced with min_new_tokens). Two naive two-pass references,
+each running the original and the distorted-image branch as two separate cached forwards
+per token:
+
+* ``naive`` -- a lean hand-written loop (no ``generate()`` bookkeeping for either pass):
+  the strictest comparison, the one the issue's target is judged on;
+* ``naive_generate`` -- the reference implementation's structure (Leng et al.'s code patches
+  ``generate()``'s sampling loop to call the model a second time with its own
+  ``model_kwargs_cd`` cache, combining the logits before the logits processors): plain
+  ``generate()`` plus a second full forward per token, written here as a forward hook that
+  makes that second call.
 """
 
 from __future__ import annotations
@@ -61,8 +69,43 @@ def _naive(model, inputs):
     return torch.cat(out, 1)
 
 
+class _SecondPass:
+    """The reference VCD's structure inside plain ``generate()``: after every model call, a
+    second call on the distorted image with its own KV cache, combined before the logits
+    processors (as the reference's patched sampling loop does)."""
+
+    def __init__(self, model, pixels):
+        self.model, self.vcd, self.pixels = model, VCD(), pixels
+        self.cache, self.busy = None, False
+
+    def __call__(self, module, args, kwargs, output):
+        if self.busy:
+            return None
+        second = dict(kwargs)
+        if second.pop("mm_encoder_outputs", None) is not None or second.get("pixel_values") is not None:
+            second["pixel_values"] = self.vcd._distort(self.pixels)  # prefill: a fresh cache
+            self.cache = None
+        second["past_key_values"] = self.cache
+        self.busy = True
+        try:
+            res = module(**second)
+        finally:
+            self.busy = False
+        self.cache = res.past_key_values
+        output.logits = self.vcd.combine(output.logits, [res.logits])
+        return output
+
+
+def _naive_generate(model, inputs):
+    handle = model.register_forward_hook(_SecondPass(model, inputs["pixel_values"]), with_kwargs=True)
+    try:
+        return _plain(model, inputs)[:, inputs["input_ids"].shape[1]:]
+    finally:
+        handle.remove()
+
+
 @pytest.mark.parametrize("batch", [1, 8])
-@pytest.mark.parametrize("role", ["baseline", "naive", "ours"])
+@pytest.mark.parametrize("role", ["baseline", "naive", "naive_generate", "ours"])
 def test_vcd_speed(benchmark, paired, organism, rounds, batch, role):
     model, processor = organism
     inputs = _inputs(processor, batch)
@@ -72,6 +115,8 @@ def test_vcd_speed(benchmark, paired, organism, rounds, batch, role):
         out = benchmark.pedantic(_plain, args=(model, inputs), rounds=rounds, warmup_rounds=2)
     elif role == "naive":
         out = paired(lambda: _naive(model, inputs), lambda: _plain(model, inputs))
+    elif role == "naive_generate":
+        out = paired(lambda: _naive_generate(model, inputs), lambda: _plain(model, inputs))
     else:  # hooks attached between rounds (untimed), as a user attaches once and generates many times
         out = paired(lambda: _plain(model, inputs), lambda: _plain(model, inputs), attach=lambda: attach(model, VCD()))
     assert out.shape[0] == batch
@@ -83,3 +128,4 @@ def test_naive_reference_agrees_with_ours(organism):
     with attach(model, VCD()):
         ours = _plain(model, inputs)[:, inputs["input_ids"].shape[1]:]
     assert torch.equal(_naive(model, inputs), ours)
+    assert torch.equal(_naive_generate(model, inputs), ours)
