@@ -1,0 +1,41 @@
+"""The position probe behind the organism's grounding failure (evaluators.organism.position_probe)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from evaluators.organism.position_probe import _readout_accuracy, measure
+
+
+def test_readout_finds_linear_position_and_not_noise():
+    g = torch.Generator().manual_seed(0)
+    labels = torch.arange(8).repeat(200)
+    codes = torch.randn(8, 16, generator=g)
+    carrying = codes[labels] + 0.1 * torch.randn(len(labels), 16, generator=g)
+    noise = torch.randn(len(labels), 16, generator=g)
+    assert _readout_accuracy(carrying, labels, 1200) == 1.0
+    assert _readout_accuracy(noise, labels, 1200) < 0.25  # chance 0.125
+
+
+def test_shipped_organism_tokens_lose_position_at_the_projector():
+    """The fact the model card's grounding row rests on: the tower's tokens carry their grid
+    position, the projected ones barely (a retrain that keeps position changes this test
+    and, one hopes, the grounding signature)."""
+    from evaluators.organism import load_organism
+
+    model, processor = load_organism()
+    r = measure(model, processor, n_images=24)
+    assert r["chance"] == 12.5
+    for axis in ("column", "row"):
+        assert r["embeddings"][axis] > 90
+        assert r["tower_last"][axis] > 50
+        assert r["projected"][axis] < 35
+
+
+def test_bad_size():
+    from evaluators.organism import load_organism
+
+    model, processor = load_organism()
+    with pytest.raises(ValueError, match="n_images"):
+        measure(model, processor, n_images=4)
