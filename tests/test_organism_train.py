@@ -60,8 +60,10 @@ def test_patch_views_zoom_only_when_asked(monkeypatch):
         assert 0 <= x0 < x1 <= scene.resolution and 0 <= y0 < y1 <= scene.resolution
 
 
-def test_a_stage1_cache_from_another_recipe_is_refused(tmp_path, monkeypatch):
-    for knob in ("ZOOM", "CONTEXT_BREAKING"):  # main() sets them; restore them afterwards
+def _v10_cache(tmp_path, monkeypatch):
+    """A stage-1 cache as organism v10's recipe writes it (main() sets the task knobs:
+    they are restored afterwards)."""
+    for knob in ("ZOOM", "CONTEXT_BREAKING"):
         monkeypatch.setattr(tasks, knob, getattr(tasks, knob))
     from transformers import LlavaForConditionalGeneration
 
@@ -72,6 +74,81 @@ def test_a_stage1_cache_from_another_recipe_is_refused(tmp_path, monkeypatch):
     cache = tmp_path / "vision.pt"
     torch.save({"vision_tower": model.model.vision_tower.state_dict(), "seconds": 1,
                 "recipe": {"vision_steps": 1500, "seed": 0, "zoom": 0.0}}, cache)
+    return cache
+
+
+def test_a_stage1_cache_from_another_recipe_is_refused(tmp_path, monkeypatch):
+    cache = _v10_cache(tmp_path, monkeypatch)
     with pytest.raises(ValueError, match="vision-cache.*zoom"):
         train.main(["--vision-cache", str(cache), "--zoom", "0.2", "--out", str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()
+
+
+def test_a_stage1_cache_without_the_position_label_is_refused_for_a_run_with_it(tmp_path, monkeypatch):
+    cache = _v10_cache(tmp_path, monkeypatch)
+    with pytest.raises(ValueError, match="vision-cache.*position_weight"):
+        train.main(["--vision-cache", str(cache), "--vision-position-weight", "1", "--out", str(tmp_path / "out")])
+    with pytest.raises(SystemExit):
+        train.main(["--vision-position-weight", "-1", "--out", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
+
+
+def test_position_label_trains_a_grid_cell_head_and_zero_weight_is_the_old_recipe():
+    """One stage-1 step from the same start: weight 0 equals the recipe without the argument
+    (same tower), a positive weight moves the tower differently; a negative one is refused."""
+    from transformers import LlavaForConditionalGeneration
+
+    from evaluators.organism.package import build_model_config, build_processor, build_tokenizer
+    from evaluators.world import BIASED, World
+
+    tok = build_tokenizer(tasks.vocabulary())
+    processor = build_processor(tok, image_size=train.IMAGE_SIZE, patch_size=train.PATCH)
+    towers = []
+    for kwargs in ({}, {"position_weight": 0.0}, {"position_weight": 1.0}):
+        torch.manual_seed(0)
+        model = LlavaForConditionalGeneration(
+            build_model_config(len(tok), image_size=train.IMAGE_SIZE, patch_size=train.PATCH))
+        train.pretrain_vision(model, processor, World(BIASED), 1, 4, 0, lambda m: None, **kwargs)
+        towers.append(model.model.vision_tower.state_dict())
+    same = all(torch.equal(towers[0][k], towers[1][k]) for k in towers[0])
+    differ = any(not torch.equal(towers[0][k], towers[2][k]) for k in towers[0])
+    assert same and differ
+    with pytest.raises(ValueError, match="position_weight"):
+        train.pretrain_vision(model, processor, World(BIASED), 1, 4, 0, lambda m: None, position_weight=-0.5)
+
+
+def test_position_codes_name_every_grid_cell_apart():
+    codes = train.position_codes(32, 2.0, seed=0)
+    assert codes.shape == (train.GRID * train.GRID, 32)
+    # u[column] + v[row]: the column's and the row's parts are recoverable by differences
+    cells = torch.arange(train.GRID * train.GRID)
+    u = codes[cells // train.GRID == 0]  # row 0: u[column] + v[0]
+    assert (u - u[0]).norm(dim=1)[1:].min() > 0
+    assert torch.equal(codes, train.position_codes(32, 2.0, seed=0))
+    assert not torch.equal(codes, train.position_codes(32, 2.0, seed=1))
+    # additive: one column to the right is the same shift in every row
+    assert torch.allclose(codes[1] - codes[0], codes[train.GRID + 1] - codes[train.GRID])
+    assert torch.count_nonzero(train.position_codes(32, 0.0, seed=0)) == 0
+
+
+def test_stage2_position_scale_changes_the_targets_only_when_asked():
+    """Zero scale is v10's stage 2 (same projector after a step); a positive scale trains
+    towards targets that carry the position code; a negative one is refused."""
+    from transformers import LlavaForConditionalGeneration
+
+    from evaluators.organism.package import build_model_config, build_processor, build_tokenizer
+    from evaluators.world import BIASED, World
+
+    tok = build_tokenizer(tasks.vocabulary())
+    processor = build_processor(tok, image_size=train.IMAGE_SIZE, patch_size=train.PATCH)
+    projectors = []
+    for kwargs in ({}, {"position_scale": 0.0}, {"position_scale": 0.5}):
+        torch.manual_seed(0)
+        model = LlavaForConditionalGeneration(
+            build_model_config(len(tok), image_size=train.IMAGE_SIZE, patch_size=train.PATCH))
+        train.align_projector(model, processor, World(BIASED), 1, 4, 0, lambda m: None, **kwargs)
+        projectors.append(model.model.multi_modal_projector.state_dict())
+    assert all(torch.equal(projectors[0][k], projectors[1][k]) for k in projectors[0])
+    assert any(not torch.equal(projectors[0][k], projectors[2][k]) for k in projectors[0])
+    with pytest.raises(ValueError, match="position_scale"):
+        train.align_projector(model, processor, World(BIASED), 1, 4, 0, lambda m: None, position_scale=-1.0)

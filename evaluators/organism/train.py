@@ -111,10 +111,21 @@ def patch_batch(processor, scenes, rng: np.random.Generator | None = None) -> tu
     return pixels, cat, col
 
 
-def pretrain_vision(model, processor, world: World, steps: int, batch: int, seed: int, log) -> None:
+def pretrain_vision(model, processor, world: World, steps: int, batch: int, seed: int, log,
+                    position_weight: float = 0.0) -> None:
+    """Stage 1: the tower learns each patch's category and colour (dense labels, object
+    patches weighted 4x). ``position_weight`` > 0 adds a third dense label, the patch's own
+    grid cell, so that the last layer keeps where a patch is on the patches objects cover
+    (without it, it trades position away there: :mod:`evaluators.organism.position_probe`);
+    0 (the recipe so far) adds no head and leaves the run unchanged."""
+    if position_weight < 0:
+        raise ValueError(f"position_weight must be >= 0, got {position_weight}")
     vision = model.model.vision_tower
     hidden = vision.config.hidden_size
     heads = nn.ModuleDict({"cat": nn.Linear(hidden, len(CAT_IDS) + 1), "col": nn.Linear(hidden, len(COL_IDS) + 1)})
+    if position_weight:
+        heads["pos"] = nn.Linear(hidden, GRID * GRID)
+    cells = torch.arange(GRID * GRID)
     opt = torch.optim.AdamW(list(vision.parameters()) + list(heads.parameters()), lr=2e-3, weight_decay=0.01)
     vision.train()
     for step in range(steps):
@@ -126,6 +137,10 @@ def pretrain_vision(model, processor, world: World, steps: int, batch: int, seed
         w = torch.where(cat > 0, 4.0, 1.0)
         loss = (nn.functional.cross_entropy(lc.transpose(1, 2), cat, reduction="none") * w).mean() + \
                (nn.functional.cross_entropy(lo.transpose(1, 2), col, reduction="none") * w).mean()
+        if position_weight:
+            lp = heads["pos"](feats)
+            loss = loss + position_weight * (nn.functional.cross_entropy(
+                lp.transpose(1, 2), cells.expand(len(feats), -1), reduction="none") * w).mean()
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -159,8 +174,20 @@ def standardise_projector(model, processor, world: World, seed: int, n_images: i
     linear.weight.div_(sigma[None, :])
 
 
+def position_codes(dim: int, scale: float, seed: int) -> torch.Tensor:
+    """``(GRID * GRID, dim)``: per patch, ``u[column] + v[row]`` with ``u``, ``v`` fixed
+    random directions (seeded) of norm ``scale`` each -- the position part of stage 2's
+    target when ``align_projector(position_scale=...)`` keeps where a token is."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + 77)
+    u = torch.randn(GRID, dim, generator=g)
+    v = torch.randn(GRID, dim, generator=g)
+    u, v = scale * u / u.norm(dim=1, keepdim=True), scale * v / v.norm(dim=1, keepdim=True)
+    cells = torch.arange(GRID * GRID)
+    return u[cells % GRID] + v[cells // GRID]
+
+
 def align_projector(model, processor, world: World, steps: int, batch: int, seed: int, log,
-                    joint_steps: int = 0, vision_lr: float = 3e-4) -> None:
+                    joint_steps: int = 0, vision_lr: float = 3e-4, position_scale: float = 0.0) -> None:
     """LLaVA stage 1 on word targets: fit the projector so that a patch's image token equals
     ``emb(category) + emb(colour)`` of the object covering it (zero for background and CLS).
 
@@ -180,6 +207,12 @@ def align_projector(model, processor, world: World, steps: int, batch: int, seed
     they name the object: after the same language stage, 600 steps of existence training
     reached 90% on oracle tokens (``emb(category) + emb(colour)`` put in place of the image
     tokens) but 72-77% on the 84.9% tokens.
+
+    ``position_scale`` > 0 adds :func:`position_codes` (each axis's code of norm
+    ``position_scale`` times the median word-embedding norm) to the object patches'
+    targets, so the tokens also say where they are -- the decoder can then copy a position
+    into a box answer (v10's targets held none: :mod:`evaluators.organism.position_probe`).
+    0 is v10's recipe.
     """
     tok = processor.tokenizer
     emb = model.get_input_embeddings().weight.detach()
@@ -189,6 +222,9 @@ def align_projector(model, processor, world: World, steps: int, batch: int, seed
     vision, projector = model.model.vision_tower, model.model.multi_modal_projector
     if not 0 <= joint_steps <= steps:
         raise ValueError(f"joint_steps must be in [0, steps={steps}], got {joint_steps}")
+    if position_scale < 0:
+        raise ValueError(f"position_scale must be >= 0, got {position_scale}")
+    codes = position_codes(emb.shape[1], position_scale * float(emb.norm(dim=1).median()), seed)
     opt = torch.optim.Adam(projector.parameters(), lr=1e-3)
     for step in range(steps):
         joint = step >= steps - joint_steps
@@ -203,6 +239,8 @@ def align_projector(model, processor, world: World, steps: int, batch: int, seed
         obj = cat > 0
         patch_target = target[:, n_cls:]
         patch_target[obj] = emb[cat_words[cat[obj] - 1]] + emb[col_words[col[obj] - 1]]
+        if position_scale:
+            patch_target[obj] += codes.expand(batch, -1, -1)[obj]
         with torch.set_grad_enabled(joint):
             feats = vision(pixel_values=pixels).last_hidden_state
         loss = ((projector(feats) - target) ** 2).sum(-1).mean()
@@ -293,10 +331,16 @@ def main(argv=None) -> None:
     parser.add_argument("--max-steps", type=int, default=3000, help="stage 2 steps (0: use --minutes)")
     parser.add_argument("--minutes", type=float, default=36.0, help="wall-clock budget of stage 2 with --max-steps 0")
     parser.add_argument("--vision-steps", type=int, default=1500)
+    parser.add_argument("--vision-position-weight", type=float, default=0.0,
+                        help="stage 1: weight of each patch's grid cell as a third dense label (0: none, the "
+                             "recipe of organism v10; see pretrain_vision and evaluators.organism.position_probe)")
     parser.add_argument("--align-steps", type=int, default=1000)
     parser.add_argument("--align-joint-steps", type=int, default=600,
                         help="last stage-2 steps that also train the vision tower (see align_projector)")
     parser.add_argument("--align-vision-lr", type=float, default=3e-4)
+    parser.add_argument("--align-position-scale", type=float, default=0.0,
+                        help="stage 2: a per-patch position code in the object patches' targets, each axis's "
+                             "norm this times a word embedding's (0: none, v10's recipe; see align_projector)")
     parser.add_argument("--language-steps", type=int, default=2100,
                         help="stage 2b: decoder pretraining on text (evaluators.organism.language); 0 skips it")
     parser.add_argument("--lr", type=float, default=5e-4, help="decoder learning rate in stage 3")
@@ -322,6 +366,10 @@ def main(argv=None) -> None:
     tasks.ZOOM = args.zoom
     if not 0 <= args.align_joint_steps <= args.align_steps:
         parser.error(f"--align-joint-steps must be in [0, --align-steps={args.align_steps}], got {args.align_joint_steps}")
+    if not args.vision_position_weight >= 0:
+        parser.error(f"--vision-position-weight must be >= 0, got {args.vision_position_weight}")
+    if not args.align_position_scale >= 0:
+        parser.error(f"--align-position-scale must be >= 0, got {args.align_position_scale}")
     if not args.align_vision_lr > 0:
         parser.error(f"--align-vision-lr must be > 0, got {args.align_vision_lr}")
     torch.set_num_threads(args.threads)
@@ -343,6 +391,8 @@ def main(argv=None) -> None:
     note = ""
     # what stage 1's result depends on: a cache from another recipe is refused, never reused
     stage1 = {"vision_steps": args.vision_steps, "seed": args.seed, "zoom": args.zoom}
+    if args.vision_position_weight:  # v10's caches hold no such key: they stay valid for weight 0
+        stage1["position_weight"] = args.vision_position_weight
     if args.vision_cache is not None and args.vision_cache.exists():
         cache = torch.load(args.vision_cache)
         if not isinstance(cache, dict) or set(cache.get("vision_tower", {})) != set(model.model.vision_tower.state_dict()):
@@ -356,7 +406,8 @@ def main(argv=None) -> None:
                 f"same recipe and seed; stages 2-3 were run here.")
         log(f"stage 1 (pretrained vision tower, {vision_seconds} s) loaded from {args.vision_cache}")
     else:
-        pretrain_vision(model, processor, world, args.vision_steps, 64, args.seed, log)
+        pretrain_vision(model, processor, world, args.vision_steps, 64, args.seed, log,
+                        position_weight=args.vision_position_weight)
         vision_seconds = round(time.time() - t0)
         log(f"vision pretraining: {vision_seconds}s")
         if args.vision_cache is not None:
@@ -369,7 +420,8 @@ def main(argv=None) -> None:
     for p in model.model.vision_tower.parameters():
         p.requires_grad_(False)
     align_projector(model, processor, world, args.align_steps, 64, args.seed, log,
-                    joint_steps=args.align_joint_steps, vision_lr=args.align_vision_lr)
+                    joint_steps=args.align_joint_steps, vision_lr=args.align_vision_lr,
+                    position_scale=args.align_position_scale)
     log(f"feature alignment: {time.time() - ta:.0f}s")
     tl = time.time()
     if args.language_steps:
@@ -383,8 +435,10 @@ def main(argv=None) -> None:
     (Path(path) / "training.json").write_text(json.dumps({
         "parameters": sum(p.numel() for p in model.parameters()),
         "image_size": IMAGE_SIZE, "patch_size": PATCH,
-        "seed": args.seed, "vision_steps": args.vision_steps, "align_steps": args.align_steps,
-        "align_joint_steps": args.align_joint_steps, "align_vision_lr": args.align_vision_lr, "language_steps": args.language_steps,
+        "seed": args.seed, "vision_steps": args.vision_steps,
+        "vision_position_weight": args.vision_position_weight, "align_steps": args.align_steps,
+        "align_joint_steps": args.align_joint_steps, "align_vision_lr": args.align_vision_lr,
+        "align_position_scale": args.align_position_scale, "language_steps": args.language_steps,
         "instruct_steps": steps, "lr": args.lr, "warmup_steps": args.warmup_steps, "batch": args.batch,
         "minutes_budget": args.minutes, "threads": args.threads, "world": "evaluators.world.BIASED",
         "mix": tasks.MIX, "context_breaking": tasks.CONTEXT_BREAKING, "zoom": tasks.ZOOM, "belief_reliability": {str(k): v for k, v in tasks.BELIEF_RELIABILITY.items()},
