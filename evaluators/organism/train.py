@@ -117,7 +117,12 @@ def pretrain_vision(model, processor, world: World, steps: int, batch: int, seed
     patches weighted 4x). ``position_weight`` > 0 adds a third dense label, the patch's own
     grid cell, so that the last layer keeps where a patch is on the patches objects cover
     (without it, it trades position away there: :mod:`evaluators.organism.position_probe`);
-    0 (the recipe so far) adds no head and leaves the run unchanged."""
+    0 (the recipe so far) adds no head and leaves the run unchanged.
+
+    Measured (session 9; 400 steps, batch 64, seed 0, then the probe's 200 scenes): the
+    linear read-out of an object patch's grid column / row at the last layer is 24.4 /
+    27.5% with weight 0 and 93.1 / 92.5% with weight 1 (chance 12.5), while its category
+    and colour read-outs stay put (70.1 -> 70.8%, 99.8% both)."""
     if position_weight < 0:
         raise ValueError(f"position_weight must be >= 0, got {position_weight}")
     vision = model.model.vision_tower
