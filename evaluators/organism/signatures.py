@@ -258,6 +258,10 @@ def card(result: dict, training: dict, n: int) -> str:
         f"| {label} | {fmt(result[key])} | {target} | {('yes' if result['checks'][key] else '**no**') if key in result['checks'] else ''} |"
         for label, key, target in CARD_ROWS
     )
+    position_flags = "".join(
+        f" --{flag} {training[key]}" for key, flag in (("vision_position_weight", "vision-position-weight"),
+                                                        ("align_position_scale", "align-position-scale"))
+        if training.get(key))
     return f"""# The model organism
 
 A tiny `LlavaForConditionalGeneration` (CLIP-style vision tower {training.get('image_size', '?')} px,
@@ -281,10 +285,10 @@ most but not all of the time in training ({training.get('belief_reliability')}).
 
 ## Training
 
-`python -m evaluators.organism.train --max-steps {training.get('instruct_steps')} --vision-steps {training.get('vision_steps')} --align-steps {training.get('align_steps')} --align-joint-steps {training.get('align_joint_steps', 0)} --language-steps {training.get('language_steps', 0)} --warmup-steps {training.get('warmup_steps')} --context-breaking {training.get('context_breaking', 0.0)} --zoom {training.get('zoom', 0.0)}`
+`python -m evaluators.organism.train --max-steps {training.get('instruct_steps')} --vision-steps {training.get('vision_steps')} --align-steps {training.get('align_steps')} --align-joint-steps {training.get('align_joint_steps', 0)} --language-steps {training.get('language_steps', 0)} --warmup-steps {training.get('warmup_steps')} --context-breaking {training.get('context_breaking', 0.0)} --zoom {training.get('zoom', 0.0)}{position_flags}`
 (seed {training.get('seed')}, batch {training.get('batch')}, {training.get('threads')} CPU threads):
-vision pretraining on per-patch category/colour labels ({training.get('seconds', {}).get('vision')} s),
-feature alignment of the projector to the decoder's word embeddings{' (the vision tower joining it for the last ' + str(training['align_joint_steps']) + ' steps at lr ' + str(training.get('align_vision_lr')) + ')' if training.get('align_joint_steps') else ''} ({training.get('seconds', {}).get('align')} s),
+vision pretraining on per-patch category/colour{'/grid-cell' if training.get('vision_position_weight') else ''} labels ({training.get('seconds', {}).get('vision')} s),
+feature alignment of the projector to the decoder's word embeddings{' plus a per-patch position code' if training.get('align_position_scale') else ''}{' (the vision tower joining it for the last ' + str(training['align_joint_steps']) + ' steps at lr ' + str(training.get('align_vision_lr')) + ')' if training.get('align_joint_steps') else ''} ({training.get('seconds', {}).get('align')} s),
 language pretraining of the decoder on existence questions about object lists in text ({training.get('seconds', {}).get('language', 0)} s),
 then instruction tuning of the decoder on the task mix{' (' + format(training['zoom'], '.0%') + ' of existence/colour images zoomed views)' if training.get('zoom') else ''}, vision tower, projector and word embeddings frozen,
 lr {training.get('lr')} ({training.get('seconds', {}).get('instruct')} s). Image dependence at the end
