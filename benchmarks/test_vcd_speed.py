@@ -74,8 +74,8 @@ class _SecondPass:
     second call on the distorted image with its own KV cache, combined before the logits
     processors (as the reference's patched sampling loop does)."""
 
-    def __init__(self, model, pixels):
-        self.model, self.vcd, self.pixels = model, VCD(), pixels
+    def __init__(self, pixels):
+        self.vcd, self.pixels = VCD(), pixels
         self.cache, self.busy = None, False
 
     def __call__(self, module, args, kwargs, output):
@@ -97,7 +97,7 @@ class _SecondPass:
 
 
 def _naive_generate(model, inputs):
-    handle = model.register_forward_hook(_SecondPass(model, inputs["pixel_values"]), with_kwargs=True)
+    handle = model.register_forward_hook(_SecondPass(inputs["pixel_values"]), with_kwargs=True)
     try:
         return _plain(model, inputs)[:, inputs["input_ids"].shape[1]:]
     finally:

@@ -93,9 +93,10 @@ def test_a_stage1_cache_without_the_position_label_is_refused_for_a_run_with_it(
     assert not (tmp_path / "out").exists()
 
 
-def test_position_label_trains_a_grid_cell_head_and_zero_weight_is_the_old_recipe():
-    """One stage-1 step from the same start: weight 0 equals the recipe without the argument
-    (same tower), a positive weight moves the tower differently; a negative one is refused."""
+def _after_one_step(stage, part: str, runs: list[dict]):
+    """Per keyword set in ``runs``: the state of ``model.model.<part>`` after one step of
+    ``stage`` (train.pretrain_vision or train.align_projector) from the same seeded
+    organism; also the last model and processor, for a refused call."""
     from transformers import LlavaForConditionalGeneration
 
     from evaluators.organism.package import build_model_config, build_processor, build_tokenizer
@@ -103,13 +104,23 @@ def test_position_label_trains_a_grid_cell_head_and_zero_weight_is_the_old_recip
 
     tok = build_tokenizer(tasks.vocabulary())
     processor = build_processor(tok, image_size=train.IMAGE_SIZE, patch_size=train.PATCH)
-    towers = []
-    for kwargs in ({}, {"position_weight": 0.0}, {"position_weight": 1.0}):
+    states = []
+    for kwargs in runs:
         torch.manual_seed(0)
         model = LlavaForConditionalGeneration(
             build_model_config(len(tok), image_size=train.IMAGE_SIZE, patch_size=train.PATCH))
-        train.pretrain_vision(model, processor, World(BIASED), 1, 4, 0, lambda m: None, **kwargs)
-        towers.append(model.model.vision_tower.state_dict())
+        stage(model, processor, World(BIASED), 1, 4, 0, lambda m: None, **kwargs)
+        states.append(getattr(model.model, part).state_dict())
+    return states, model, processor
+
+
+def test_position_label_trains_a_grid_cell_head_and_zero_weight_is_the_old_recipe():
+    """One stage-1 step from the same start: weight 0 equals the recipe without the argument
+    (same tower), a positive weight moves the tower differently; a negative one is refused."""
+    from evaluators.world import BIASED, World
+
+    towers, model, processor = _after_one_step(
+        train.pretrain_vision, "vision_tower", [{}, {"position_weight": 0.0}, {"position_weight": 1.0}])
     same = all(torch.equal(towers[0][k], towers[1][k]) for k in towers[0])
     differ = any(not torch.equal(towers[0][k], towers[2][k]) for k in towers[0])
     assert same and differ
@@ -134,20 +145,10 @@ def test_position_codes_name_every_grid_cell_apart():
 def test_stage2_position_scale_changes_the_targets_only_when_asked():
     """Zero scale is v10's stage 2 (same projector after a step); a positive scale trains
     towards targets that carry the position code; a negative one is refused."""
-    from transformers import LlavaForConditionalGeneration
-
-    from evaluators.organism.package import build_model_config, build_processor, build_tokenizer
     from evaluators.world import BIASED, World
 
-    tok = build_tokenizer(tasks.vocabulary())
-    processor = build_processor(tok, image_size=train.IMAGE_SIZE, patch_size=train.PATCH)
-    projectors = []
-    for kwargs in ({}, {"position_scale": 0.0}, {"position_scale": 0.5}):
-        torch.manual_seed(0)
-        model = LlavaForConditionalGeneration(
-            build_model_config(len(tok), image_size=train.IMAGE_SIZE, patch_size=train.PATCH))
-        train.align_projector(model, processor, World(BIASED), 1, 4, 0, lambda m: None, **kwargs)
-        projectors.append(model.model.multi_modal_projector.state_dict())
+    projectors, model, processor = _after_one_step(
+        train.align_projector, "multi_modal_projector", [{}, {"position_scale": 0.0}, {"position_scale": 0.5}])
     assert all(torch.equal(projectors[0][k], projectors[1][k]) for k in projectors[0])
     assert any(not torch.equal(projectors[0][k], projectors[2][k]) for k in projectors[0])
     with pytest.raises(ValueError, match="position_scale"):

@@ -46,6 +46,7 @@ import torch
 
 from ..world import BIASED, World
 from .package import load_organism
+from .train import patch_labels
 
 
 def _readout_accuracy(features: torch.Tensor, labels: torch.Tensor, n_train: int, ridge: float = 1e-2) -> float:
@@ -63,8 +64,6 @@ def measure(model, processor, n_images: int = 200, seed: int = 10**9 + 5_000) ->
     patches; ``object``: those an object covers, :func:`evaluators.organism.train.patch_labels`),
     the held-out accuracy (%) of a linear read-out of each patch's grid ``column`` and
     ``row``; ``chance`` too. Read-outs are fitted per patch set."""
-    from .train import patch_labels
-
     if n_images < 8:
         raise ValueError(f"n_images must be >= 8 (a quarter is held out), got {n_images}")
     vision_config = model.config.vision_config
@@ -99,8 +98,6 @@ def main(argv=None) -> None:
     parser.add_argument("path", nargs="?", default=None, help="checkpoint directory (default: the shipped organism)")
     parser.add_argument("-n", type=int, default=200, help="number of scenes (a quarter held out)")
     args = parser.parse_args(argv)
-    torch.manual_seed(0)
-    np.random.seed(0)
     model, processor = load_organism(args.path)
     print(measure(model.eval(), processor, args.n))
 
