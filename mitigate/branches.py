@@ -123,11 +123,24 @@ class ContrastBranches:
         dim = 1 if name == "position_ids" and x.dim() == 3 else 0
         return torch.cat([x] * (self.k + 1), dim=dim)
 
-    def _expand_pixels(self, x: torch.Tensor) -> torch.Tensor:
+    def _expand_pixels(self, x: torch.Tensor, rows: list[int] | None = None) -> torch.Tensor:
         parts = [x]
         for branch in self.branches:
-            parts.append(self._distorted(branch, x) if branch.needs_pixels else x)
+            parts.append(self._distorted(branch, x, rows) if branch.needs_pixels else x)
         return torch.cat(parts, dim=0)
+
+    def _image_rows(self, name: str, kwargs: dict) -> list[int] | None:
+        """Rows of the flat pixel input ``name`` that each image owns (the adapter's
+        ``pixel_grids``: Qwen's ``image_grid_thw``), or None for image-shaped layouts."""
+        grid_name = self.points.adapter.pixel_grids.get(name)
+        grid = kwargs.get(grid_name) if grid_name else None
+        if not isinstance(grid, torch.Tensor):
+            return None
+        rows = [int(n) for n in grid.prod(-1).tolist()]
+        pixels = kwargs.get(name)
+        if isinstance(pixels, torch.Tensor) and sum(rows) != pixels.shape[0]:
+            raise ValueError(f"{grid_name} gives {sum(rows)} rows of {name} in all, the tensor has {pixels.shape[0]}")
+        return rows
 
     def _hide(self, mask: torch.Tensor, rows: int) -> torch.Tensor:
         """Zero the image-token columns of the hide_image branches' rows."""
@@ -142,7 +155,11 @@ class ContrastBranches:
                 mask[i * rows : (i + 1) * rows, :cols] = block.masked_fill(image[:, :cols], 0)
         return mask
 
-    def _distorted(self, branch: Branch, pixels: torch.Tensor) -> torch.Tensor:
+    def _distorted(self, branch: Branch, pixels: torch.Tensor, rows: list[int] | None = None) -> torch.Tensor:
+        """``branch``'s distortion of ``pixels``, image by image: ``rows`` splits flattened
+        patches into their images (so an image is distorted the same whatever batch it is in)."""
+        if rows is not None and len(rows) > 1:
+            return torch.cat([branch.pixels(part) for part in pixels.split(rows, dim=0)], dim=0)
         out = branch.pixels(pixels)
         if self.points.adapter.pixel_layout == "batch_images_chw" and pixels.dim() == 5:
             # all-zero images are the processor's padding, dropped by the model: keep them so
@@ -167,7 +184,8 @@ class ContrastBranches:
             branches = []
             for branch in self.branches:
                 if branch.needs_pixels:
-                    branches.append(original(**{**kwargs, pixel_name: self._distorted(branch, kwargs[pixel_name])}))
+                    distorted = self._distorted(branch, kwargs[pixel_name], self._image_rows(pixel_name, kwargs))
+                    branches.append(original(**{**kwargs, pixel_name: distorted}))
                 else:
                     branches.append(None)
             pooled = getattr(out, "pooler_output", None)
@@ -263,7 +281,7 @@ class ContrastBranches:
                 if name in ROW_INPUTS:
                     continue
                 if name in self.points.pixel_inputs:
-                    new[name] = self._expand_pixels(value)
+                    new[name] = self._expand_pixels(value, self._image_rows(name, kwargs))
                 else:
                     new[name] = torch.cat([value] * (self.k + 1), dim=0)
         encoded = kwargs.get("mm_encoder_outputs")

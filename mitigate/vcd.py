@@ -94,7 +94,9 @@ class VCD(Mitigation):
 
     def _distort(self, pixels: torch.Tensor) -> torch.Tensor:
         """Distort each image with noise seeded by ``seed`` and the image's own content, so an
-        image gets the same distortion whatever batch it is in (batch-size invariance)."""
+        image gets the same distortion whatever batch it is in (batch-size invariance).
+        Flattened patches (Qwen) arrive one image at a time: the branches split them by the
+        adapter's ``pixel_grids`` (:meth:`mitigate.branches.ContrastBranches._distorted`)."""
         if pixels.dim() >= 4 and pixels.shape[0] > 1:
             return torch.cat([self._distort(p[None]) for p in pixels], dim=0)
         content = zlib.crc32(pixels.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())

@@ -313,3 +313,36 @@ def test_pipeline_image_text_to_text_works_with_vcd():
     with attach(model, VCD()):
         out = pipe(text=message, max_new_tokens=3, return_full_text=False)
     assert isinstance(out[0]["generated_text"], str)
+
+
+@pytest.mark.parametrize("model_type", ["qwen2_vl", "qwen3_vl"])
+def test_flat_patch_images_are_distorted_one_by_one(model_type):
+    """Qwen's pixels are one (patches, C*T*P*P) tensor for the whole batch; each image's
+    rows (from image_grid_thw) get their own seeded noise, so an image's distorted branch
+    is the same alone and in a batch -- and so are the greedy VCD tokens."""
+    from PIL import Image
+
+    model = build_tiny_model(model_type)
+    points = resolve(model)
+    rng = torch.Generator().manual_seed(3)
+    images = [Image.fromarray((torch.rand(h, w, 3, generator=rng) * 255).byte().numpy()) for h, w in ((56, 84), (84, 56))]
+    seen = []
+
+    def grab(module, args, kwargs):
+        seen.append((args[0] if args else kwargs["hidden_states"]).clone())
+
+    pair = tiny_inputs(model, images=images, seed=4)
+    first = tiny_inputs(model, images=images[:1], seed=4)
+    handle = points.vision_encoder.register_forward_pre_hook(grab, with_kwargs=True)
+    try:
+        with attach(model, VCD(seed=2)):
+            _gen(model, pair, do_sample=False)
+            _gen(model, first, do_sample=False)
+    finally:
+        handle.remove()
+    # generate() encodes the original images, then the branch's distorted ones
+    (original, distorted), (alone_original, alone_distorted) = seen[:2], seen[2:]
+    rows = int(first["image_grid_thw"].prod(-1).sum())
+    assert torch.equal(alone_original, original[:rows])  # the same image ...
+    assert torch.equal(alone_distorted, distorted[:rows])  # ... gets the same noise in both batches
+    assert not torch.equal(distorted[:rows], original[:rows])

@@ -53,6 +53,10 @@ class Adapter:
     pixel_inputs: tuple[str, ...] = ("pixel_values",)
     image_inputs: tuple[str, ...] = ()
     pixel_layout: str = "batch_chw"
+    # flat_patches only: per pixel input, the per-image input saying how many of its rows
+    # each image owns (rows of image i = product of grid row i), so a distortion can treat
+    # each image on its own (mitigate.branches); {} for the image-shaped layouts
+    pixel_grids: dict = field(default_factory=dict, hash=False)
     multimodal_rope: bool = False
     rope_state: str | None = None
     # True when the rows the decoder receives at image positions are a rearrangement of the
@@ -78,6 +82,10 @@ class Adapter:
             raise ValueError(f"adapter {self.model_type!r}: token_layout {self.token_layout!r} is not one of {sorted(LAYOUTS)}")
         for name in ("image_token_id", "video_token_id", "pixel_inputs", "image_inputs"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
+        if not isinstance(self.pixel_grids, dict) or any(
+                k not in self.pixel_inputs or v not in self.image_inputs for k, v in self.pixel_grids.items()):
+            raise ValueError(f"adapter {self.model_type!r}: pixel_grids must map pixel inputs {self.pixel_inputs} to "
+                             f"per-image inputs {self.image_inputs}, got {self.pixel_grids!r}")
         if not self.image_token_id:
             raise ValueError(f"adapter {self.model_type!r}: image_token_id must name at least one config attribute")
 
