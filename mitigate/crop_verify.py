@@ -26,10 +26,23 @@ combines them at inference time:
    the prompt carries ("I am certain there is no dog in the image.", found by
    :func:`mitigate.spans.find_prior_spans`) are left out of the views' prompts
    (``strip_priors``), so a view answers what it shows rather than whether the user is
-   right -- and **combine** (policy, configurable): a "no" is overturned to
-   "yes" only when a view answers "yes" with probability above ``tau`` (strict); for other
-   answers (counts, colours) a view's answer replaces the first one when its confidence
-   is above both ``tau`` and the first answer's confidence.
+   right -- and **combine** (policy, configurable), by the kind of the first answer
+   (:func:`answer_kind`). A view is a part of the image, so it is evidence of what is
+   there, never of what is not:
+
+   * ``yes_no``: a "no" is overturned to "yes" only when a view answers "yes" with
+     probability above ``tau`` (strict; the view's own answer must be "yes" too, which
+     matters for ``tau`` < 0.5); a "yes" is never re-asked;
+   * ``count``: a view's count replaces the first one only when it is *higher* and its
+     confidence is above both ``tau`` and the first answer's (a crop holds at most the
+     instances the image holds, so a lower count in a view says nothing);
+   * ``short`` (an attribute such as a colour, a word or a few): the most confident view's
+     short answer replaces the first when its confidence is above both ``tau`` and the
+     first answer's;
+   * ``box`` and ``free_form`` (captions, sentences): never replaced -- a view's box is in
+     the view's coordinates and a view's caption describes the view -- so these are not
+     re-asked at all; ``stats["not_verifiable"]`` counts them. Captions are checked object
+     by object with :meth:`CropVerify.verify_caption`.
 
 Two options, off by default: ``views`` may include ``"pair"`` -- the original and its crop
 as two images of one prompt, for models that take several -- and ``control=True`` also
@@ -57,7 +70,7 @@ from typing import Any, Callable, Sequence
 import torch
 from PIL import Image
 
-from evaluators.answers import parse_yes_no
+from evaluators.answers import parse_box, parse_number, parse_yes_no, words
 from evaluators.world.views import check_margin, cluster_box, crop_box, cut
 
 from hooks import resolve
@@ -85,6 +98,32 @@ def control_box(box: tuple, width: int, height: int) -> tuple[float, float, floa
     corners = [(0.0, 0.0), (width - w, 0.0), (0.0, height - h), (width - w, height - h)]
     left, top = max(corners, key=lambda c: (c[0] + w / 2 - cx) ** 2 + (c[1] + h / 2 - cy) ** 2)
     return (float(left), float(top), float(left + w), float(top + h))
+
+#: Answers of at most this many words (and neither yes/no, a number nor a box) are
+#: ``short`` -- an attribute ("yellow", "dark red") -- longer ones ``free_form``. Our choice:
+#: an attribute rarely takes more than a few words, a caption or a sentence does.
+SHORT_ANSWER_WORDS = 3
+
+
+def answer_kind(text: str) -> str:
+    """``"yes_no"``, ``"box"``, ``"count"``, ``"short"`` or ``"free_form"``: what the
+    combine policy may do with an answer (module docstring)."""
+    if parse_yes_no(text) is not None:
+        return "yes_no"
+    if isinstance(parse_box(text, 1.0), tuple):
+        return "box"
+    if parse_number(text) is not None:
+        return "count"
+    return "short" if len(words(text)) <= SHORT_ANSWER_WORDS else "free_form"
+
+
+def verifiable(text: str, confidence: float, gate: float) -> bool:
+    """Whether a first answer is re-asked on the views: not confident (top first-token
+    probability below ``gate``), not "yes" (never overturned) and of a kind a view can
+    change (not a box or free text)."""
+    return (confidence < gate and parse_yes_no(text) is not True
+            and answer_kind(text) not in ("box", "free_form"))
+
 
 #: The existence question asked about each caption mention; ``{object}`` is the category.
 MENTION_QUESTION = "Is there a {object} in the image? Answer yes or no."
@@ -280,10 +319,10 @@ class CropVerify(Mitigation):
             results.append({"answer": texts[i], "first_answer": texts[i], "confidence": float(confidence[i]),
                             "verified": False, "views": {}})
             self.stats["queries"] += 1
-        # the policy only ever overturns a "no" (or, for non-yes/no questions, picks a more
-        # confident view): a first "yes" is final, so its views would be wasted passes
-        gated = [i for i in range(len(images)) if self.tau < 1.0 and float(confidence[i]) < self.gate
-                 and parse_yes_no(texts[i]) is not True]
+        # only answers a view can change are re-asked (a first "yes", a box, free text are
+        # final, so their views would be wasted passes)
+        gated = [i for i in range(len(images)) if self.tau < 1.0 and verifiable(texts[i], float(confidence[i]), self.gate)]
+        self.count_unverifiable(texts, confidence)
         if gated:  # the extra passes, batched over every query that needs them
             if localise:
                 boxes = self._captured_boxes(model, first[2], first[3], gated, [images[i] for i in gated],
@@ -337,6 +376,12 @@ class CropVerify(Mitigation):
         """The caller's ``localizer`` boxes, as float tuples."""
         return [tuple(float(v) for v in self.localizer(im, p)) for im, p in zip(images, prompts)]
 
+    def count_unverifiable(self, texts: Sequence[str], confidence: torch.Tensor) -> None:
+        """Count the unconfident answers no view may change (boxes, free text) in ``stats``."""
+        if self.tau < 1.0:
+            self.stats["not_verifiable"] = self.stats.get("not_verifiable", 0) + sum(
+                float(c) < self.gate and answer_kind(t) in ("box", "free_form") for t, c in zip(texts, confidence))
+
     def _decide(self, result, box, built, texts, probs) -> None:
         """The overturn policy for one query, given what its views answered."""
         p_yes, conf = self._p_yes(probs), probs.max(-1).values
@@ -351,17 +396,28 @@ class CropVerify(Mitigation):
             result["control"] = {"answer": texts[k], "p_yes": float(p_yes[k]), "box": built["control"]}
             floor = max(floor, float(p_yes[k]))
         texts, p_yes, conf = texts[:k], p_yes[:k], conf[:k]
-        first = parse_yes_no(result["first_answer"])
-        if first is False:
-            if any(float(p) > floor for p in p_yes):
-                best = max(range(len(texts)), key=lambda j: float(p_yes[j]))
+        kind = answer_kind(result["first_answer"])
+        result["kind"] = kind
+        if kind == "yes_no":  # only a "no" is ever gated; a view must answer yes, with p(yes) > floor
+            ok = [j for j in range(len(texts)) if parse_yes_no(texts[j]) is True and float(p_yes[j]) > floor]
+            if ok:
+                best = max(ok, key=lambda j: float(p_yes[j]))
                 result["answer"], result["chosen"] = texts[best], self.views[best]
                 self.stats["overturned"] += 1
-        elif first is None:  # counts, colours: the most confident view, if confident enough
-            best = max(range(len(texts)), key=lambda j: float(conf[j]))
-            if float(conf[best]) > max(self.tau, result["confidence"]):
-                result["answer"], result["chosen"] = texts[best], self.views[best]
-                self.stats["overturned"] += result["answer"] != result["first_answer"]
+            return
+        bar = max(self.tau, result["confidence"])
+        if kind == "count":  # a view shows at most what the image holds: only a higher count counts
+            first = parse_number(result["first_answer"])
+            ok = [j for j in range(len(texts)) if answer_kind(texts[j]) == "count"
+                  and parse_number(texts[j]) > first and float(conf[j]) > bar]
+        elif kind == "short":  # an attribute: a confident view's short answer
+            ok = [j for j in range(len(texts)) if answer_kind(texts[j]) == "short" and float(conf[j]) > bar]
+        else:  # boxes and free text are never gated (verifiable()); nothing to decide
+            ok = []
+        if ok:
+            best = max(ok, key=lambda j: float(conf[j]))
+            result["answer"], result["chosen"] = texts[best], self.views[best]
+            self.stats["overturned"] += result["answer"] != result["first_answer"]
 
     @torch.no_grad()
     def verify_caption(self, model, image: Image.Image, caption: str, *, synonyms: Any = None,

@@ -25,12 +25,20 @@ which removes those tokens from the attention (tested equal to deleting them fro
 mask). The overturn policy is :meth:`CropVerify._decide`, the same as ``answer()``'s; an
 overturned row's returned sequence is the prompt followed by the chosen view's answer.
 
-Not verified, and counted in ``stats`` rather than dropped silently: rows of a call
-without pixels, beam search or several returned sequences (``not_applicable``), calls
+What it cannot verify is an error or is counted, never passed through silently: a call
+without ``input_ids`` or pixel inputs, beam search and several returned sequences raise a
+``ValueError`` (verification picks between whole answers of one sequence per row); calls
 whose images were not preprocessed by the attached processor or hold several images per
-row (``no_original``; a warning says so). The "pair" view needs two images per prompt and
-is only available through :meth:`CropVerify.answer`. Returned ``scores`` (when asked for)
-are the first pass's.
+row are answered unverified, counted in ``stats["no_original"]`` and warned about; boxes
+and free text are never re-asked (``stats["not_verifiable"]``, see
+:func:`mitigate.crop_verify.answer_kind`). The "pair" view needs two images per prompt
+and is only available through :meth:`CropVerify.answer`. Returned ``scores`` (when asked
+for) are the first pass's.
+
+A ``streamer`` receives the *final* answer: a verified row's answer is only known after
+the views, and a streamed token cannot be taken back, so the tokens are put to the
+streamer once verification is done (prompt first, then one step at a time, as
+``generate()`` does) rather than while the first pass runs. The views' pass never streams.
 """
 
 from __future__ import annotations
@@ -44,10 +52,10 @@ import numpy as np
 import torch
 from PIL import Image
 
-from evaluators.answers import parse_yes_no
 from evaluators.world.views import cut
 from hooks import HookGroup, ModelPoints
 
+from .crop_verify import verifiable
 from .localize import boxes_from_maps, capture_first_pass, generic_queries, image_attention_maps, object_in_question
 
 
@@ -113,6 +121,14 @@ def _row_inputs(kwargs: dict, rows: list[int], images: list[Image.Image], image_
     return out
 
 
+def _replay(streamer, sequences: torch.Tensor, start: int) -> None:
+    """Put ``sequences`` to ``streamer`` as ``generate()`` does: the prompt, each new step, end."""
+    streamer.put(sequences[:, :start].cpu())
+    for t in range(start, sequences.shape[1]):
+        streamer.put(sequences[:, t].cpu())
+    streamer.end()
+
+
 def _pad_cat(rows: list[torch.Tensor], pad: int) -> torch.Tensor:
     length = max(r.shape[-1] for r in rows)
     return torch.stack([torch.nn.functional.pad(r, (0, length - r.shape[-1]), value=pad) for r in rows])
@@ -134,10 +150,16 @@ class VerifiedGenerate:
         config = kwargs.get("generation_config") or self.model.generation_config
         beams = kwargs.get("num_beams", getattr(config, "num_beams", 1)) or 1
         returned = kwargs.get("num_return_sequences", getattr(config, "num_return_sequences", 1)) or 1
-        if ids is None or pixels is None or cv.tau >= 1.0 or beams > 1 or returned > 1:
-            if ids is not None and (beams > 1 or returned > 1):
-                cv.stats["not_applicable"] = cv.stats.get("not_applicable", 0) + ids.shape[0]
+        if cv.tau >= 1.0:  # no view can reach the threshold: exactly the unmitigated generate()
             return self.generate(*args, **kwargs)
+        if ids is None:
+            raise ValueError("crop-and-verify needs input_ids (it re-asks the views with the caller's own prompt tokens)")
+        if pixels is None:
+            raise ValueError("crop-and-verify needs an image: this generate() call has no pixel_values")
+        if beams > 1 or returned > 1:
+            raise ValueError(f"crop-and-verify verifies one answer per row; num_beams={beams} and "
+                             f"num_return_sequences={returned} are not supported while it is attached")
+        streamer = kwargs.pop("streamer", None)
         want_dict = kwargs.get("return_dict_in_generate", getattr(config, "return_dict_in_generate", False))
         tok = cv.processor.tokenizer
         first = {**kwargs, "output_scores": True, "return_dict_in_generate": True}
@@ -155,7 +177,8 @@ class VerifiedGenerate:
         probs = torch.softmax(out.scores[0].float(), dim=-1)
         confidence = probs.max(-1).values
         cv.stats["queries"] += rows
-        gated = [i for i in range(rows) if float(confidence[i]) < cv.gate and parse_yes_no(texts[i]) is not True]
+        gated = [i for i in range(rows) if verifiable(texts[i], float(confidence[i]), cv.gate)]
+        cv.count_unverifiable(texts, confidence)
         if gated:
             images = self.originals.find(pixels)
             if images is None or len(images) != rows or any(images[i] is None for i in gated):
@@ -170,6 +193,8 @@ class VerifiedGenerate:
                 sequences = self._verify(kwargs, gated, [images[i] for i in gated], texts, confidence, out.sequences,
                                          captured["maps"])
                 out.sequences = sequences
+        if streamer is not None:
+            _replay(streamer, out.sequences, start)
         return out if want_dict else out.sequences
 
     def _verify(self, kwargs, gated, images, texts, confidence, sequences, maps) -> torch.Tensor:

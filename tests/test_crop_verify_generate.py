@@ -1,11 +1,9 @@
 """Crop-and-verify through plain ``generate()`` and ``pipeline("image-text-to-text")``:
 ``attach(model, CropVerify(processor))`` gives the answers ``CropVerify.answer`` gives, on
 the shipped organism; tau = 1 and detach leave the model exactly as it was; what cannot be
-verified is counted and warned about, never dropped silently."""
+verified is counted and warned about or refused, never passed through silently."""
 
 from __future__ import annotations
-
-import warnings
 
 import pytest
 import torch
@@ -13,7 +11,9 @@ from PIL import Image
 
 from hooks import hook_state
 from hooks.testing import TINY_MODEL_TYPES, build_tiny_model, tiny_image_features, tiny_image_processor
+from evaluators.answers import parse_number
 from mitigate import CropVerify, attach
+from mitigate.crop_verify import answer_kind
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +56,9 @@ def test_generate_gives_the_answers_of_answer(organism, queries, kwargs):
         out = model.generate(**enc, max_new_tokens=4, do_sample=False)
     assert _decode(processor, out, enc) == [r["answer"] for r in expected]
     assert cv.stats == reference.stats
+    for r in expected:  # a view holds at most the image's instances: counts only ever go up
+        if r.get("kind") == "count" and r.get("chosen"):
+            assert parse_number(r["answer"]) > parse_number(r["first_answer"]), r
 
 
 def test_pipeline_is_verified_while_attached(organism, queries):
@@ -97,7 +100,7 @@ def test_tau_one_and_detach_leave_generate_exactly_as_it_was(organism, queries):
     assert hook_state(model) == before
 
 
-def test_unverifiable_calls_are_counted_and_warned(organism, queries):
+def test_unverifiable_calls_are_counted_and_warned_or_refused(organism, queries):
     model, processor = organism
     images, prompts = [q.images[0] for q in queries[:6]], [q.prompt for q in queries[:6]]
     enc = processor(text=_templated(processor, prompts), images=images, return_tensors="pt", padding=True)
@@ -107,11 +110,78 @@ def test_unverifiable_calls_are_counted_and_warned(organism, queries):
         with pytest.warns(UserWarning, match="not verified"):
             out = model.generate(**enc, max_new_tokens=4, do_sample=False)
         assert torch.equal(out, plain)
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            beams = model.generate(**enc, max_new_tokens=4, do_sample=False, num_beams=2)
-    assert cv.stats["no_original"] > 0 and cv.stats["not_applicable"] == len(prompts) and cv.stats["verified"] == 0
+        # never a silent fall-back to plain decoding
+        with pytest.raises(ValueError, match="num_beams=2"):
+            model.generate(**enc, max_new_tokens=4, do_sample=False, num_beams=2)
+        with pytest.raises(ValueError, match="num_return_sequences=2"):
+            model.generate(**enc, max_new_tokens=4, do_sample=True, num_return_sequences=2)
+        text_only = {k: v for k, v in enc.items() if k != "pixel_values"}
+        with pytest.raises(ValueError, match="needs an image"):
+            model.generate(**text_only, max_new_tokens=4)
+    assert cv.stats["no_original"] > 0 and cv.stats["verified"] == 0
+    with attach(model, CropVerify(processor, tau=1.0)):  # tau = 1: plain generate(), beams included
+        beams = model.generate(**enc, max_new_tokens=4, do_sample=False, num_beams=2)
     assert torch.equal(beams, model.generate(**enc, max_new_tokens=4, do_sample=False, num_beams=2))
+
+
+def test_a_streamer_receives_the_verified_answer(organism, queries):
+    """Tokens cannot be taken back once streamed, so the streamer gets the final answer
+    (after verification), step by step; the views' pass never streams."""
+    from transformers.generation.streamers import BaseStreamer
+
+    class Collect(BaseStreamer):
+        def __init__(self):
+            self.puts, self.ended = [], 0
+
+        def put(self, value):
+            self.puts.append(value.clone())
+
+        def end(self):
+            self.ended += 1
+
+    model, processor = organism
+    cv = CropVerify(processor, gate=1.0, tau=0.0)
+    streamer = Collect()
+    with attach(model, cv):
+        found = None
+        for q in queries:  # one query whose answer a view overturns
+            enc = processor(text=_templated(processor, [q.prompt]), images=[q.images[0]], return_tensors="pt")
+            before = cv.stats["overturned"]
+            streamer.__init__()
+            out = model.generate(**enc, max_new_tokens=4, do_sample=False, streamer=streamer)
+            if cv.stats["overturned"] > before:
+                found = (enc, out)
+                break
+    assert found is not None, "no query was overturned: the streamer test needs one"
+    enc, out = found
+    start = enc["input_ids"].shape[1]
+    assert streamer.ended == 1 and torch.equal(streamer.puts[0], enc["input_ids"])
+    streamed = torch.stack([p.reshape(-1) for p in streamer.puts[1:]], dim=1)
+    assert torch.equal(streamed, out[:, start:])  # exactly the returned (verified) tokens
+    plain = model.generate(**enc, max_new_tokens=4, do_sample=False)
+    assert not torch.equal(out, plain)  # ... which are not what the first pass produced
+
+
+def test_boxes_and_captions_are_never_reasked(organism):
+    """A view's box is in the view's coordinates and its caption describes the view: such
+    answers stay the first pass's, are counted, and cost no extra pass."""
+    from evaluators.organism.tasks import caption, grounding
+    from evaluators.world import BIASED, World
+    import numpy as np
+
+    model, processor = organism
+    world = World(BIASED)
+    examples = [task(world, np.random.default_rng(seed), 6 * 10**8 + seed) for seed in range(6)
+                for task in (caption, grounding)]
+    images, prompts = [e.images[0] for e in examples], [e.question for e in examples]
+    cv = CropVerify(processor, gate=1.0, tau=0.0)
+    records = cv.answer(model, images, prompts, max_new_tokens=12)
+    kinds = [answer_kind(r["first_answer"]) for r in records]
+    assert "free_form" in kinds
+    for record, kind in zip(records, kinds):
+        if kind in ("box", "free_form"):
+            assert not record["verified"] and record["answer"] == record["first_answer"]
+    assert cv.stats["not_verifiable"] == sum(k in ("box", "free_form") for k in kinds)
 
 
 def test_attach_refuses_what_it_cannot_do(organism):
@@ -156,6 +226,9 @@ def test_composes_with_contrast_mitigations(organism, queries):
     assert hook_state(model) == before
     assert _decode(processor, out, enc) == [r["answer"] for r in expected]
     assert cv.stats == reference.stats
+    for r in expected:  # a view holds at most the image's instances: counts only ever go up
+        if r.get("kind") == "count" and r.get("chosen"):
+            assert parse_number(r["answer"]) > parse_number(r["first_answer"]), r
 
 
 def _word_tokenizer(vocab_size: int, pad_id: int):
@@ -251,3 +324,6 @@ def test_counting_and_colour_questions_through_generate(organism):
         out = model.generate(**enc, max_new_tokens=4, do_sample=False)
     assert _decode(processor, out, enc) == [r["answer"] for r in expected]
     assert cv.stats == reference.stats
+    for r in expected:  # a view holds at most the image's instances: counts only ever go up
+        if r.get("kind") == "count" and r.get("chosen"):
+            assert parse_number(r["answer"]) > parse_number(r["first_answer"]), r
