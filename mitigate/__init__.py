@@ -8,8 +8,11 @@ Available: :class:`VCD` (visual contrastive decoding), :class:`Plausibility` (VC
 plausibility constraint alone, a control), :class:`PriorSuppression` (context mode: an
 attention bias on belief/assertion spans of the prompt; output mode: an image-free
 contrast), :class:`CropVerify` (re-ask on DO-Bench's Cluster/Crop views of the region the
-model's own attention points at, gated by the first answer's confidence; it needs the
-original images, so it answers through ``CropVerify.answer(model, images, prompts)``).
+model's own attention points at, gated by the first answer's confidence): attached, it
+verifies inside the model's own ``generate()`` (the attached processor remembers the
+original images); ``CropVerify.answer(model, images, prompts)`` does the same from PIL
+images and returns what each view said, and ``CropVerify.verify_caption`` checks a
+caption's objects one by one.
 """
 
 from .base import MITIGATIONS, Mitigation, MitigationHandle, attach, get_mitigation, register

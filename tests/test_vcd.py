@@ -310,9 +310,15 @@ def test_pipeline_image_text_to_text_works_with_vcd():
     pipe = pipeline("image-text-to-text", model=model, processor=processor)
     message = [{"role": "user", "content": [{"type": "image", "image": Image.new("RGB", (64, 64), "red")},
                                              {"type": "text", "text": "is there a dog?"}]}]
-    with attach(model, VCD()):
-        out = pipe(text=message, max_new_tokens=3, return_full_text=False)
-    assert isinstance(out[0]["generated_text"], str)
+    three = {"max_new_tokens": 3, "min_new_tokens": 3, "do_sample": False}
+    plain = pipe(text=message, generate_kwargs=three, return_full_text=False)
+    with attach(model, VCD(alpha=0.0)) as handle:  # the branch runs in the pipeline's generate() ...
+        same = pipe(text=message, generate_kwargs=three, return_full_text=False)
+    assert handle.branches.forward_calls == 3  # the prefill and two decoding steps, each with the branch
+    assert same[0]["generated_text"] == plain[0]["generated_text"]  # ... and alpha = 0 is exactly plain
+    with attach(model, VCD()) as handle:
+        out = pipe(text=message, generate_kwargs=three, return_full_text=False)
+    assert handle.branches.forward_calls == 3 and isinstance(out[0]["generated_text"], str)
 
 
 @pytest.mark.parametrize("model_type", ["qwen2_vl", "qwen3_vl"])
