@@ -59,6 +59,9 @@ class PriorSuppression(Mitigation):
     beta: float = 0.1
     spans: Sequence[Sequence[str | tuple[int, int]]] | None = None
     found: list[list[Span]] = field(default_factory=list, init=False, repr=False)
+    #: per row of the last prompt: the ``(start, end)`` token index ranges (end exclusive)
+    #: the bias suppresses -- what ``found``'s character spans cover in ``input_ids``
+    token_spans: list[list[tuple[int, int]]] = field(default_factory=list, init=False, repr=False)
 
     name = "prior_suppression"
 
@@ -99,7 +102,8 @@ class PriorSuppression(Mitigation):
 
     # -- context mode: attention bias on the spans ---------------------------------------------
     def span_mask(self, points: ModelPoints, input_ids: torch.Tensor) -> torch.Tensor:
-        """``(batch, seq)`` mask of the prior-span tokens; records the spans in ``self.found``."""
+        """``(batch, seq)`` mask of the prior-span tokens; records the spans in ``self.found``
+        (characters of the decoded prompt) and ``self.token_spans`` (token positions)."""
         tok = self.tokenizer
         skip = {i for i in (points.image_token_id, points.video_token_id) if i is not None}
         skip |= set(getattr(tok, "all_special_ids", []) or [])
@@ -110,7 +114,7 @@ class PriorSuppression(Mitigation):
         # generate() repeats each row for its beams / return sequences (repeat_interleave)
         per_row = None if self.spans is None else [self.spans[r // (rows // len(self.spans))] for r in range(rows)]
         mask = torch.zeros_like(input_ids, dtype=torch.bool)
-        self.found = []
+        self.found, self.token_spans = [], []
         for row in range(input_ids.shape[0]):
             text, offsets = decode_with_offsets(tok, input_ids[row].tolist(), skip)
             spans = find_prior_spans(text) if per_row is None else user_spans(text, per_row[row])
@@ -121,6 +125,7 @@ class PriorSuppression(Mitigation):
                     raise ValueError(f"spans: a span in row {row} overlaps the image tokens")
             mask[row] = row_mask
             self.found.append(spans)
+            self.token_spans.append(_runs(row_mask))
         return mask
 
     def attach_hooks(self, points: ModelPoints, group: HookGroup) -> None:
@@ -174,3 +179,10 @@ class PriorSuppression(Mitigation):
 
 
 __all__ = ["MODES", "PriorSuppression"]
+
+
+def _runs(mask: torch.Tensor) -> list[tuple[int, int]]:
+    """``(start, end)`` of each run of True in a 1-D mask (end exclusive)."""
+    padded = torch.nn.functional.pad(mask.to(torch.int8), (1, 1))
+    edges = (padded[1:] - padded[:-1]).nonzero().flatten().tolist()
+    return list(zip(edges[::2], edges[1::2]))

@@ -48,9 +48,13 @@ _QUESTION = re.compile(
     r"^\s*(is|are|was|were|do|does|did|can|could|how|what|which|where|who|in\s+which|based\s+on)\b", re.I
 )
 _INSTRUCTION = re.compile(r"^\s*(answer|please|respond|reply|choose|select|pick|output|describe|give|tell)\b", re.I)
+_NO_BELIEF = r"\b(?:i|we)\s+(?:do|did)\s*n[o']?t\s+know\s+(?:if|whether)\b"
 _SENTENCE = re.compile(r"[^.?!\n]+(?:[.?!]+|$|(?=\n))")
 # chat-role labels that can start a "sentence" of a templated prompt ("USER: i suspect ...")
 _ROLE = re.compile(r"^\s*(?:user|assistant|human|system|gpt|question)\s*:\s*", re.I)
+# a multiple-choice option marker ("A) ", "(b) "): options run into the next sentence
+# without punctuation ("E) None of the above I looked closely but ...", MIOH App. Fig. II)
+_OPTION = re.compile(r"(?:^|\s)\(?[A-Ea-e]\)\s")
 
 
 @dataclass(frozen=True)
@@ -72,7 +76,8 @@ def _classify(sentence: str) -> str | None:
         return None
     if re.search(_ASSERT, lowered):
         return "assertion"
-    if re.search(_BELIEF, lowered):
+    # "I don't know if / whether there is ..." states no belief: it is the question, hedged
+    if re.search(_BELIEF, re.sub(_NO_BELIEF, " ", lowered)):
         return "belief"
     return None
 
@@ -81,7 +86,9 @@ def find_prior_spans(prompt: str) -> list[Span]:
     """Belief and assertion sentences about the image in ``prompt`` (character spans).
 
     A sentence that also contains the question after a comma ("I'm not sure. Based on the
-    image, is there ...?") is split at the question: only the statement is returned.
+    image, is there ...?") is split at the question: only the statement is returned. When
+    multiple-choice options run into the statement without punctuation ("E) None of the
+    above I looked closely but ..."), the span starts at the statement's cue ("I looked").
     """
     if not isinstance(prompt, str):
         raise ValueError(f"prompt must be a string, got {type(prompt).__name__}")
@@ -93,6 +100,12 @@ def find_prior_spans(prompt: str) -> list[Span]:
             continue
         role = _ROLE.match(text)
         lead = role.end() if role else len(text) - len(text.lstrip())
+        options = list(_OPTION.finditer(text))
+        if options:  # the statement starts at its cue after the last option, not at the options
+            rest = text[options[-1].end() :].lower().replace("\u2019", "'")
+            cue = [m.start() for m in (re.search(_BELIEF, rest), re.search(_ASSERT, rest)) if m]
+            if cue:
+                lead = max(lead, options[-1].end() + min(cue))
         tail = len(text.rstrip())
         spans.append(Span(match.start() + lead, match.start() + tail, text[lead:tail], kind))
     return spans

@@ -38,6 +38,7 @@ LEAVE_ALONE = [
     "Is there a dog in the image?", "Answer Yes or No.", "Based on the image, is there at least one banana?",
     "In which image can you find exactly 3 'zebra'(s)?", "Describe the image.", "Look at the picture carefully.",
     "Please answer with a single word.", "Which of the following objects appears in all of these images?",
+    "I don't know if there is a dog in the image.",
 ]
 
 
@@ -46,6 +47,27 @@ def test_detector_finds_beliefs_and_assertions(statement):
     prompt = f"{statement} Is there a dog in the image? Answer Yes or No."
     spans = find_prior_spans(prompt)
     assert [prompt[s.start : s.end] for s in spans] == [statement]
+
+
+# MIOH App. Fig. I (Lang Context examples), the whole prompt as the paper prints it: the
+# belief sentence, the question and the options; only the belief may be found
+MIOH_PROMPTS = [
+    ("I wasn't able to find the thing I'm looking for, but I'm not sure. Based on the image, is there at least "
+     "one banana in any of these images? A) Yes, all of them B) Yes, in some of them C) No, in none of them "
+     "D) I don't know", "I wasn't able to find the thing I'm looking for, but I'm not sure."),
+    ("I thought I saw more than one backpack, but I'm not certain. Based on the Image, in which image can you "
+     "find exactly 1 'backpack'(s)? A) Image 1 B) Image 2 C) Image 3 D) Image 4 E) None of the above",
+     "I thought I saw more than one backpack, but I'm not certain."),
+    ("D) light brown mouse (computer equipment) E) None of the above I looked closely but I don't think there's "
+     "black cup anywhere, though not certain. Based on the Images, which of the following is present in Image 1 "
+     "but not in Image 2?",
+     "I looked closely but I don't think there's black cup anywhere, though not certain."),
+]
+
+
+@pytest.mark.parametrize("prompt, belief", MIOH_PROMPTS)
+def test_detector_on_the_mioh_papers_whole_prompts(prompt, belief):
+    assert [prompt[s.start : s.end] for s in find_prior_spans(prompt)] == [belief]
 
 
 @pytest.mark.parametrize("sentence", LEAVE_ALONE)
@@ -99,6 +121,11 @@ def test_full_suppression_equals_removing_the_span_from_the_mask(model_type, att
     with attach(model, mitigation), torch.no_grad():
         ours = model(**inputs).logits
     assert [len(s) for s in mitigation.found] == [1, 1]
+    for row, spans in enumerate(mitigation.token_spans):  # the token positions it reports are the span's
+        covered = torch.zeros_like(keys[row])
+        for start, end in spans:
+            covered[start:end] = True
+        assert torch.equal(covered, keys[row]) and len(spans) == 1
     real = inputs["attention_mask"].bool()
     assert not torch.allclose(plain[real], reference[real])
     torch.testing.assert_close(ours[real], reference[real], rtol=0, atol=1e-5)
