@@ -519,3 +519,36 @@ def test_gate_replay_matches_crop_verify():
         assert sum(r["verified"] for r in real) == sum(r["verified"] and r["confidence"] < gate for r in records)
         for i, r in enumerate(real):
             assert replay[("A", i)] == (0.0 if parse_yes_no(r["answer"]) is True else 100.0)
+
+
+def test_caption_mentions_are_verified_on_views_with_the_shipped_organism():
+    """With a gate every answer passes, each mention's "no" is re-asked on the views (not the
+    tau = 1 shortcut): the record holds what each view said, and a mention is confirmed
+    exactly when its final answer -- the same as :meth:`CropVerify.answer` gives -- is yes."""
+    from evaluators.answers import parse_yes_no
+    from evaluators.organism import ORGANISM_DIR, load_organism
+    from evaluators.world import BIASED, World
+
+    if not (ORGANISM_DIR / "config.json").exists():
+        pytest.skip("organism checkpoint missing")
+    model, processor = load_organism()
+    world = World(BIASED)
+    scene = world.scene(10**9 + 321)
+    absent = [c for c in ("dog", "fork", "banana", "tree", "cup") if not scene.present(c)][:2]
+    caption = " , ".join([o.category for o in scene.objects] + absent) + " ."
+    question = "is there a {object} in the image ? answer yes or no ."
+    cv = CropVerify(processor, gate=1.0, tau=0.5)
+    got = cv.verify_caption(model, scene.render(), caption, question=question)
+    distinct = list(dict.fromkeys(got["mentions"]))
+    assert set(absent) <= set(distinct)
+    firsts_no = [c for c in distinct if parse_yes_no(got["details"][c]["first_answer"]) is False]
+    assert firsts_no, "no mention was denied at first: nothing was verified"
+    for c in firsts_no:
+        record = got["details"][c]
+        assert record["verified"] and set(record["views"]) == {"crop", "cluster"}
+    assert cv.stats["verified"] == len(firsts_no)
+    assert got["confirmed"] == [c for c in distinct if parse_yes_no(got["details"][c]["answer"]) is True]
+    again = CropVerify(processor, gate=1.0, tau=0.5).answer(model, [scene.render()] * len(distinct),
+                                                           [question.format(object=c) for c in distinct],
+                                                           max_new_tokens=4, objects=distinct)
+    assert [r["answer"] for r in again] == [got["details"][c]["answer"] for c in distinct]
