@@ -367,7 +367,13 @@ class CropVerify(Mitigation):
 
     def view_boxes(self, image: Image.Image, box: tuple) -> dict[str, tuple]:
         """Every view's box for the object at ``box`` in ``image`` (DO-Bench's geometry, the
-        control window far from the crop); "pair" shows the crop beside the original."""
+        control window far from the crop); "pair" shows the crop beside the original.
+
+        At inference nothing says where the object's neighbours are (DO-Bench builds its
+        Cluster view from annotations), so the Cluster view is :func:`cluster_box`'s rule
+        for an object without neighbours: the box padded by twice its longest side, then
+        the margin -- the surroundings a neighbour would be in (exact boxes in
+        ``tests/test_world.py``)."""
         crop = crop_box(box, image.width, image.height, self.margin)
         return {"crop": crop, "cluster": cluster_box(box, [], image.width, image.height, self.margin),
                 "pair": crop, "control": control_box(crop, image.width, image.height)}

@@ -140,6 +140,16 @@ def test_cluster_view_contains_target_and_neighbours():
     assert lonely[2] - lonely[0] > crop[2] - crop[0], "Cluster shows more context than Crop"
 
 
+def test_cluster_view_exact_boxes():
+    """Worked by hand: the union of target and neighbours (or, with none within one target
+    size, the target padded by twice its longest side), grown by the margin, squared and
+    kept inside the image -- at a border and in a non-square image too."""
+    assert cluster_box((50, 50, 60, 60), [(62, 50, 70, 58)], 128, 128, 0.1) == (48.0, 43.0, 72.0, 67.0)
+    assert cluster_box((50, 50, 60, 60), [(110, 110, 120, 120)], 128, 128, 0.1) == (25.0, 25.0, 85.0, 85.0)
+    assert cluster_box((0, 0, 10, 10), [], 128, 128, 0.1) == (0.0, 0.0, 36.0, 36.0)
+    assert cluster_box((90, 10, 100, 30), [], 100, 40, 0.1) == (40.0, 0.0, 100.0, 40.0)
+
+
 def test_do_views_cut_from_the_source(world):
     scene = world.scene(12)
     small = min(scene.objects, key=lambda o: o.size)
