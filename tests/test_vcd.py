@@ -352,3 +352,39 @@ def test_flat_patch_images_are_distorted_one_by_one(model_type):
     assert torch.equal(alone_original, original[:rows])  # the same image ...
     assert torch.equal(alone_distorted, distorted[:rows])  # ... gets the same noise in both batches
     assert not torch.equal(distorted[:rows], original[:rows])
+
+
+@pytest.mark.parametrize("model_type", TINY_MODEL_TYPES)
+def test_every_architecture_matches_two_plain_forwards_per_token(model_type):
+    """Per family, ours against the naive reference with no hooks at all: each step, one
+    plain forward on the image and one on the distorted image (both recomputed from the
+    whole sequence, no cache), combined by VCD's formula -- tokens equal, logits within 1e-5."""
+    model = build_tiny_model(model_type)
+    inputs = tiny_inputs(model, batch_size=1, seed=5)
+    points = resolve(model)
+    vcd = VCD(alpha=1.0, beta=0.1, seed=7)
+    pixel = points.pixel_inputs[0]
+    distorted = {**inputs, pixel: vcd._distort(inputs[pixel])}
+    ids, steps = inputs["input_ids"], []
+    per_token = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor) and v.shape == ids.shape}
+    # what a generated token gets: mask 1; token type 0 (text), except PaliGemma's prefix-LM
+    # types, where 1 marks the suffix (causal) and 0 the bidirectional prefix
+    new_value = {"attention_mask": 1, "token_type_ids": int(model.config.model_type == "paligemma")}
+    for _ in range(3):
+        grown = {k: ids if k == "input_ids" else
+                 torch.cat([v, torch.full_like(v[:, : ids.shape[1] - v.shape[1]], new_value.get(k, 0))], 1)
+                 for k, v in per_token.items()}
+        with torch.no_grad():
+            a = model(**{**inputs, **grown}).logits[:, -1]
+            b = model(**{**distorted, **grown}).logits[:, -1]
+        combined = vcd.combine(a, [b])
+        steps.append(combined)
+        ids = torch.cat([ids, combined.argmax(-1, keepdim=True)], 1)
+    with attach(model, vcd):
+        out = model.generate(**inputs, max_new_tokens=3, do_sample=False, pad_token_id=0, output_logits=True,
+                             return_dict_in_generate=True)
+    assert torch.equal(out.sequences, ids)
+    for ours, ref in zip(out.logits, steps):
+        finite = torch.isfinite(ref)
+        assert torch.equal(finite, torch.isfinite(ours))
+        torch.testing.assert_close(ours[finite], ref[finite], rtol=0, atol=1e-5)
