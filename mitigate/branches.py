@@ -38,6 +38,7 @@ the reordering to every branch's rows (on the cache object of that ``generate()`
 from __future__ import annotations
 
 import functools
+import inspect
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -262,6 +263,10 @@ class ContrastBranches:
         else:
             self._encoded = None  # decoding with a cache: the encoded images are not needed again
 
+        if prefill and kwargs.get("position_ids") is None and any(b.hide_image for b in self.branches):
+            positions = self._positions_of_the_original(kwargs)
+            if positions is not None:
+                kwargs = {**kwargs, "position_ids": positions}
         new = dict(kwargs)
         for name in ROW_INPUTS:
             if isinstance(kwargs.get(name), torch.Tensor):
@@ -290,6 +295,24 @@ class ContrastBranches:
         self._inside_forward = True  # get_image_features inside this forward sees expanded pixels
         self.forward_calls += 1
         return args, new
+
+    def _positions_of_the_original(self, kwargs: dict) -> torch.Tensor | None:
+        """M-RoPE positions of the original rows, for a forward that came without them.
+
+        Models with multimodal RoPE (Qwen2/2.5/3-VL) compute positions inside ``forward``
+        from the attention mask when the caller passes none (a direct ``model(**inputs)``;
+        ``generate()`` passes its own). An image-free branch's mask hides the image tokens,
+        which would move the text after the image to other positions; computing them here,
+        from the unhidden mask, and copying them to the branch rows keeps every branch at
+        the original's positions -- as under ``generate()``. Families without the
+        transformers method ``compute_3d_position_ids`` take positions from the cache
+        position, which hiding does not move."""
+        compute = getattr(self.points.model.base_model, "compute_3d_position_ids", None)
+        if not self.points.adapter.multimodal_rope or not callable(compute):
+            return None
+        accepted = inspect.signature(compute).parameters
+        args = {name: kwargs.get(name) for name in accepted if name != "self"}
+        return compute(**args)
 
     def _extend_reorder(self, cache: Any) -> None:
         if getattr(cache, "_contrast_branches_reorder", False) or not hasattr(cache, "reorder_cache"):

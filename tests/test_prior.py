@@ -98,6 +98,25 @@ def _span_rows(inputs, points):
     return keys, strings
 
 
+def _plain_and_masked(model, inputs, keys):
+    """Logits of a plain forward, and of one with ``keys`` zeroed in the attention mask but
+    every position pinned to the plain forward's (M-RoPE included): only attention differs."""
+    points = resolve(model)
+    captured = {}
+    with HookGroup() as group, torch.no_grad():
+        points.add_hook(group, "language_model.input", lambda m, a, k: captured.update(pos=k.get("position_ids")))
+        plain = model(**inputs).logits
+
+    def pin(module, args, kwargs):
+        if captured["pos"] is not None:
+            return args, {**kwargs, "position_ids": captured["pos"]}
+
+    with HookGroup() as group, torch.no_grad():
+        group.add_forward_pre_hook(points.language_model, pin)
+        masked = model(**{**inputs, "attention_mask": inputs["attention_mask"].masked_fill(keys, 0)}).logits
+    return plain, masked
+
+
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 @pytest.mark.parametrize("model_type", TINY_MODEL_TYPES)
 def test_full_suppression_equals_removing_the_span_from_the_mask(model_type, attn):
@@ -105,18 +124,7 @@ def test_full_suppression_equals_removing_the_span_from_the_mask(model_type, att
     inputs = tiny_inputs(model, batch_size=2, text_lengths=[7, 5], seed=3)
     points = resolve(model)
     keys, strings = _span_rows(inputs, points)
-    captured = {}
-    with HookGroup() as group, torch.no_grad():
-        points.add_hook(group, "language_model.input", lambda m, a, k: captured.update(pos=k.get("position_ids")))
-        plain = model(**inputs).logits
-
-    def pin(module, args, kwargs):  # keep positions: only attention may differ
-        if captured["pos"] is not None:
-            return args, {**kwargs, "position_ids": captured["pos"]}
-
-    with HookGroup() as group, torch.no_grad():
-        group.add_forward_pre_hook(points.language_model, pin)
-        reference = model(**{**inputs, "attention_mask": inputs["attention_mask"].masked_fill(keys, 0)}).logits
+    plain, reference = _plain_and_masked(model, inputs, keys)
     mitigation = PriorSuppression(WordIds(), strength=1.0, spans=strings)
     with attach(model, mitigation), torch.no_grad():
         ours = model(**inputs).logits
@@ -159,16 +167,15 @@ def test_every_decoding_mode_runs_with_spans_differing_per_row(mode):
     assert torch.equal(beams, fresh), "cached beams (bias rows and branch rows reordered) = recomputed"
 
 
-def test_output_mode_is_logit_minus_gamma_prior_on_the_plausible_set():
-    model = build_tiny_model("llava")
+@pytest.mark.parametrize("model_type", TINY_MODEL_TYPES)
+def test_output_mode_is_logit_minus_gamma_prior_on_the_plausible_set(model_type):
+    """``l(y|v,x) - gamma * l(y|x)`` on VCD's plausible set, the image-free logits from a
+    plain forward with the image tokens out of the attention mask (positions pinned)."""
+    model = build_tiny_model(model_type)
     inputs = tiny_inputs(model, batch_size=2, text_lengths=[7, 5], seed=5)
-    points = resolve(model)
-    image = points.image_token_mask(inputs["input_ids"])
+    image = resolve(model).image_token_mask(inputs["input_ids"])
+    with_image, prior = _plain_and_masked(model, inputs, image)
     with torch.no_grad():
-        with_image = model(**inputs).logits
-        pos = (inputs["attention_mask"].cumsum(-1) - 1).clamp(min=0)
-        hidden = {**inputs, "attention_mask": inputs["attention_mask"].masked_fill(image, 0), "position_ids": pos}
-        prior = model(**hidden).logits
         with attach(model, PriorSuppression(mode="output", gamma=0.5, beta=0.2)):
             ours = model(**inputs).logits
     expected = (with_image - 0.5 * prior).masked_fill(~plausibility_mask(with_image, 0.2), -math.inf)
