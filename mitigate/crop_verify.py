@@ -9,8 +9,9 @@ combines them at inference time:
 1. **answer** the question on the original image (plain ``generate()``), keeping the first
    token's probabilities;
 2. **gate**: verify only when the first answer is not confident (top first-token
-   probability below ``gate``) and is not "yes" (the policy never overturns a "yes") -- so
-   the extra passes run only when they can change the answer; all gated queries of a call
+   probability below ``gate``), is not "yes" (the policy never overturns a "yes") and is
+   not a box or free text (never replaced, see the policy below) -- so the extra passes run
+   only when they can change the answer (:func:`verifiable`); all gated queries of a call
    are localised together and re-asked in one ``generate()``;
 3. **localise** the queried object: a box from the caller's ``localizer`` (any detector
    callable) or from attention (:mod:`mitigate.localize`: ViCrop's last-token map by

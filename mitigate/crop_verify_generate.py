@@ -10,8 +10,8 @@ restored exactly on ``detach()``, :meth:`hooks.HookGroup.patch_attribute`):
 * ``model.generate`` runs the caller's generation with the first step's scores and, at
   its prefill, captures the chosen layers' attention maps of every row
   (:func:`mitigate.localize.capture_first_pass`; the generation itself is unchanged),
-  gates each row as :meth:`CropVerify.answer` does (first answer not "yes", first-token
-  confidence below ``gate``), localises the gated rows' objects from those maps (plus one
+  gates each row as :meth:`CropVerify.answer` does (:func:`mitigate.crop_verify.verifiable`:
+  first-token confidence below ``gate``, not "yes", not a box or free text), localises the gated rows' objects from those maps (plus one
   forward of the generic prompt, for ViCrop's ratio), and re-asks every view of every
   gated row in one more ``generate()``.
 
