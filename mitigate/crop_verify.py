@@ -100,6 +100,10 @@ def control_box(box: tuple, width: int, height: int) -> tuple[float, float, floa
     left, top = max(corners, key=lambda c: (c[0] + w / 2 - cx) ** 2 + (c[1] + h / 2 - cy) ** 2)
     return (float(left), float(top), float(left + w), float(top + h))
 
+#: The smallest image side crop-and-verify cuts views from (our choice: a view of a smaller
+#: image is a few pixels of interpolation, whatever the margin).
+MIN_VIEW_SIDE = 8
+
 #: Answers of at most this many words (and neither yes/no, a number nor a box) are
 #: ``short`` -- an attribute ("yellow", "dark red") -- longer ones ``free_form``. Our choice:
 #: an attribute rarely takes more than a few words, a caption or a sentence does.
@@ -305,9 +309,7 @@ class CropVerify(Mitigation):
             raise ValueError(f"objects: {len(objects)} given for {len(prompts)} prompts")
         if not images or any(not isinstance(im, Image.Image) for im in images):
             raise ValueError("crop-and-verify needs one PIL image per prompt (the original, full-resolution image)")
-        small = [im.size for im in images if min(im.size) < 8]
-        if small:
-            raise ValueError(f"image of size {small[0]} is too small to cut a view with a {self.margin:.0%} margin")
+        self.check_view_size(images)
         localise = self.localizer is None and self.tau < 1.0
         named = None
         if localise:  # the object each prompt names (None: its last token is read) for queries="object"
@@ -382,6 +384,14 @@ class CropVerify(Mitigation):
     def detector_boxes(self, images: list[Image.Image], prompts: list[str]) -> list[tuple]:
         """The caller's ``localizer`` boxes, as float tuples."""
         return [tuple(float(v) for v in self.localizer(im, p)) for im, p in zip(images, prompts)]
+
+    def check_view_size(self, images: Sequence[Image.Image]) -> None:
+        """A clear error for an image too small to cut views from: below :data:`MIN_VIEW_SIDE`
+        pixels a side, a view (and its margin) is a few pixels of interpolation."""
+        small = [im.size for im in images if min(im.size) < MIN_VIEW_SIDE]
+        if small:
+            raise ValueError(f"image of size {small[0]} is too small to cut a view with a {self.margin:.0%} margin "
+                             f"(crop-and-verify needs at least {MIN_VIEW_SIDE} pixels a side)")
 
     def count_unverifiable(self, texts: Sequence[str], confidence: torch.Tensor) -> None:
         """Count the unconfident answers no view may change (boxes, free text) in ``stats``."""

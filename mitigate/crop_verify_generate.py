@@ -187,6 +187,7 @@ class VerifiedGenerate:
                               "attached processor (or hold several images per row); its answers are not verified",
                               stacklevel=2)
             else:
+                cv.check_view_size([images[i] for i in gated])
                 if objects is not None:  # these rows are read at their last token instead
                     cv.stats["object_not_found"] = cv.stats.get("object_not_found", 0) + sum(
                         objects[i] is None for i in gated)

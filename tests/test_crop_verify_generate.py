@@ -124,6 +124,16 @@ def test_unverifiable_calls_are_counted_and_warned_or_refused(organism, queries)
     assert torch.equal(beams, model.generate(**enc, max_new_tokens=4, do_sample=False, num_beams=2))
 
 
+def test_an_image_too_small_for_views_is_a_clear_error_under_generate(organism):
+    model, processor = organism
+    cv = CropVerify(processor, gate=1.0, tau=0.0)
+    with attach(model, cv):
+        enc = processor(text=_templated(processor, ["is there a dog in the image ? answer yes or no ."]),
+                        images=[Image.new("RGB", (6, 40), "white")], return_tensors="pt")
+        with pytest.raises(ValueError, match="too small"):
+            model.generate(**enc, max_new_tokens=2, do_sample=False)
+
+
 def test_a_streamer_receives_the_verified_answer(organism, queries):
     """Tokens cannot be taken back once streamed, so the streamer gets the final answer
     (after verification), step by step; the views' pass never streams."""
