@@ -220,6 +220,10 @@ def test_sampling_and_streamer_work(llava):
         b = _gen(llava, inputs, do_sample=True, top_p=0.9)
     assert torch.equal(a, b), "seeded sampling is reproducible"
     assert len(streamer.chunks) == NEW + 1
+    # the streamer sees the prompt, then exactly the VCD tokens generate() returns
+    start = inputs["input_ids"].shape[1]
+    assert torch.equal(streamer.chunks[0], inputs["input_ids"])
+    assert torch.equal(torch.cat([c.reshape(-1) for c in streamer.chunks[1:]]), a[0, start:])
 
 
 @pytest.mark.parametrize("model_type", TINY_MODEL_TYPES)
