@@ -39,6 +39,17 @@ def _templated(processor, prompts):
                                           add_generation_prompt=True) for p in prompts]
 
 
+def _task_queries(generators, n, seed0):
+    """Images and questions of ``n`` examples of each organism task generator, interleaved."""
+    import numpy as np
+
+    from evaluators.world import BIASED, World
+
+    world = World(BIASED)
+    examples = [task(world, np.random.default_rng(seed), seed0 + seed) for seed in range(n) for task in generators]
+    return [e.images[0] for e in examples], [e.question for e in examples]
+
+
 def _decode(processor, out, enc):
     return [t.strip() for t in processor.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)]
 
@@ -176,14 +187,9 @@ def test_boxes_and_captions_are_never_reasked(organism):
     """A view's box is in the view's coordinates and its caption describes the view: such
     answers stay the first pass's, are counted, and cost no extra pass."""
     from evaluators.organism.tasks import caption, grounding
-    from evaluators.world import BIASED, World
-    import numpy as np
 
     model, processor = organism
-    world = World(BIASED)
-    examples = [task(world, np.random.default_rng(seed), 6 * 10**8 + seed) for seed in range(6)
-                for task in (caption, grounding)]
-    images, prompts = [e.images[0] for e in examples], [e.question for e in examples]
+    images, prompts = _task_queries((caption, grounding), 6, 6 * 10**8)
     cv = CropVerify(processor, gate=1.0, tau=0.0)
     records = cv.answer(model, images, prompts, max_new_tokens=12)
     kinds = [answer_kind(r["first_answer"]) for r in records]
@@ -317,14 +323,9 @@ def test_counting_and_colour_questions_through_generate(organism):
     the same answers and stats as CropVerify.answer (which picks a view's answer when it is
     more confident than the first and than tau), with some answers replaced by a view."""
     from evaluators.organism.tasks import colour, counting
-    from evaluators.world import BIASED, World
-    import numpy as np
 
     model, processor = organism
-    world = World(BIASED)
-    examples = [task(world, np.random.default_rng(seed), 7 * 10**8 + seed) for seed in range(10)
-                for task in (colour, counting)]
-    images, prompts = [e.images[0] for e in examples], [e.question for e in examples]
+    images, prompts = _task_queries((colour, counting), 10, 7 * 10**8)
     reference = CropVerify(processor, gate=1.0, tau=0.0)
     expected = reference.answer(model, images, prompts, max_new_tokens=4)
     assert reference.stats["verified"] == len(prompts) and reference.stats["overturned"] > 0
