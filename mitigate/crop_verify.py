@@ -65,6 +65,7 @@ and no extra pass runs. ``stats`` reports how often verification ran and overtur
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -110,24 +111,44 @@ MIN_VIEW_SIDE = 8
 SHORT_ANSWER_WORDS = 3
 
 
-def answer_kind(text: str) -> str:
+_HOW_MANY = re.compile(r"\bhow\s+many\b", re.I)
+
+
+def count_value(text: str) -> int | None:
+    """The count an answer gives: its number, or 0 when it denies ("no", "none", "there
+    are no dogs"); None if it gives neither."""
+    n = parse_number(text)
+    if n is None and (parse_yes_no(text) is False or words(text)[:1] == ["none"]):
+        return 0
+    return n
+
+
+def answer_kind(text: str, question: str | None = None) -> str:
     """``"yes_no"``, ``"box"``, ``"count"``, ``"short"`` or ``"free_form"``: what the
-    combine policy may do with an answer (module docstring)."""
+    combine policy may do with an answer (module docstring). With the ``question``, a
+    "how many" question's short answer is a count whatever its words ("no" is 0);
+    without it the answer alone decides. A grounding abstention ("none") is a box answer.
+    An answer longer than :data:`SHORT_ANSWER_WORDS` words is free text unless it is a
+    yes/no -- "There are 3 dogs on the grass." is a sentence a view must not replace."""
+    short = len(words(text)) <= SHORT_ANSWER_WORDS
+    if question is not None and _HOW_MANY.search(question):
+        return "count" if short and count_value(text) is not None else "free_form"
     if parse_yes_no(text) is not None:
         return "yes_no"
-    if isinstance(parse_box(text, 1.0), tuple):
+    if isinstance(parse_box(text, 1.0), tuple) or words(text)[:1] == ["none"]:
         return "box"
-    if parse_number(text) is not None:
-        return "count"
-    return "short" if len(words(text)) <= SHORT_ANSWER_WORDS else "free_form"
+    if not short:
+        return "free_form"
+    return "count" if parse_number(text) is not None else "short"
 
 
-def verifiable(text: str, confidence: float, gate: float) -> bool:
+def verifiable(text: str, confidence: float, gate: float, question: str | None = None) -> bool:
     """Whether a first answer is re-asked on the views: not confident (top first-token
     probability below ``gate``), not "yes" (never overturned) and of a kind a view can
     change (not a box or free text)."""
-    return (confidence < gate and parse_yes_no(text) is not True
-            and answer_kind(text) not in ("box", "free_form"))
+    kind = answer_kind(text, question)
+    return confidence < gate and kind not in ("box", "free_form") and not (
+        kind == "yes_no" and parse_yes_no(text) is True)
 
 
 #: The existence question asked about each caption mention; ``{object}`` is the category.
@@ -324,8 +345,9 @@ class CropVerify(Mitigation):
             self.stats["queries"] += 1
         # only answers a view can change are re-asked (a first "yes", a box, free text are
         # final, so their views would be wasted passes)
-        gated = [i for i in range(len(images)) if self.tau < 1.0 and verifiable(texts[i], float(confidence[i]), self.gate)]
-        self.count_unverifiable(texts, confidence)
+        gated = [i for i in range(len(images))
+                 if self.tau < 1.0 and verifiable(texts[i], float(confidence[i]), self.gate, prompts[i])]
+        self.count_unverifiable(texts, confidence, prompts)
         if gated:  # the extra passes, batched over every query that needs them
             if localise:
                 boxes = self._captured_boxes(model, first[2], first[3], gated, [images[i] for i in gated],
@@ -362,7 +384,7 @@ class CropVerify(Mitigation):
         k = len(asked)
         for j, (result, box, built) in enumerate(zip(results, boxes, built_all)):
             texts, probs = all_texts[j * k : (j + 1) * k], all_probs[j * k : (j + 1) * k]
-            self._decide(result, box, built, texts, probs)
+            self._decide(result, box, built, texts, probs, prompts[j])
 
     def asked_views(self) -> list[str]:
         """What each verified query is re-asked on, in order: the views, then the control."""
@@ -393,13 +415,14 @@ class CropVerify(Mitigation):
             raise ValueError(f"image of size {small[0]} is too small to cut a view with a {self.margin:.0%} margin "
                              f"(crop-and-verify needs at least {MIN_VIEW_SIDE} pixels a side)")
 
-    def count_unverifiable(self, texts: Sequence[str], confidence: torch.Tensor) -> None:
+    def count_unverifiable(self, texts: Sequence[str], confidence: torch.Tensor, questions: Sequence[str]) -> None:
         """Count the unconfident answers no view may change (boxes, free text) in ``stats``."""
         if self.tau < 1.0:
             self.stats["not_verifiable"] = self.stats.get("not_verifiable", 0) + sum(
-                float(c) < self.gate and answer_kind(t) in ("box", "free_form") for t, c in zip(texts, confidence))
+                float(c) < self.gate and answer_kind(t, q) in ("box", "free_form")
+                for t, c, q in zip(texts, confidence, questions))
 
-    def _decide(self, result, box, built, texts, probs) -> None:
+    def _decide(self, result, box, built, texts, probs, question: str | None = None) -> None:
         """The overturn policy for one query, given what its views answered."""
         p_yes, conf = self._p_yes(probs), probs.max(-1).values
         self.stats["verified"] += 1
@@ -413,7 +436,7 @@ class CropVerify(Mitigation):
             result["control"] = {"answer": texts[k], "p_yes": float(p_yes[k]), "box": built["control"]}
             floor = max(floor, float(p_yes[k]))
         texts, p_yes, conf = texts[:k], p_yes[:k], conf[:k]
-        kind = answer_kind(result["first_answer"])
+        kind = answer_kind(result["first_answer"], question)
         result["kind"] = kind
         if kind == "yes_no":  # only a "no" is ever gated; a view must answer yes, with p(yes) > floor
             ok = [j for j in range(len(texts)) if parse_yes_no(texts[j]) is True and float(p_yes[j]) > floor]
@@ -424,11 +447,11 @@ class CropVerify(Mitigation):
             return
         bar = max(self.tau, result["confidence"])
         if kind == "count":  # a view shows at most what the image holds: only a higher count counts
-            first = parse_number(result["first_answer"])
-            ok = [j for j in range(len(texts)) if answer_kind(texts[j]) == "count"
-                  and parse_number(texts[j]) > first and float(conf[j]) > bar]
+            first = count_value(result["first_answer"])
+            ok = [j for j in range(len(texts)) if answer_kind(texts[j], question) == "count"
+                  and count_value(texts[j]) > first and float(conf[j]) > bar]
         elif kind == "short":  # an attribute: a confident view's short answer
-            ok = [j for j in range(len(texts)) if answer_kind(texts[j]) == "short" and float(conf[j]) > bar]
+            ok = [j for j in range(len(texts)) if answer_kind(texts[j], question) == "short" and float(conf[j]) > bar]
         else:  # boxes and free text are never gated (verifiable()); nothing to decide
             ok = []
         if ok:

@@ -129,6 +129,17 @@ def _replay(streamer, sequences: torch.Tensor, start: int) -> None:
     streamer.end()
 
 
+def _through_eos(row: torch.Tensor, start: int, model) -> torch.Tensor:
+    """``row`` up to and including its first end-of-sequence token after ``start`` (a view's
+    row carries the view batch's padding after it; the caller's batch pads it again)."""
+    eos = model.generation_config.eos_token_id
+    eos = [eos] if isinstance(eos, int) else list(eos or [])
+    if not eos:
+        return row
+    hits = torch.isin(row[start:], torch.tensor(eos, device=row.device)).nonzero()
+    return row[: start + int(hits[0]) + 1] if len(hits) else row
+
+
 def _pad_cat(rows: list[torch.Tensor], pad: int) -> torch.Tensor:
     length = max(r.shape[-1] for r in rows)
     return torch.stack([torch.nn.functional.pad(r, (0, length - r.shape[-1]), value=pad) for r in rows])
@@ -162,10 +173,13 @@ class VerifiedGenerate:
         streamer = kwargs.pop("streamer", None)
         want_dict = kwargs.get("return_dict_in_generate", getattr(config, "return_dict_in_generate", False))
         tok = cv.processor.tokenizer
+        images = self.originals.find(pixels)
+        if images is not None:  # as answer() does: refuse images too small for views before any pass
+            cv.check_view_size([im for im in images if im is not None])
         first = {**kwargs, "output_scores": True, "return_dict_in_generate": True}
         captured, objects = {"maps": None}, None
+        prompts = [tok.decode(row, skip_special_tokens=True) for row in ids]
         if cv.localizer is None:  # the gated rows' maps, captured at this very call's prefill
-            prompts = [tok.decode(row, skip_special_tokens=True) for row in ids]
             objects = [object_in_question(p) for p in prompts] if cv.queries == "object" else None
             with capture_first_pass(self.model, kwargs, layers=cv.layers, queries=cv.queries, objects=objects,
                                     tokenizer=tok) as captured:
@@ -177,17 +191,15 @@ class VerifiedGenerate:
         probs = torch.softmax(out.scores[0].float(), dim=-1)
         confidence = probs.max(-1).values
         cv.stats["queries"] += rows
-        gated = [i for i in range(rows) if verifiable(texts[i], float(confidence[i]), cv.gate)]
-        cv.count_unverifiable(texts, confidence)
+        gated = [i for i in range(rows) if verifiable(texts[i], float(confidence[i]), cv.gate, prompts[i])]
+        cv.count_unverifiable(texts, confidence, prompts)
         if gated:
-            images = self.originals.find(pixels)
             if images is None or len(images) != rows or any(images[i] is None for i in gated):
                 cv.stats["no_original"] = cv.stats.get("no_original", 0) + len(gated)
                 warnings.warn("crop_verify: the original images of this generate() call were not preprocessed by the "
                               "attached processor (or hold several images per row); its answers are not verified",
                               stacklevel=2)
             else:
-                cv.check_view_size([images[i] for i in gated])
                 if objects is not None:  # these rows are read at their last token instead
                     cv.stats["object_not_found"] = cv.stats.get("object_not_found", 0) + sum(
                         objects[i] is None for i in gated)
@@ -233,9 +245,9 @@ class VerifiedGenerate:
         for j, (i, box, built) in enumerate(zip(gated, boxes, built_all)):
             result = {"answer": texts[i], "first_answer": texts[i], "confidence": float(confidence[i]),
                       "verified": False, "views": {}}
-            cv._decide(result, box, built, vtexts[j * k : (j + 1) * k], vprobs[j * k : (j + 1) * k])
+            cv._decide(result, box, built, vtexts[j * k : (j + 1) * k], vprobs[j * k : (j + 1) * k], prompts[j])
             if result.get("chosen") is not None:
-                rows[i] = vout.sequences[j * k + asked.index(result["chosen"])]
+                rows[i] = _through_eos(vout.sequences[j * k + asked.index(result["chosen"])], start, model)
         pad = getattr(model.generation_config, "pad_token_id", None)
         pad = tok.pad_token_id if pad is None else pad
         return _pad_cat([r.to(sequences.device) for r in rows], int(pad if pad is not None else 0))

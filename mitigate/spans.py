@@ -27,7 +27,7 @@ import torch
 _BELIEF = (
     r"\b(i|we)\s+(?:strongly\s+|really\s+|honestly\s+)?(suspect|believe|think|thought|guess|feel|assume|"
     r"reckon|doubt|am\s+(?:fairly\s+|quite\s+|absolutely\s+|very\s+|pretty\s+)?(?:certain|sure|confident|convinced|positive)|"
-    r"looked|searched|checked|saw|see|could\s*n[o']?t|can\s*n[o']?t|cannot|was\s*n[o']?t\s+able|"
+    r"looked|searched|checked|saw|see|could\s*n[o']?t|can(?:\s*no|')t|was\s*n[o']?t\s+able|"
     r"was\s+unable|do\s*n[o']?t|did\s*n[o']?t|have\s*n[o']?t)\b"
 )
 _ASSERT = (
@@ -48,7 +48,7 @@ _QUESTION = re.compile(
     r"^\s*(is|are|was|were|do|does|did|can|could|how|what|which|where|who|in\s+which|based\s+on)\b", re.I
 )
 _INSTRUCTION = re.compile(r"^\s*(answer|please|respond|reply|choose|select|pick|output|describe|give|tell)\b", re.I)
-_NO_BELIEF = r"\b(?:i|we)\s+(?:do|did)\s*n[o']?t\s+know\s+(?:if|whether)\b"
+_NO_BELIEF = r"\b(?:i|we)\s+(?:do|did)\s*n[o']?t\s+know\s+(?:if|whether|where|what|which|how)\b"
 _SENTENCE = re.compile(r"[^.?!\n]+(?:[.?!]+|$|(?=\n))")
 # chat-role labels that can start a "sentence" of a templated prompt ("USER: i suspect ...")
 _ROLE = re.compile(r"^\s*(?:user|assistant|human|system|gpt|question)\s*:\s*", re.I)
@@ -76,7 +76,7 @@ def _classify(sentence: str) -> str | None:
         return None
     if re.search(_ASSERT, lowered):
         return "assertion"
-    # "I don't know if / whether there is ..." states no belief: it is the question, hedged
+    # "I don't know if / whether / where ..." states no belief: it is the question, hedged
     if re.search(_BELIEF, re.sub(_NO_BELIEF, " ", lowered)):
         return "belief"
     return None
@@ -94,20 +94,23 @@ def find_prior_spans(prompt: str) -> list[Span]:
         raise ValueError(f"prompt must be a string, got {type(prompt).__name__}")
     spans = []
     for match in _SENTENCE.finditer(prompt):
-        text = match.group(0)
+        sentence = match.group(0)
+        # options run into the statement: only the text after the last option can be one
+        options = list(_OPTION.finditer(sentence))
+        offset = options[-1].end() if options else 0
+        text = sentence[offset:]
         kind = _classify(text)
         if kind is None:
             continue
         role = _ROLE.match(text)
         lead = role.end() if role else len(text) - len(text.lstrip())
-        options = list(_OPTION.finditer(text))
-        if options:  # the statement starts at its cue after the last option, not at the options
-            rest = text[options[-1].end() :].lower().replace("\u2019", "'")
-            cue = [m.start() for m in (re.search(_BELIEF, rest), re.search(_ASSERT, rest)) if m]
-            if cue:
-                lead = max(lead, options[-1].end() + min(cue))
+        if options:  # the statement starts at its cue, not at the last option's own words
+            lowered = text.lower().replace("\u2019", "'")
+            cue = [m.start() for m in (re.search(_BELIEF, lowered), re.search(_ASSERT, lowered)) if m]
+            lead = max(lead, min(cue))
         tail = len(text.rstrip())
-        spans.append(Span(match.start() + lead, match.start() + tail, text[lead:tail], kind))
+        start = match.start() + offset
+        spans.append(Span(start + lead, start + tail, text[lead:tail], kind))
     return spans
 
 

@@ -12,6 +12,7 @@ from hooks import hook_state, resolve
 from hooks.layout import Region
 from hooks.testing import TINY_MODEL_TYPES, build_tiny_model, tiny_inputs
 from mitigate import CropVerify
+from mitigate.crop_verify import answer_kind, count_value
 from mitigate.localize import (
     HEADS, attention_boxes, best_window, image_attention_maps, last_token_image_attention, object_in_question, object_token_mask, peak_head,
     region_heat, select_heads,
@@ -552,3 +553,47 @@ def test_caption_mentions_are_verified_on_views_with_the_shipped_organism():
                                                            [question.format(object=c) for c in distinct],
                                                            max_new_tokens=4, objects=distinct)
     assert [r["answer"] for r in again] == [got["details"][c]["answer"] for c in distinct]
+
+
+@pytest.mark.parametrize("text, question, kind", [
+    ("no", None, "yes_no"), ("Yes, two.", None, "yes_no"), ("not sure", None, "yes_no"),
+    ("none", None, "box"), ("<c1> <c2> <c3> <c4>", None, "box"), ("[3, 4, 50, 60]", None, "box"),
+    ("two", None, "count"), ("2 dogs", None, "count"),
+    ("yellow", None, "short"), ("dark red", None, "short"),
+    ("There are 3 dogs on the grass.", None, "free_form"), ("red cup , blue fork , green ball .", None, "free_form"),
+    # a how-many question: a short denial is the count 0, a sentence stays free text
+    ("no", "how many dogs are there ?", "count"), ("none", "How many dogs?", "count"),
+    ("zero", "how many dogs ?", "count"), ("There are no dogs in this picture.", "how many dogs ?", "free_form"),
+    ("none", "where is the dog ?", "box"), ("no", "is there a dog ?", "yes_no"),
+])
+def test_answer_kinds(text, question, kind):
+    assert answer_kind(text, question) == kind
+
+
+def test_count_values():
+    assert [count_value(t) for t in ("two", "2 dogs", "no", "none", "zero", "yellow")] == [2, 2, 0, 0, 0, None]
+
+
+def test_a_count_question_answered_no_is_raised_by_a_view_count_never_by_a_yes(organism_like):
+    """'how many ...?' -> 'no' is the count 0: a confident view's 'two' replaces it, a view's
+    'yes' never does (it would answer a count with yes/no)."""
+    _, processor, _ = organism_like
+    cv = CropVerify(processor, tau=0.5)
+    vocab = len(processor.tokenizer)
+
+    def confident(n):
+        probs = torch.full((n, vocab), 0.1 / (vocab - 1))
+        probs[:, 0] = 0.9
+        return probs
+
+    question = "how many dog are there ?"
+    built = {"crop": (0, 0, 8, 8), "cluster": (0, 0, 16, 16)}
+    result = {"answer": "no", "first_answer": "no", "confidence": 0.4, "verified": False, "views": {}}
+    cv._decide(result, (0, 0, 8, 8), built, ["yes", "yes"], confident(2), question)
+    assert result["answer"] == "no" and "chosen" not in result
+    result = {"answer": "no", "first_answer": "no", "confidence": 0.4, "verified": False, "views": {}}
+    cv._decide(result, (0, 0, 8, 8), built, ["two", "one"], confident(2), question)
+    assert result["answer"] == "two" and result["chosen"] == "crop" and result["kind"] == "count"
+    result = {"answer": "three", "first_answer": "three", "confidence": 0.4, "verified": False, "views": {}}
+    cv._decide(result, (0, 0, 8, 8), built, ["two", "one"], confident(2), question)
+    assert result["answer"] == "three", "a lower count in a view never replaces the first"

@@ -11,9 +11,8 @@ from PIL import Image
 
 from hooks import hook_state
 from hooks.testing import TINY_MODEL_TYPES, build_tiny_model, tiny_image_features, tiny_image_processor
-from evaluators.answers import parse_number
 from mitigate import CropVerify, attach
-from mitigate.crop_verify import answer_kind
+from mitigate.crop_verify import answer_kind, count_value
 
 
 @pytest.fixture(scope="module")
@@ -67,9 +66,6 @@ def test_generate_gives_the_answers_of_answer(organism, queries, kwargs):
         out = model.generate(**enc, max_new_tokens=4, do_sample=False)
     assert _decode(processor, out, enc) == [r["answer"] for r in expected]
     assert cv.stats == reference.stats
-    for r in expected:  # a view holds at most the image's instances: counts only ever go up
-        if r.get("kind") == "count" and r.get("chosen"):
-            assert parse_number(r["answer"]) > parse_number(r["first_answer"]), r
 
 
 def test_pipeline_is_verified_while_attached(organism, queries):
@@ -192,12 +188,11 @@ def test_boxes_and_captions_are_never_reasked(organism):
     images, prompts = _task_queries((caption, grounding), 6, 6 * 10**8)
     cv = CropVerify(processor, gate=1.0, tau=0.0)
     records = cv.answer(model, images, prompts, max_new_tokens=12)
-    kinds = [answer_kind(r["first_answer"]) for r in records]
-    assert "free_form" in kinds
-    for record, kind in zip(records, kinds):
-        if kind in ("box", "free_form"):
-            assert not record["verified"] and record["answer"] == record["first_answer"]
-    assert cv.stats["not_verifiable"] == sum(k in ("box", "free_form") for k in kinds)
+    # every caption and every grounding answer ("none" included) is left alone
+    assert any(r["first_answer"] == "none" for r in records[1::2]), "no grounding abstention among the answers"
+    for record in records:
+        assert not record["verified"] and record["answer"] == record["first_answer"]
+    assert cv.stats["not_verifiable"] == len(records) and cv.stats["verified"] == 0
 
 
 def test_attach_refuses_what_it_cannot_do(organism):
@@ -242,9 +237,6 @@ def test_composes_with_contrast_mitigations(organism, queries):
     assert hook_state(model) == before
     assert _decode(processor, out, enc) == [r["answer"] for r in expected]
     assert cv.stats == reference.stats
-    for r in expected:  # a view holds at most the image's instances: counts only ever go up
-        if r.get("kind") == "count" and r.get("chosen"):
-            assert parse_number(r["answer"]) > parse_number(r["first_answer"]), r
 
 
 def _word_tokenizer(vocab_size: int, pad_id: int):
@@ -337,4 +329,4 @@ def test_counting_and_colour_questions_through_generate(organism):
     assert cv.stats == reference.stats
     for r in expected:  # a view holds at most the image's instances: counts only ever go up
         if r.get("kind") == "count" and r.get("chosen"):
-            assert parse_number(r["answer"]) > parse_number(r["first_answer"]), r
+            assert count_value(r["answer"]) > count_value(r["first_answer"]), r

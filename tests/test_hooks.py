@@ -375,6 +375,12 @@ def test_register_adapter_for_a_new_model_type():
         hooks.Adapter.from_dict({**row, "vision_towr": "x"})
     with pytest.raises(ValueError, match="pixel_layout"):
         hooks.Adapter.from_dict({**row, "pixel_layout": "weird"})
+    with pytest.raises(ValueError, match="pixel_grids is for the flat_patches layout"):
+        hooks.Adapter.from_dict({**row, "pixel_grids": {"pixel_values": "image_sizes"}})
+    qwen = {**hooks.get_adapter("qwen2_vl").to_dict(), "model_type": "my_qwen"}
+    qwen.pop("source")
+    with pytest.raises(ValueError, match="pixel_grids must map"):
+        hooks.Adapter.from_dict({**qwen, "pixel_grids": {"pixel_values": "nope"}})
     bad = hooks.Adapter.from_dict({**row, "projector": "model.nope"})
     with pytest.raises(HookPointError, match=r"projector \(model.nope\)"):
         resolve(model, adapter=bad)

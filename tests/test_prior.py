@@ -39,6 +39,7 @@ LEAVE_ALONE = [
     "In which image can you find exactly 3 'zebra'(s)?", "Describe the image.", "Look at the picture carefully.",
     "Please answer with a single word.", "Which of the following objects appears in all of these images?",
     "I don't know if there is a dog in the image.",
+    "Where is the dog? A) left B) right C) I don't know where it is in the image",
 ]
 
 
@@ -62,6 +63,13 @@ MIOH_PROMPTS = [
      "black cup anywhere, though not certain. Based on the Images, which of the following is present in Image 1 "
      "but not in Image 2?",
      "I looked closely but I don't think there's black cup anywhere, though not certain."),
+]
+
+
+MIOH_PROMPTS += [
+    ("Choose one: (A) yes (B) no I am certain there is no dog in the image.",
+     "I am certain there is no dog in the image."),
+    ("I can't see a dog in the image. Is there a dog? Answer yes or no.", "I can't see a dog in the image."),
 ]
 
 

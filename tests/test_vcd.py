@@ -325,11 +325,11 @@ def test_pipeline_image_text_to_text_works_with_vcd():
     assert handle.branches.forward_calls == 3 and isinstance(out[0]["generated_text"], str)
 
 
-@pytest.mark.parametrize("model_type", ["qwen2_vl", "qwen3_vl"])
+@pytest.mark.parametrize("model_type", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
 def test_flat_patch_images_are_distorted_one_by_one(model_type):
     """Qwen's pixels are one (patches, C*T*P*P) tensor for the whole batch; each image's
-    rows (from image_grid_thw) get their own seeded noise, so an image's distorted branch
-    is the same alone and in a batch -- and so are the greedy VCD tokens."""
+    rows (from image_grid_thw) get their own seeded noise, so the distorted image the
+    encoder sees is the same alone and in a batch."""
     from PIL import Image
 
     model = build_tiny_model(model_type)

@@ -82,6 +82,9 @@ class Adapter:
             raise ValueError(f"adapter {self.model_type!r}: token_layout {self.token_layout!r} is not one of {sorted(LAYOUTS)}")
         for name in ("image_token_id", "video_token_id", "pixel_inputs", "image_inputs"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
+        if self.pixel_grids and self.pixel_layout != "flat_patches":
+            raise ValueError(f"adapter {self.model_type!r}: pixel_grids is for the flat_patches layout, "
+                             f"this one is {self.pixel_layout!r}")
         if not isinstance(self.pixel_grids, dict) or any(
                 k not in self.pixel_inputs or v not in self.image_inputs for k, v in self.pixel_grids.items()):
             raise ValueError(f"adapter {self.model_type!r}: pixel_grids must map pixel inputs {self.pixel_inputs} to "
