@@ -28,20 +28,24 @@ combines them at inference time:
    :func:`mitigate.spans.find_prior_spans`) are left out of the views' prompts
    (``strip_priors``), so a view answers what it shows rather than whether the user is
    right -- and **combine** (policy, configurable), by the kind of the first answer
-   (:func:`answer_kind`). A view is a part of the image, so it is evidence of what is
-   there, never of what is not:
+   (:func:`answer_kind`, which reads the answer and, for "how many" questions, the
+   question). A view is a part of the image, so it is evidence of what is there, never of
+   what is not:
 
    * ``yes_no``: a "no" is overturned to "yes" only when a view answers "yes" with
      probability above ``tau`` (strict; the view's own answer must be "yes" too, which
      matters for ``tau`` < 0.5); a "yes" is never re-asked;
    * ``count``: a view's count replaces the first one only when it is *higher* and its
      confidence is above both ``tau`` and the first answer's (a crop holds at most the
-     instances the image holds, so a lower count in a view says nothing);
+     instances the image holds, so a lower count in a view says nothing); "no" / "none"
+     to a "how many" question is the count 0, never overturned to "yes";
    * ``short`` (an attribute such as a colour, a word or a few): the most confident view's
      short answer replaces the first when its confidence is above both ``tau`` and the
      first answer's;
-   * ``box`` and ``free_form`` (captions, sentences): never replaced -- a view's box is in
-     the view's coordinates and a view's caption describes the view -- so these are not
+   * ``box`` (coordinates, or "none" for an absent object) and ``free_form`` (captions,
+     sentences -- any answer longer than :data:`SHORT_ANSWER_WORDS` words that is not a
+     yes/no): never replaced -- a view's box is in the view's coordinates and a view's
+     caption describes the view -- so these are not
      re-asked at all; ``stats["not_verifiable"]`` counts them. Captions are checked object
      by object with :meth:`CropVerify.verify_caption`.
 
