@@ -10,9 +10,9 @@ combines them at inference time:
    token's probabilities;
 2. **gate**: verify only when the first answer is not confident (top first-token
    probability below ``gate``), is not "yes" (the policy never overturns a "yes") and is
-   not a box or free text (never replaced, see the policy below) -- so the extra passes run
-   only when they can change the answer (:func:`verifiable`); all gated queries of a call
-   are localised together and re-asked in one ``generate()``;
+   not a box or free text (never replaced, see the policy below) -- so the extra passes
+   run only when they can change the answer (:func:`mitigate.answer_kinds.verifiable`);
+   all gated queries of a call are localised together and re-asked in one ``generate()``;
 3. **localise** the queried object: a box from the caller's ``localizer`` (any detector
    callable) or from attention (:mod:`mitigate.localize`: ViCrop's last-token map by
    default; ``queries="object"`` reads the tokens naming the object, ``heads="peak"`` the
@@ -28,9 +28,9 @@ combines them at inference time:
    :func:`mitigate.spans.find_prior_spans`) are left out of the views' prompts
    (``strip_priors``), so a view answers what it shows rather than whether the user is
    right -- and **combine** (policy, configurable), by the kind of the first answer
-   (:func:`answer_kind`, which reads the answer and, for "how many" questions, the
-   question). A view is a part of the image, so it is evidence of what is there, never of
-   what is not:
+   (:func:`mitigate.answer_kinds.answer_kind`, which reads the answer and, for "how many"
+   questions, the question). A view is a part of the image, so it is evidence of what is
+   there, never of what is not:
 
    * ``yes_no``: a "no" is overturned to "yes" only when a view answers "yes" with
      probability above ``tau`` (strict; the view's own answer must be "yes" too, which
@@ -43,11 +43,11 @@ combines them at inference time:
      short answer replaces the first when its confidence is above both ``tau`` and the
      first answer's;
    * ``box`` (coordinates, or "none" for an absent object) and ``free_form`` (captions,
-     sentences -- any answer longer than :data:`SHORT_ANSWER_WORDS` words that is not a
+     sentences -- any answer longer than ``SHORT_ANSWER_WORDS`` = 3 words that is not a
      yes/no): never replaced -- a view's box is in the view's coordinates and a view's
-     caption describes the view -- so these are not
-     re-asked at all; ``stats["not_verifiable"]`` counts them. Captions are checked object
-     by object with :meth:`CropVerify.verify_caption`.
+     caption describes the view -- so these are not re-asked at all;
+     ``stats["not_verifiable"]`` counts them. Captions are checked object by object with
+     :meth:`CropVerify.verify_caption`.
 
 Two options, off by default: ``views`` may include ``"pair"`` -- the original and its crop
 as two images of one prompt, for models that take several -- and ``control=True`` also
@@ -69,18 +69,18 @@ and no extra pass runs. ``stats`` reports how often verification ran and overtur
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
 from PIL import Image
 
-from evaluators.answers import parse_box, parse_number, parse_yes_no, words
+from evaluators.answers import parse_yes_no
 from evaluators.world.views import check_margin, cluster_box, crop_box, cut
 
 from hooks import resolve
 
+from .answer_kinds import answer_kind, count_value, verifiable
 from .base import Mitigation, register
 from .localize import (
     GENERIC_PROMPT, HEADS, QUERIES, attention_boxes, boxes_from_maps, capture_first_pass, generic_queries,
@@ -105,55 +105,10 @@ def control_box(box: tuple, width: int, height: int) -> tuple[float, float, floa
     left, top = max(corners, key=lambda c: (c[0] + w / 2 - cx) ** 2 + (c[1] + h / 2 - cy) ** 2)
     return (float(left), float(top), float(left + w), float(top + h))
 
+
 #: The smallest image side crop-and-verify cuts views from (our choice: a view of a smaller
 #: image is a few pixels of interpolation, whatever the margin).
 MIN_VIEW_SIDE = 8
-
-#: Answers of at most this many words (and neither yes/no, a number nor a box) are
-#: ``short`` -- an attribute ("yellow", "dark red") -- longer ones ``free_form``. Our choice:
-#: an attribute rarely takes more than a few words, a caption or a sentence does.
-SHORT_ANSWER_WORDS = 3
-
-
-_HOW_MANY = re.compile(r"\bhow\s+many\b", re.I)
-
-
-def count_value(text: str) -> int | None:
-    """The count an answer gives: its number, or 0 when it denies ("no", "none", "there
-    are no dogs"); None if it gives neither."""
-    n = parse_number(text)
-    if n is None and (parse_yes_no(text) is False or words(text)[:1] == ["none"]):
-        return 0
-    return n
-
-
-def answer_kind(text: str, question: str | None = None) -> str:
-    """``"yes_no"``, ``"box"``, ``"count"``, ``"short"`` or ``"free_form"``: what the
-    combine policy may do with an answer (module docstring). With the ``question``, a
-    "how many" question's short answer is a count whatever its words ("no" is 0);
-    without it the answer alone decides. A grounding abstention ("none") is a box answer.
-    An answer longer than :data:`SHORT_ANSWER_WORDS` words is free text unless it is a
-    yes/no -- "There are 3 dogs on the grass." is a sentence a view must not replace."""
-    short = len(words(text)) <= SHORT_ANSWER_WORDS
-    if question is not None and _HOW_MANY.search(question):
-        return "count" if short and count_value(text) is not None else "free_form"
-    if parse_yes_no(text) is not None:
-        return "yes_no"
-    if isinstance(parse_box(text, 1.0), tuple) or words(text)[:1] == ["none"]:
-        return "box"
-    if not short:
-        return "free_form"
-    return "count" if parse_number(text) is not None else "short"
-
-
-def verifiable(text: str, confidence: float, gate: float, question: str | None = None) -> bool:
-    """Whether a first answer is re-asked on the views: not confident (top first-token
-    probability below ``gate``), not "yes" (never overturned) and of a kind a view can
-    change (not a box or free text)."""
-    kind = answer_kind(text, question)
-    return confidence < gate and kind not in ("box", "free_form") and not (
-        kind == "yes_no" and parse_yes_no(text) is True)
-
 
 #: The existence question asked about each caption mention; ``{object}`` is the category.
 MENTION_QUESTION = "Is there a {object} in the image? Answer yes or no."

@@ -10,7 +10,7 @@ restored exactly on ``detach()``, :meth:`hooks.HookGroup.patch_attribute`):
 * ``model.generate`` runs the caller's generation with the first step's scores and, at
   its prefill, captures the chosen layers' attention maps of every row
   (:func:`mitigate.localize.capture_first_pass`; the generation itself is unchanged),
-  gates each row as :meth:`CropVerify.answer` does (:func:`mitigate.crop_verify.verifiable`:
+  gates each row as :meth:`CropVerify.answer` does (:func:`mitigate.answer_kinds.verifiable`:
   first-token confidence below ``gate``, not "yes", not a box or free text), localises the gated rows' objects from those maps (plus one
   forward of the generic prompt, for ViCrop's ratio), and re-asks every view of every
   gated row in one more ``generate()``.
@@ -31,7 +31,7 @@ without ``input_ids`` or pixel inputs, beam search and several returned sequence
 whose images were not preprocessed by the attached processor or hold several images per
 row are answered unverified, counted in ``stats["no_original"]`` and warned about; boxes
 and free text are never re-asked (``stats["not_verifiable"]``, see
-:func:`mitigate.crop_verify.answer_kind`). The "pair" view needs two images per prompt
+:func:`mitigate.answer_kinds.answer_kind`). The "pair" view needs two images per prompt
 and is only available through :meth:`CropVerify.answer`. Returned ``scores`` (when asked
 for) are the first pass's.
 
@@ -55,7 +55,7 @@ from PIL import Image
 from evaluators.world.views import cut
 from hooks import HookGroup, ModelPoints
 
-from .crop_verify import verifiable
+from .answer_kinds import verifiable
 from .localize import boxes_from_maps, capture_first_pass, generic_queries, image_attention_maps, object_in_question
 
 

@@ -12,7 +12,7 @@ from hooks import hook_state, resolve
 from hooks.layout import Region
 from hooks.testing import TINY_MODEL_TYPES, build_tiny_model, tiny_inputs
 from mitigate import CropVerify
-from mitigate.crop_verify import answer_kind, count_value
+from mitigate.answer_kinds import answer_kind, count_value
 from mitigate.localize import (
     HEADS, attention_boxes, best_window, image_attention_maps, last_token_image_attention, object_in_question, object_token_mask, peak_head,
     region_heat, select_heads,

@@ -12,7 +12,7 @@ from PIL import Image
 from hooks import hook_state
 from hooks.testing import TINY_MODEL_TYPES, build_tiny_model, tiny_image_features, tiny_image_processor
 from mitigate import CropVerify, attach
-from mitigate.crop_verify import answer_kind, count_value
+from mitigate.answer_kinds import answer_kind, count_value
 
 
 @pytest.fixture(scope="module")
