@@ -173,6 +173,16 @@ def test_every_decoding_mode_runs_with_spans_differing_per_row(mode):
         fresh = model.generate(**inputs, max_new_tokens=4, num_beams=3, do_sample=False, use_cache=False)
     assert greedy.shape == sampled.shape == beams.shape
     assert torch.equal(beams, fresh), "cached beams (bias rows and branch rows reordered) = recomputed"
+    # generate()'s first step is the mitigated forward's (itself tested exact against plain
+    # forwards above): the same spans, bias and branch positions on the generate() path
+    with attach(model, PriorSuppression(WordIds(), mode=mode, spans=strings)), torch.no_grad():
+        first = model(**inputs).logits[:, -1]
+        scored = model.generate(**inputs, max_new_tokens=1, do_sample=False, output_logits=True,
+                                return_dict_in_generate=True)
+    finite = torch.isfinite(first)
+    assert torch.equal(finite, torch.isfinite(scored.logits[0]))
+    torch.testing.assert_close(scored.logits[0][finite], first[finite], rtol=0, atol=1e-5)
+    assert torch.equal(greedy[:, inputs["input_ids"].shape[1]], first.argmax(-1))
 
 
 @pytest.mark.parametrize("model_type", TINY_MODEL_TYPES)
