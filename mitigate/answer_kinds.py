@@ -4,7 +4,8 @@ A view (Crop, Cluster) is a part of the image, so it is evidence of what is ther
 what is not. :func:`answer_kind` sorts a first answer into the kinds the combine policy of
 :class:`mitigate.CropVerify` treats differently (see its module docstring): a yes/no, a
 count, a short attribute, a box (or a grounding abstention), or free text -- the last two
-are never replaced by a view's answer, so they are not re-asked (:func:`verifiable`).
+are never replaced by a view's answer, so they are not re-asked
+(:meth:`mitigate.CropVerify.gate_rows`).
 """
 
 from __future__ import annotations
@@ -48,12 +49,3 @@ def answer_kind(text: str, question: str | None = None) -> str:
     if not short:
         return "free_form"
     return "count" if parse_number(text) is not None else "short"
-
-
-def verifiable(text: str, confidence: float, gate: float, question: str | None = None) -> bool:
-    """Whether a first answer is re-asked on the views: not confident (top first-token
-    probability below ``gate``), not "yes" (never overturned) and of a kind a view can
-    change (not a box or free text)."""
-    kind = answer_kind(text, question)
-    return confidence < gate and kind not in ("box", "free_form") and not (
-        kind == "yes_no" and parse_yes_no(text) is True)

@@ -11,7 +11,7 @@ combines them at inference time:
 2. **gate**: verify only when the first answer is not confident (top first-token
    probability below ``gate``), is not "yes" (the policy never overturns a "yes") and is
    not a box or free text (never replaced, see the policy below) -- so the extra passes
-   run only when they can change the answer (:func:`mitigate.answer_kinds.verifiable`);
+   run only when they can change the answer (:meth:`CropVerify.gate_rows`);
    all gated queries of a call are localised together and re-asked in one ``generate()``;
 3. **localise** the queried object: a box from the caller's ``localizer`` (any detector
    callable) or from attention (:mod:`mitigate.localize`: ViCrop's last-token map by
@@ -80,7 +80,7 @@ from evaluators.world.views import check_margin, cluster_box, crop_box, cut
 
 from hooks import resolve
 
-from .answer_kinds import answer_kind, count_value, verifiable
+from .answer_kinds import answer_kind, count_value
 from .base import Mitigation, register
 from .localize import (
     GENERIC_PROMPT, HEADS, QUERIES, attention_boxes, boxes_from_maps, capture_first_pass, generic_queries,
@@ -304,9 +304,7 @@ class CropVerify(Mitigation):
             self.stats["queries"] += 1
         # only answers a view can change are re-asked (a first "yes", a box, free text are
         # final, so their views would be wasted passes)
-        gated = [i for i in range(len(images))
-                 if self.tau < 1.0 and verifiable(texts[i], float(confidence[i]), self.gate, prompts[i])]
-        self.count_unverifiable(texts, confidence, prompts)
+        gated = self.gate_rows(texts, confidence, prompts)
         if gated:  # the extra passes, batched over every query that needs them
             if localise:
                 boxes = self._captured_boxes(model, first[2], first[3], gated, [images[i] for i in gated],
@@ -374,12 +372,24 @@ class CropVerify(Mitigation):
             raise ValueError(f"image of size {small[0]} is too small to cut a view with a {self.margin:.0%} margin "
                              f"(crop-and-verify needs at least {MIN_VIEW_SIDE} pixels a side)")
 
-    def count_unverifiable(self, texts: Sequence[str], confidence: torch.Tensor, questions: Sequence[str]) -> None:
-        """Count the unconfident answers no view may change (boxes, free text) in ``stats``."""
-        if self.tau < 1.0:
-            self.stats["not_verifiable"] = self.stats.get("not_verifiable", 0) + sum(
-                float(c) < self.gate and answer_kind(t, q) in ("box", "free_form")
-                for t, c, q in zip(texts, confidence, questions))
+    def gate_rows(self, texts: Sequence[str], confidence: torch.Tensor, questions: Sequence[str]) -> list[int]:
+        """The rows whose first answer is re-asked on the views: not confident (top
+        first-token probability below ``gate``), not "yes" (never overturned) and of a kind
+        a view can change. The unconfident boxes and free-text answers, which no view may
+        replace, are counted in ``stats["not_verifiable"]``. None with ``tau = 1``."""
+        if self.tau >= 1.0:
+            return []
+        gated, kept = [], 0
+        for row, (text, conf, question) in enumerate(zip(texts, confidence, questions)):
+            if float(conf) >= self.gate:
+                continue
+            kind = answer_kind(text, question)
+            if kind in ("box", "free_form"):
+                kept += 1
+            elif not (kind == "yes_no" and parse_yes_no(text) is True):
+                gated.append(row)
+        self.stats["not_verifiable"] = self.stats.get("not_verifiable", 0) + kept
+        return gated
 
     def _decide(self, result, box, built, texts, probs, question: str | None = None) -> None:
         """The overturn policy for one query, given what its views answered."""
@@ -411,7 +421,7 @@ class CropVerify(Mitigation):
                   and count_value(texts[j]) > first and float(conf[j]) > bar]
         elif kind == "short":  # an attribute: a confident view's short answer
             ok = [j for j in range(len(texts)) if answer_kind(texts[j], question) == "short" and float(conf[j]) > bar]
-        else:  # boxes and free text are never gated (verifiable()); nothing to decide
+        else:  # boxes and free text are never gated (gate_rows); nothing to decide
             ok = []
         if ok:
             best = max(ok, key=lambda j: float(conf[j]))

@@ -10,10 +10,10 @@ restored exactly on ``detach()``, :meth:`hooks.HookGroup.patch_attribute`):
 * ``model.generate`` runs the caller's generation with the first step's scores and, at
   its prefill, captures the chosen layers' attention maps of every row
   (:func:`mitigate.localize.capture_first_pass`; the generation itself is unchanged),
-  gates each row as :meth:`CropVerify.answer` does (:func:`mitigate.answer_kinds.verifiable`:
-  first-token confidence below ``gate``, not "yes", not a box or free text), localises the gated rows' objects from those maps (plus one
-  forward of the generic prompt, for ViCrop's ratio), and re-asks every view of every
-  gated row in one more ``generate()``.
+  gates each row as :meth:`CropVerify.answer` does (:meth:`CropVerify.gate_rows`:
+  first-token confidence below ``gate``, not "yes", not a box or free text), localises
+  the gated rows' objects from those maps (plus one forward of the generic prompt, for
+  ViCrop's ratio), and re-asks every view of every gated row in one more ``generate()``.
 
 The views are re-asked with the caller's own prompt tokens: each view is resized to its
 original's size, so the family's processor gives it exactly as many image tokens as the
@@ -55,7 +55,6 @@ from PIL import Image
 from evaluators.world.views import cut
 from hooks import HookGroup, ModelPoints
 
-from .answer_kinds import verifiable
 from .localize import boxes_from_maps, capture_first_pass, generic_queries, image_attention_maps, object_in_question
 
 
@@ -191,8 +190,7 @@ class VerifiedGenerate:
         probs = torch.softmax(out.scores[0].float(), dim=-1)
         confidence = probs.max(-1).values
         cv.stats["queries"] += rows
-        gated = [i for i in range(rows) if verifiable(texts[i], float(confidence[i]), cv.gate, prompts[i])]
-        cv.count_unverifiable(texts, confidence, prompts)
+        gated = cv.gate_rows(texts, confidence, prompts)
         if gated:
             if images is None or len(images) != rows or any(images[i] is None for i in gated):
                 cv.stats["no_original"] = cv.stats.get("no_original", 0) + len(gated)
