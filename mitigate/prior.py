@@ -47,8 +47,12 @@ class PriorSuppression(Mitigation):
     """``PriorSuppression(tokenizer, mode="context", strength=1.0, layers=None, gamma=0.1, beta=0.1)``.
 
     ``tokenizer`` decodes the prompt to find spans (context mode). ``spans``: None to detect
-    them, or per batch row a list of substrings / ``(start, end)`` character offsets into
-    the decoded prompt. ``layers``: decoder layers that get the bias (None = all).
+    them, or per batch row a list of substrings / ``(start, end)`` character offsets.
+    Offsets index the decoded prompt (image and special tokens left out), unless
+    ``span_texts`` gives per row the string they index -- the text passed to the
+    processor, chat template and all -- in which case each offset range is found in the
+    decoded prompt as the same text at the same occurrence (``spans.user_spans``).
+    ``layers``: decoder layers that get the bias (None = all).
     """
 
     tokenizer: Any = field(default=None, repr=False)  # results.json records the config, not the vocabulary
@@ -58,6 +62,7 @@ class PriorSuppression(Mitigation):
     gamma: float = 0.1
     beta: float = 0.1
     spans: Sequence[Sequence[str | tuple[int, int]]] | None = None
+    span_texts: Sequence[str] | None = field(default=None, repr=False)
     found: list[list[Span]] = field(default_factory=list, init=False, repr=False)
     #: per row of the last prompt: the ``(start, end)`` token index ranges (end exclusive)
     #: the bias suppresses -- what ``found``'s character spans cover in ``input_ids``
@@ -73,6 +78,13 @@ class PriorSuppression(Mitigation):
         if not isinstance(self.gamma, (int, float)) or not 0.0 <= self.gamma or math.isinf(self.gamma):
             raise ValueError(f"gamma must be a finite number >= 0, got {self.gamma!r}")
         _check_beta(self.beta)
+        if self.span_texts is not None:
+            if self.spans is None:
+                raise ValueError("span_texts: given without spans (it is the string the spans' offsets index)")
+            if isinstance(self.span_texts, str) or len(self.span_texts) != len(self.spans) \
+                    or not all(isinstance(t, str) for t in self.span_texts):
+                raise ValueError(f"span_texts: one string per row of spans ({len(self.spans)} rows), "
+                                 f"got {self.span_texts!r:.200}")
         if self.mode in ("context", "both") and self.tokenizer is None:
             raise ValueError("tokenizer is needed in context mode (to find the prior spans in the prompt)")
 
@@ -112,12 +124,16 @@ class PriorSuppression(Mitigation):
         if self.spans is not None and (not self.spans or rows % len(self.spans)):
             raise ValueError(f"spans: given for {len(self.spans)} rows, the batch has {rows}")
         # generate() repeats each row for its beams / return sequences (repeat_interleave)
-        per_row = None if self.spans is None else [self.spans[r // (rows // len(self.spans))] for r in range(rows)]
+        source_row = None if self.spans is None else [r // (rows // len(self.spans)) for r in range(rows)]
         mask = torch.zeros_like(input_ids, dtype=torch.bool)
         self.found, self.token_spans = [], []
         for row in range(input_ids.shape[0]):
             text, offsets = decode_with_offsets(tok, input_ids[row].tolist(), skip)
-            spans = find_prior_spans(text) if per_row is None else user_spans(text, per_row[row])
+            if source_row is None:
+                spans = find_prior_spans(text)
+            else:
+                given = source_row[row]
+                spans = user_spans(text, self.spans[given], None if self.span_texts is None else self.span_texts[given])
             row_mask = spans_to_mask(offsets, spans, input_ids.shape[1])
             if row_mask.any():
                 idx = row_mask.nonzero().flatten()

@@ -114,9 +114,30 @@ def find_prior_spans(prompt: str) -> list[Span]:
     return spans
 
 
-def user_spans(prompt: str, spans: Iterable[tuple[int, int] | str]) -> list[Span]:
-    """Spans given by the caller: ``(start, end)`` character offsets into ``prompt`` (the text
-    the model sees, without image tokens) or a substring of it to mark."""
+def _occurrences(text: str, piece: str, before: int | None = None) -> list[int]:
+    """Start of every occurrence of ``piece`` in ``text`` (overlapping ones included),
+    those starting before ``before`` only when it is given."""
+    out, at = [], text.find(piece)
+    while at >= 0 and (before is None or at < before):
+        out.append(at)
+        at = text.find(piece, at + 1)
+    return out
+
+
+def user_spans(prompt: str, spans: Iterable[tuple[int, int] | str], source: str | None = None) -> list[Span]:
+    """Spans given by the caller: a substring of ``prompt`` (the text the model sees, image
+    and special tokens left out) to mark -- its first occurrence -- or ``(start, end)``
+    character offsets.
+
+    Offsets index ``prompt`` itself when ``source`` is None. With ``source`` -- the string
+    the caller wrote, typically the chat-templated text given to the processor, whose
+    special tokens and single image placeholder the decoded ``prompt`` does not keep
+    character for character -- ``source[start:end]`` is looked up in ``prompt`` as the same
+    text at the same occurrence (the k-th time it appears, counting overlapping matches
+    from the start), so a sentence that occurs twice is marked where the caller pointed.
+    Text the tokenizer does not give back verbatim (a lower-casing vocabulary, normalised
+    spaces) is an error naming the offsets, never a silent miss.
+    """
     out = []
     for span in spans:
         if isinstance(span, str):
@@ -126,8 +147,19 @@ def user_spans(prompt: str, spans: Iterable[tuple[int, int] | str]) -> list[Span
             start, end = at, at + len(span)
         else:
             start, end = span
-            if not (isinstance(start, int) and isinstance(end, int) and 0 <= start < end <= len(prompt)):
-                raise ValueError(f"spans: ({start}, {end}) is outside the prompt (length {len(prompt)})")
+            text = prompt if source is None else source
+            if not (isinstance(start, int) and isinstance(end, int) and 0 <= start < end <= len(text)):
+                where = "the prompt" if source is None else "span_texts' string"
+                raise ValueError(f"spans: ({start}, {end}) is outside {where} (length {len(text)})")
+            if source is not None:
+                piece = source[start:end]
+                k = len(_occurrences(source, piece, before=start))
+                found = _occurrences(prompt, piece)
+                if len(found) <= k:
+                    raise ValueError(
+                        f"spans: ({start}, {end}) = {piece!r} of span_texts' string occurs {len(found)} time(s) in the "
+                        f"prompt as the tokenizer decodes it, needed occurrence {k + 1}: {prompt!r}")
+                start, end = found[k], found[k] + len(piece)
         out.append(Span(start, end, prompt[start:end], "user"))
     return out
 

@@ -147,6 +147,73 @@ def test_full_suppression_equals_removing_the_span_from_the_mask(model_type, att
     torch.testing.assert_close(ours[real], reference[real], rtol=0, atol=1e-5)
 
 
+def _chat_tokenizer():
+    """A byte-level BPE tokenizer with chat special tokens (as Qwen's and Llama-3's are),
+    trained here in milliseconds: decoding skips its specials, so offsets into the templated
+    text a caller wrote differ from offsets into the decoded prompt."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|im_start|>", "<|im_end|>", "<image>"]
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<pad>", *specials],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(["I am certain there is no dog in the image. Is there a dog? user assistant"] * 3, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, additional_special_tokens=specials, pad_token="<pad>")
+
+
+def test_offsets_into_the_callers_templated_text_mark_the_occurrence_pointed_at():
+    from mitigate.spans import decode_with_offsets, spans_to_mask, user_spans
+
+    tok = _chat_tokenizer()
+    belief = "I am certain there is no dog."
+    templated = f"<|im_start|>user\n<image>{belief} Is there a dog? {belief}<|im_end|>\n<|im_start|>assistant\n"
+    ids = tok(templated)["input_ids"]
+    decoded, offsets = decode_with_offsets(tok, ids, set(tok.all_special_ids))
+    assert decoded != templated and decoded.count(belief) == 2
+    start = templated.rindex(belief)  # the caller points at the second statement
+    (span,) = user_spans(decoded, [(start, start + len(belief))], source=templated)
+    assert span.text == belief and span.start == decoded.rindex(belief)
+    marked = [int(i) for i, m in zip(ids, spans_to_mask(offsets, [span], len(ids))) if m]
+    assert tok.decode(marked) == " " + belief or tok.decode(marked) == belief
+    # read as offsets into the decoded prompt, the same numbers miss: why span_texts exists
+    with pytest.raises(ValueError, match="outside the prompt"):
+        user_spans(decoded, [(start, start + len(belief))])
+    first = templated.index(belief)
+    assert user_spans(decoded, [(first, first + len(belief))])[0].text != belief
+    with pytest.raises(ValueError, match="occurs 0 time"):
+        user_spans(decoded, [(0, 12)], source=templated)  # "<|im_start|>" is not in the decoded prompt
+    with pytest.raises(ValueError, match="outside span_texts"):
+        user_spans(decoded, [(0, len(templated) + 1)], source=templated)
+
+
+def test_span_texts_offsets_give_the_same_suppression_as_the_substring():
+    model = build_tiny_model("llava")
+    inputs = tiny_inputs(model, batch_size=2, text_lengths=[7, 5], seed=3)
+    keys, strings = _span_rows(inputs, resolve(model))
+    # what a caller wrote: the decoded prompt with its special tokens spelled out in front
+    written, offsets = [], []
+    for (piece,) in strings:
+        text = f"<s>[INST] {piece} and the rest"
+        written.append(text)
+        offsets.append([(text.index(piece), text.index(piece) + len(piece))])
+    by_string, by_offsets = PriorSuppression(WordIds(), spans=strings), PriorSuppression(
+        WordIds(), spans=offsets, span_texts=written)
+    with torch.no_grad():
+        with attach(model, by_string):
+            expected = model(**inputs).logits
+        with attach(model, by_offsets):
+            ours = model(**inputs).logits
+    assert by_offsets.token_spans == by_string.token_spans and all(by_offsets.token_spans)
+    torch.testing.assert_close(ours, expected, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="span_texts"):
+        PriorSuppression(WordIds(), span_texts=written)
+    with pytest.raises(ValueError, match="span_texts"):
+        PriorSuppression(WordIds(), spans=offsets, span_texts=written[:1])
+
+
 def test_zero_strength_is_the_unmitigated_model():
     model = build_tiny_model("llava")
     inputs = tiny_inputs(model, batch_size=2, text_lengths=[7, 5], seed=3)

@@ -287,18 +287,32 @@ def task_schedule(rng: np.random.Generator, mix: dict[str, float] | None = None)
 
 
 def instruct(model, processor, world: World, seconds: float, batch: int, seed: int, log, max_steps: int,
-             lr: float = 5e-4, warmup_steps: int = 0) -> int:
-    # The word embeddings stay at their initial values: the projector was aligned to them
-    # (stage 2), so moving them would break the match between image tokens and the question's
-    # words. Trained here (organism v5: 3000 steps at 5e-4), they ended at a median cosine of
-    # 0.78 with the values the projector targets.
-    frozen = (list(model.model.vision_tower.parameters()) + list(model.model.multi_modal_projector.parameters())
-              + list(model.get_input_embeddings().parameters()))
+             lr: float = 5e-4, warmup_steps: int = 0, projector_lr: float = 0.0) -> int:
+    """Stage 3: instruction tuning of the decoder on ``tasks.MIX``.
+
+    The word embeddings stay at their initial values: the projector was aligned to them
+    (stage 2), so moving them would break the match between image tokens and the question's
+    words. Trained here (organism v5: 3000 steps at 5e-4), they ended at a median cosine of
+    0.78 with the values the projector targets. ``projector_lr > 0`` also trains the
+    projector, in its own parameter group with the same schedule, as LLaVA-1.5's
+    instruction stage does (Liu et al. 2023, "Improved Baselines", Sec. 3: projector and
+    LLM trained, CLIP frozen); 0 keeps it frozen (organism v10's recipe).
+    """
+    projector = list(model.model.multi_modal_projector.parameters())
+    frozen = list(model.model.vision_tower.parameters()) + list(model.get_input_embeddings().parameters())
+    if not projector_lr:
+        frozen += projector
     frozen_ids = {id(p) for p in frozen}
     for p in frozen:
         p.requires_grad_(False)
-    decoder = [p for p in model.parameters() if id(p) not in frozen_ids]
-    opt = torch.optim.AdamW(decoder, lr=lr, weight_decay=0.01)
+    trained = [p for p in model.parameters() if id(p) not in frozen_ids]
+    decoder = [p for p in trained if all(p is not q for q in projector)]
+    groups = [{"params": decoder, "lr": lr}]
+    if projector_lr:
+        for p in projector:
+            p.requires_grad_(True)
+        groups.append({"params": projector, "lr": projector_lr})
+    opt = torch.optim.AdamW(groups, weight_decay=0.01)
     base = [g["lr"] for g in opt.param_groups]
     rng = np.random.default_rng([seed, 21])
     model.train()
@@ -318,7 +332,7 @@ def instruct(model, processor, world: World, seconds: float, batch: int, seed: i
         loss = model(**enc).loss
         opt.zero_grad()
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(decoder, 1.0)
+        torch.nn.utils.clip_grad_norm_(trained, 1.0)
         opt.step()
         running = loss.item() if running is None else 0.98 * running + 0.02 * loss.item()
         if step % 100 == 0:
@@ -350,6 +364,8 @@ def main(argv=None) -> None:
                         help="stage 2b: decoder pretraining on text (evaluators.organism.language); 0 skips it")
     parser.add_argument("--lr", type=float, default=5e-4, help="decoder learning rate in stage 3")
     parser.add_argument("--warmup-steps", type=int, default=800, help="stage 3 steps on WARMUP_MIX first")
+    parser.add_argument("--projector-lr", type=float, default=0.0,
+                        help="stage 3 also trains the projector at this learning rate (0: frozen, v10's recipe)")
     parser.add_argument("--vision-cache", type=Path, default=None,
                         help="cache of stage 1 (the pretrained vision tower, written before stage 2 tunes it): "
                              "loaded if the file exists, else written; the loaded tower equals a full run's")
@@ -375,6 +391,8 @@ def main(argv=None) -> None:
         parser.error(f"--vision-position-weight must be >= 0, got {args.vision_position_weight}")
     if not args.align_position_scale >= 0:
         parser.error(f"--align-position-scale must be >= 0, got {args.align_position_scale}")
+    if not args.projector_lr >= 0:
+        parser.error(f"--projector-lr must be >= 0, got {args.projector_lr}")
     if not args.align_vision_lr > 0:
         parser.error(f"--align-vision-lr must be > 0, got {args.align_vision_lr}")
     torch.set_num_threads(args.threads)
@@ -434,7 +452,8 @@ def main(argv=None) -> None:
         log(f"language pretraining: {time.time() - tl:.0f}s")
     t1 = time.time()
     steps = instruct(model, processor, world, args.minutes * 60, args.batch, args.seed, log,
-                     args.max_steps if args.max_steps else math.inf, lr=args.lr, warmup_steps=args.warmup_steps)
+                     args.max_steps if args.max_steps else math.inf, lr=args.lr, warmup_steps=args.warmup_steps,
+                     projector_lr=args.projector_lr)
     log(f"instruction tuning: {steps} steps, {time.time() - t1:.0f}s")
     path = save_organism(model, processor, args.out)
     (Path(path) / "training.json").write_text(json.dumps({
@@ -444,7 +463,7 @@ def main(argv=None) -> None:
         "vision_position_weight": args.vision_position_weight, "align_steps": args.align_steps,
         "align_joint_steps": args.align_joint_steps, "align_vision_lr": args.align_vision_lr,
         "align_position_scale": args.align_position_scale, "language_steps": args.language_steps,
-        "instruct_steps": steps, "lr": args.lr, "warmup_steps": args.warmup_steps, "batch": args.batch,
+        "instruct_steps": steps, "lr": args.lr, "projector_lr": args.projector_lr, "warmup_steps": args.warmup_steps, "batch": args.batch,
         "minutes_budget": args.minutes, "threads": args.threads, "world": "evaluators.world.BIASED",
         "mix": tasks.MIX, "context_breaking": tasks.CONTEXT_BREAKING, "zoom": tasks.ZOOM, "belief_reliability": {str(k): v for k, v in tasks.BELIEF_RELIABILITY.items()},
         "seconds": {"vision": vision_seconds, "align": round(tl - ta), "language": round(t1 - tl), "instruct": round(time.time() - t1)},
