@@ -153,3 +153,34 @@ def test_stage2_position_scale_changes_the_targets_only_when_asked():
     assert any(not torch.equal(projectors[0][k], projectors[2][k]) for k in projectors[0])
     with pytest.raises(ValueError, match="position_scale"):
         train.align_projector(model, processor, World(BIASED), 1, 4, 0, lambda m: None, position_scale=-1.0)
+
+
+def test_a_stage1_cache_from_the_biased_world_is_refused_for_an_unbiased_vision_world(tmp_path, monkeypatch):
+    cache = _v10_cache(tmp_path, monkeypatch)
+    with pytest.raises(ValueError, match="vision-cache.*world"):
+        train.main(["--vision-cache", str(cache), "--vision-world", "unbiased", "--out", str(tmp_path / "out")])
+    with pytest.raises(SystemExit):
+        train.main(["--vision-world", "photos", "--out", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
+    assert train.VISION_WORLDS["biased"] is BIASED and not train.VISION_WORLDS["unbiased"].dominant_colour
+
+
+@pytest.mark.parametrize("projector_lr", [0.0, 1e-3])
+def test_stage3_trains_the_projector_only_when_asked(projector_lr):
+    """One instruction step: the decoder always moves; the projector only with projector_lr
+    > 0; the vision tower and the word embeddings never (the projector was aligned to them)."""
+    from transformers import LlavaForConditionalGeneration
+
+    from evaluators.organism.package import build_model_config, build_processor, build_tokenizer
+
+    tok = build_tokenizer(tasks.vocabulary())
+    processor = build_processor(tok, image_size=train.IMAGE_SIZE, patch_size=train.PATCH)
+    torch.manual_seed(0)
+    model = LlavaForConditionalGeneration(build_model_config(len(tok), image_size=train.IMAGE_SIZE, patch_size=train.PATCH))
+    parts = {"tower": model.model.vision_tower, "projector": model.model.multi_modal_projector,
+             "embeddings": model.get_input_embeddings(), "decoder": model.model.language_model.layers}
+    before = {name: [p.detach().clone() for p in part.parameters()] for name, part in parts.items()}
+    train.instruct(model, processor, World(BIASED), float("inf"), 2, 0, lambda m: None, 1, projector_lr=projector_lr)
+    moved = {name: any(not torch.equal(a, b) for a, b in zip(before[name], part.parameters()))
+             for name, part in parts.items()}
+    assert moved == {"tower": False, "projector": projector_lr > 0, "embeddings": False, "decoder": True}
