@@ -82,7 +82,8 @@ def build_probes(n: int = 40, seed: int = HELD_OUT) -> list[Probe]:
         present = k % 2 == 0
         pool = sorted(scene.categories()) if present else sorted(set(CATEGORIES) - scene.categories())
         cat = pool[int(rng.integers(len(pool)))]
-        probes.append(Probe([scene.render()], existence_question(cat), "yes" if present else "no", "clean_existence"))
+        probes.append(Probe([scene.render()], existence_question(cat), "yes" if present else "no", "clean_existence",
+                            {"category": cat, "scene_seed": seed + k}))
 
     # co-occurrence: cue present, companion removed; control removes the cue as well
     k = 0
