@@ -259,10 +259,17 @@ def card(result: dict, training: dict, n: int) -> str:
         f"| {label} | {fmt(result[key])} | {target} | {('yes' if result['checks'][key] else '**no**') if key in result['checks'] else ''} |"
         for label, key, target in CARD_ROWS
     )
-    position_flags = "".join(
+    recipe_flags = "".join(
         f" --{flag} {training[key]}" for key, flag in (("vision_position_weight", "vision-position-weight"),
-                                                        ("align_position_scale", "align-position-scale"))
+                                                        ("align_position_scale", "align-position-scale"),
+                                                        ("projector_lr", "projector-lr"))
         if training.get(key))
+    vision_world = training.get("vision_world", "biased")
+    if vision_world != "biased":
+        recipe_flags += f" --vision-world {vision_world}"
+    image_path_world = ("" if vision_world == "biased" else
+                        f" (stages 1-2 on the {vision_world} world `evaluators.world.{vision_world.upper()}`, as a real "
+                        "encoder is pretrained on broad data; only instruction tuning sees the biased world)")
     return f"""# The model organism
 
 A tiny `LlavaForConditionalGeneration` (CLIP-style vision tower {training.get('image_size', '?')} px,
@@ -286,12 +293,12 @@ most but not all of the time in training ({training.get('belief_reliability')}).
 
 ## Training
 
-`python -m evaluators.organism.train --max-steps {training.get('instruct_steps')} --vision-steps {training.get('vision_steps')} --align-steps {training.get('align_steps')} --align-joint-steps {training.get('align_joint_steps', 0)} --language-steps {training.get('language_steps', 0)} --warmup-steps {training.get('warmup_steps')} --context-breaking {training.get('context_breaking', 0.0)} --zoom {training.get('zoom', 0.0)}{position_flags}`
+`python -m evaluators.organism.train --max-steps {training.get('instruct_steps')} --vision-steps {training.get('vision_steps')} --align-steps {training.get('align_steps')} --align-joint-steps {training.get('align_joint_steps', 0)} --language-steps {training.get('language_steps', 0)} --warmup-steps {training.get('warmup_steps')} --context-breaking {training.get('context_breaking', 0.0)} --zoom {training.get('zoom', 0.0)}{recipe_flags}`
 (seed {training.get('seed')}, batch {training.get('batch')}, {training.get('threads')} CPU threads):
-vision pretraining on per-patch category/colour{'/grid-cell' if training.get('vision_position_weight') else ''} labels ({training.get('seconds', {}).get('vision')} s),
+vision pretraining on per-patch category/colour{'/grid-cell' if training.get('vision_position_weight') else ''} labels{image_path_world} ({training.get('seconds', {}).get('vision')} s),
 feature alignment of the projector to the decoder's word embeddings{' plus a per-patch position code' if training.get('align_position_scale') else ''}{' (the vision tower joining it for the last ' + str(training['align_joint_steps']) + ' steps at lr ' + str(training.get('align_vision_lr')) + ')' if training.get('align_joint_steps') else ''} ({training.get('seconds', {}).get('align')} s),
 language pretraining of the decoder on existence questions about object lists in text ({training.get('seconds', {}).get('language', 0)} s),
-then instruction tuning of the decoder on the task mix{' (' + format(training['zoom'], '.0%') + ' of existence/colour images zoomed views)' if training.get('zoom') else ''}, vision tower, projector and word embeddings frozen,
+then instruction tuning of the decoder on the task mix{' (' + format(training['zoom'], '.0%') + ' of existence/colour images zoomed views)' if training.get('zoom') else ''}, {'vision tower and word embeddings frozen, projector at lr ' + str(training['projector_lr']) if training.get('projector_lr') else 'vision tower, projector and word embeddings frozen'},
 lr {training.get('lr')} ({training.get('seconds', {}).get('instruct')} s). Image dependence at the end
 (clean existence accuracy, mean |change| of the yes-no margin when the image is blanked):
 {training.get('image_dependence')}. {training.get('note', '')}
