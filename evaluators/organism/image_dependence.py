@@ -5,12 +5,21 @@
 Clean existence questions (large objects, unbiased scenes): accuracy, and the mean change
 of the yes-minus-no logit margin when the pixels are replaced by a blank image. A model
 that ignores the image shows ~50% and a change near 0.
+
+Per scene, one present and one absent category, each drawn at random (seeded) from the
+scene's present / absent categories, as the model card's clean probes draw them. Until
+session 11 it asked the alphabetically first present category and the first absent one
+in vocabulary order (nearly always "cup"), which overstated accuracy: 91.25% for the v12
+retrain of ``docs/results/organism_perception.md``, 82.5% now, 75% on the card's 100
+probes (v10: 81.25% now, 71% on the card). It is a quick check on 80 questions about 40
+scenes, not the card's figure.
 """
 
 from __future__ import annotations
 
 import sys
 
+import numpy as np
 import torch
 
 from ..world import CATEGORIES, UNBIASED, World
@@ -30,12 +39,14 @@ def measure(model, processor, n_scenes: int = 40) -> dict[str, float]:
     world = World(UNBIASED.replace(small_fraction=0.0))
     tok = processor.tokenizer
     yes, no = tok.convert_tokens_to_ids("yes"), tok.convert_tokens_to_ids("no")
+    rng = np.random.default_rng(10**9)
     right = total = 0
     effects = []
     for s in range(n_scenes):
         scene = world.scene(10**9 + s)
-        absent = next(c for c in CATEGORIES if c not in scene.categories())
-        for category, truth in ((sorted(scene.categories())[0], True), (absent, False)):
+        present, absent = sorted(scene.categories()), sorted(set(CATEGORIES) - scene.categories())
+        pair = (present[int(rng.integers(len(present)))], absent[int(rng.integers(len(absent)))])
+        for category, truth in zip(pair, (True, False)):
             enc = processor(text=[format_prompt(f"is there a {category} in the image ? answer yes or no .")],
                             images=[scene.render()], return_tensors="pt")
             real = model(**enc).logits[0, -1]
