@@ -330,3 +330,28 @@ def test_counting_and_colour_questions_through_generate(organism):
     for r in expected:  # a view holds at most the image's instances: counts only ever go up
         if r.get("kind") == "count" and r.get("chosen"):
             assert count_value(r["answer"]) > count_value(r["first_answer"]), r
+
+
+def test_each_gated_row_is_judged_by_its_own_question(organism):
+    """Counting and existence questions in one batch, only some rows gated: generate() gives
+    what answer() gives, so the combine policy read each gated row's own question (a "how
+    many" question turns a "no" into a count of 0)."""
+    from evaluators.organism.tasks import counting, existence
+
+    model, processor = organism
+    images, prompts = _task_queries((counting, existence), 12, 8 * 10**8)
+    reference = CropVerify(processor, tau=0.0)
+    expected = reference.answer(model, images, prompts, max_new_tokens=4)
+    assert 0 < reference.stats["verified"] < len(prompts)
+    cv = CropVerify(processor, tau=0.0)
+    judged = []  # (first answer, question) as the combine policy received them
+    decide = cv._decide
+    cv._decide = lambda result, *args: judged.append((result["first_answer"], args[-1])) or decide(result, *args)
+    with attach(model, cv):
+        enc = processor(text=_templated(processor, prompts), images=images, return_tensors="pt", padding=True)
+        out = model.generate(**enc, max_new_tokens=4, do_sample=False)
+    assert _decode(processor, out, enc) == [r["answer"] for r in expected]
+    assert cv.stats == reference.stats
+    gated = [i for i, r in enumerate(expected) if r["verified"]]
+    own = [processor.tokenizer.decode(enc["input_ids"][i], skip_special_tokens=True) for i in gated]
+    assert [q for _, q in judged] == own
