@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from ..answers import parse_yes_no
 from ..world import BIASED, CATEGORIES, COLOURS, UNBIASED, World
 from . import ORGANISM_DIR
 from .signatures import answer, build_probes
@@ -51,7 +52,7 @@ def existence(model, processor, n: int = 200) -> dict:
     for probe, text in zip(probes, answers):
         scene = world.scene(probe.meta["scene_seed"])
         cat, present = probe.meta["category"], probe.truth == "yes"
-        right = int(text.strip().split()[:1] == [probe.truth])
+        right = int(parse_yes_no(text) == (probe.truth == "yes"))  # as signatures.score counts it
         if cat not in DOMINANT:
             kind = "no dominant colour"
         elif not present:
@@ -64,7 +65,7 @@ def existence(model, processor, n: int = 200) -> dict:
                            (by_context, f"{'present' if present else 'absent'}: {'typical' if typical else 'atypical'} of the context")):
             tally[key][0] += right
             tally[key][1] += 1
-    total = sum(int(t.strip().split()[:1] == [p.truth]) for p, t in zip(probes, answers))
+    total = sum(right for right, _ in by_colour.values())
     return {"accuracy": round(100.0 * total / len(probes), 1), "n": len(probes),
             "by_colour": _rate(by_colour), "by_context": _rate(by_context)}
 

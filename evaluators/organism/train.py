@@ -318,7 +318,8 @@ def instruct(model, processor, world: World, seconds: float, batch: int, seed: i
     for p in frozen:
         p.requires_grad_(False)
     trained = [p for p in model.parameters() if id(p) not in frozen_ids]
-    decoder = [p for p in trained if all(p is not q for q in projector)]
+    projector_ids = {id(p) for p in projector}
+    decoder = [p for p in trained if id(p) not in projector_ids]
     groups = [{"params": decoder, "lr": lr}]
     if projector_lr:
         for p in projector:
