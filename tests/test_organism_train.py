@@ -178,3 +178,32 @@ def test_stage3_trains_the_projector_only_when_asked(projector_lr):
     moved = {name: any(not torch.equal(a, b) for a, b in zip(before[name], part.parameters()))
              for name, part in parts.items()}
     assert moved == {"tower": False, "projector": projector_lr > 0, "embeddings": False, "decoder": True}
+
+
+def test_unbiased_existence_share_draws_only_plain_existence_scenes_from_the_unbiased_world():
+    """Share 0 is the old recipe (no draw at all); share 1 sends every plain existence
+    example to the unbiased world and no other task; a share in between is seeded per
+    example, so a rerun draws the same scenes."""
+    biased, unbiased = World(BIASED), World(train.VISION_WORLDS["unbiased"])
+    pick = train._existence_world
+    assert all(pick(biased, unbiased, 0.0, 0, s, i, "existence") is biased for s in range(5) for i in range(8))
+    assert all(pick(biased, unbiased, 1.0, 0, s, i, "existence") is unbiased for s in range(5) for i in range(8))
+    for task in set(tasks.MIX) - {"existence"}:
+        assert pick(biased, unbiased, 1.0, 0, 3, 1, task) is biased
+    draws = [pick(biased, unbiased, 0.5, 0, s, i, "existence") is unbiased for s in range(50) for i in range(32)]
+    assert 0.45 < np.mean(draws) < 0.55
+    assert draws == [pick(biased, unbiased, 0.5, 0, s, i, "existence") is unbiased for s in range(50) for i in range(32)]
+    with pytest.raises(ValueError, match="unbiased_existence"):
+        train.instruct(None, None, biased, float("inf"), 2, 0, lambda m: None, 1, unbiased_existence=1.5)
+    with pytest.raises(SystemExit):
+        train.main(["--unbiased-existence", "-0.1"])
+
+
+def test_the_model_card_names_the_unbiased_existence_share():
+    from evaluators.organism.signatures import CARD_ROWS, card
+
+    training = {"instruct_steps": 3000, "unbiased_existence": 0.5, "seconds": {}}
+    result = {"checks": {}, **{key: 0.0 for _, key, _ in CARD_ROWS}}
+    text = card(result, training, 100)
+    assert "--unbiased-existence 0.5" in text and "50% of plain existence questions on unbiased scenes" in text
+    assert "unbiased-existence" not in card(result, {**training, "unbiased_existence": 0.0}, 100)
