@@ -193,6 +193,9 @@ def test_unbiased_existence_share_draws_only_plain_existence_scenes_from_the_unb
     draws = [pick(biased, unbiased, 0.5, 0, s, i, "existence") is unbiased for s in range(50) for i in range(32)]
     assert 0.45 < np.mean(draws) < 0.55
     assert draws == [pick(biased, unbiased, 0.5, 0, s, i, "existence") is unbiased for s in range(50) for i in range(32)]
+    kept = train.unbiased_existence_config(keep_cooccurrence=True)
+    assert train.unbiased_existence_config() is train.VISION_WORLDS["unbiased"]
+    assert kept.cooccurrence == BIASED.cooccurrence and kept.replace(cooccurrence=()) == train.VISION_WORLDS["unbiased"]
     with pytest.raises(ValueError, match="unbiased_existence"):
         train.instruct(None, None, biased, float("inf"), 2, 0, lambda m: None, 1, unbiased_existence=1.5)
     with pytest.raises(SystemExit):
@@ -207,3 +210,29 @@ def test_the_model_card_names_the_unbiased_existence_share():
     text = card(result, training, 100)
     assert "--unbiased-existence 0.5" in text and "50% of plain existence questions on unbiased scenes" in text
     assert "unbiased-existence" not in card(result, {**training, "unbiased_existence": 0.0}, 100)
+    kept = card(result, {**training, "keep_cooccurrence": True}, 100)
+    assert "--keep-cooccurrence" in kept and "co-occurrence pairs kept" in kept
+
+
+TINY = ["--vision-steps", "1", "--align-steps", "2", "--align-joint-steps", "1", "--language-steps", "2",
+        "--max-steps", "2", "--warmup-steps", "1", "--batch", "2", "--threads", "1"]
+
+
+def test_stage3_from_a_stage2_cache_equals_the_run_that_wrote_it(tmp_path, monkeypatch):
+    """A tiny run writes the cache of stages 1-2b; a second run with the same recipe loads
+    it and ends with the same weights (stage 3 draws no torch random numbers), and says so
+    on its card; a run whose stages 1-2b differ is refused, naming the key."""
+    from safetensors.torch import load_file
+
+    for knob in ("ZOOM", "CONTEXT_BREAKING"):
+        monkeypatch.setattr(tasks, knob, getattr(tasks, knob))
+    cache = tmp_path / "stage2.pt"
+    train.main([*TINY, "--stage2-cache", str(cache), "--out", str(tmp_path / "a")])
+    assert cache.exists()
+    train.main([*TINY, "--stage2-cache", str(cache), "--out", str(tmp_path / "b")])
+    a, b = (load_file(tmp_path / run / "model.safetensors") for run in ("a", "b"))
+    assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
+    assert "--stage2-cache" in (tmp_path / "b" / "training.json").read_text()
+    with pytest.raises(ValueError, match="stage2-cache.*language_steps"):
+        train.main([*TINY, "--language-steps", "3", "--stage2-cache", str(cache), "--out", str(tmp_path / "c")])
+    assert not (tmp_path / "c").exists()

@@ -265,6 +265,8 @@ def card(result: dict, training: dict, n: int) -> str:
                                                         ("projector_lr", "projector-lr"),
                                                         ("unbiased_existence", "unbiased-existence"))
         if training.get(key))
+    if training.get("keep_cooccurrence"):
+        recipe_flags += " --keep-cooccurrence"
     vision_world = training.get("vision_world", "biased")
     if vision_world != "biased":
         recipe_flags += f" --vision-world {vision_world}"
@@ -299,7 +301,7 @@ most but not all of the time in training ({training.get('belief_reliability')}).
 vision pretraining on per-patch category/colour{'/grid-cell' if training.get('vision_position_weight') else ''} labels{image_path_world} ({training.get('seconds', {}).get('vision')} s),
 feature alignment of the projector to the decoder's word embeddings{' plus a per-patch position code' if training.get('align_position_scale') else ''}{' (the vision tower joining it for the last ' + str(training['align_joint_steps']) + ' steps at lr ' + str(training.get('align_vision_lr')) + ')' if training.get('align_joint_steps') else ''} ({training.get('seconds', {}).get('align')} s),
 language pretraining of the decoder on existence questions about object lists in text ({training.get('seconds', {}).get('language', 0)} s),
-then instruction tuning of the decoder on the task mix{' (' + format(training['zoom'], '.0%') + ' of existence/colour images zoomed views)' if training.get('zoom') else ''}{' (' + format(training['unbiased_existence'], '.0%') + ' of plain existence questions on unbiased scenes)' if training.get('unbiased_existence') else ''}, {'vision tower and word embeddings frozen, projector at lr ' + str(training['projector_lr']) if training.get('projector_lr') else 'vision tower, projector and word embeddings frozen'},
+then instruction tuning of the decoder on the task mix{' (' + format(training['zoom'], '.0%') + ' of existence/colour images zoomed views)' if training.get('zoom') else ''}{' (' + format(training['unbiased_existence'], '.0%') + ' of plain existence questions on unbiased scenes' + (', co-occurrence pairs kept' if training.get('keep_cooccurrence') else '') + ')' if training.get('unbiased_existence') else ''}, {'vision tower and word embeddings frozen, projector at lr ' + str(training['projector_lr']) if training.get('projector_lr') else 'vision tower, projector and word embeddings frozen'},
 lr {training.get('lr')} ({training.get('seconds', {}).get('instruct')} s). Image dependence at the end
 (clean existence accuracy, mean |change| of the yes-no margin when the image is blanked):
 {training.get('image_dependence')}. {training.get('note', '')}

@@ -297,8 +297,16 @@ VISION_WORLDS = {"biased": BIASED, "unbiased": UNBIASED}
 #: those only reading the image answers. The biased-only mix lets the decoder lean on the
 #: world's priors once the perception warm-up ends (v12's own check: 97.5% at step 499,
 #: 85-90% after); belief prompts, colours, co-occurrence cues in the other tasks stay
-#: biased. 0 is the recipe of v10 and v12.
+#: biased. 0 is the recipe of v10 and v12. Its one retrain at 0.5 ("v14", session 12, not
+#: shipped): clean existence 71 -> 81 but no co-occurrence gap left (47 / 47% false yes),
+#: since those scenes also broke the knife-fork pair; ``--keep-cooccurrence`` keeps it.
 UNBIASED_EXISTENCE = 0.0
+
+
+def unbiased_existence_config(keep_cooccurrence: bool = False):
+    """The world of the ``--unbiased-existence`` share: uniform contexts and colours, and
+    with ``keep_cooccurrence`` the biased world's co-occurrence pairs."""
+    return UNBIASED.replace(cooccurrence=BIASED.cooccurrence) if keep_cooccurrence else UNBIASED
 
 
 def _existence_world(world: World, unbiased: World, share: float, seed: int, step: int, i: int, task: str) -> World:
@@ -318,7 +326,7 @@ def task_schedule(rng: np.random.Generator, mix: dict[str, float] | None = None)
 
 def instruct(model, processor, world: World, seconds: float, batch: int, seed: int, log, max_steps: int,
              lr: float = 5e-4, warmup_steps: int = 0, projector_lr: float = 0.0,
-             unbiased_existence: float = 0.0) -> int:
+             unbiased_existence: float = 0.0, keep_cooccurrence: bool = False) -> int:
     """Stage 3: instruction tuning of the decoder on ``tasks.MIX``.
 
     The word embeddings stay at their initial values: the projector was aligned to them
@@ -331,11 +339,13 @@ def instruct(model, processor, world: World, seconds: float, batch: int, seed: i
 
     ``unbiased_existence``: the share of plain existence examples (warm-up and full mix)
     whose scene comes from the unbiased world (:data:`UNBIASED_EXISTENCE` says why); 0 draws
-    no extra random numbers, so earlier recipes give the same batches.
+    no extra random numbers, so earlier recipes give the same batches. ``keep_cooccurrence``
+    keeps the biased world's co-occurrence pairs in those scenes (knife brings a fork 92% of
+    the time in every training image), breaking only the context and colour priors.
     """
     if not 0.0 <= unbiased_existence <= 1.0:
         raise ValueError(f"unbiased_existence must be a share in [0, 1], got {unbiased_existence!r}")
-    unbiased = World(UNBIASED)
+    unbiased = World(unbiased_existence_config(keep_cooccurrence))
     projector = list(model.model.multi_modal_projector.parameters())
     frozen = list(model.model.vision_tower.parameters()) + list(model.get_input_embeddings().parameters())
     if not projector_lr:
@@ -384,6 +394,48 @@ def instruct(model, processor, world: World, seconds: float, batch: int, seed: i
     return step
 
 
+def _pretrain(model, processor, tokenizer, vision_world: World, stage1: dict, args, log) -> tuple[dict, str]:
+    """Stages 1-2b: the vision tower (or its --vision-cache), the projector's alignment and
+    the decoder's language pretraining. Returns the seconds per stage and the card's note."""
+    t0 = time.time()
+    note = ""
+    if args.vision_cache is not None and args.vision_cache.exists():
+        cache = torch.load(args.vision_cache)
+        if not isinstance(cache, dict) or set(cache.get("vision_tower", {})) != set(model.model.vision_tower.state_dict()):
+            raise ValueError(f"{args.vision_cache} does not hold this recipe's vision tower")
+        if cache.get("recipe") != stage1:
+            raise ValueError(f"--vision-cache {args.vision_cache} was written by stage 1 with {cache.get('recipe')}, "
+                             f"this run's is {stage1}: pass another path")
+        model.model.vision_tower.load_state_dict(cache["vision_tower"])
+        vision_seconds = cache["seconds"]
+        note = (f"Stage 1 ({vision_seconds} s) was loaded with --vision-cache from an earlier run of the "
+                f"same recipe and seed; stages 2-3 were run here.")
+        log(f"stage 1 (pretrained vision tower, {vision_seconds} s) loaded from {args.vision_cache}")
+    else:
+        pretrain_vision(model, processor, vision_world, args.vision_steps, 64, args.seed, log,
+                        position_weight=args.vision_position_weight)
+        vision_seconds = round(time.time() - t0)
+        log(f"vision pretraining: {vision_seconds}s")
+        if args.vision_cache is not None:
+            torch.save({"vision_tower": model.model.vision_tower.state_dict(), "seconds": vision_seconds,
+                        "recipe": stage1}, args.vision_cache)
+    # The projector is untouched by stage 1 (its initial weights come from the seeded model
+    # construction above), so a cached tower gives the same stage 2 as a full run.
+    standardise_projector(model, processor, vision_world, args.seed)
+    ta = time.time()
+    for p in model.model.vision_tower.parameters():
+        p.requires_grad_(False)
+    align_projector(model, processor, vision_world, args.align_steps, 64, args.seed, log,
+                    joint_steps=args.align_joint_steps, vision_lr=args.align_vision_lr,
+                    position_scale=args.align_position_scale)
+    log(f"feature alignment: {time.time() - ta:.0f}s")
+    tl = time.time()
+    if args.language_steps:
+        pretrain_language(model, tokenizer, args.language_steps, args.batch, args.seed, log)
+        log(f"language pretraining: {time.time() - tl:.0f}s")
+    return {"vision": vision_seconds, "align": round(tl - ta), "language": round(time.time() - tl)}, note
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=ORGANISM_DIR)
@@ -411,11 +463,17 @@ def main(argv=None) -> None:
     parser.add_argument("--unbiased-existence", type=float, default=UNBIASED_EXISTENCE,
                         help="stage 3: share of plain existence examples drawn from the unbiased world "
                              "(0: none, v10's recipe; see train.UNBIASED_EXISTENCE)")
+    parser.add_argument("--keep-cooccurrence", action="store_true",
+                        help="with --unbiased-existence: those scenes keep the biased world's co-occurrence pairs")
     parser.add_argument("--projector-lr", type=float, default=0.0,
                         help="stage 3 also trains the projector at this learning rate (0: frozen, v10's recipe)")
     parser.add_argument("--vision-cache", type=Path, default=None,
                         help="cache of stage 1 (the pretrained vision tower, written before stage 2 tunes it): "
                              "loaded if the file exists, else written; the loaded tower equals a full run's")
+    parser.add_argument("--stage2-cache", type=Path, default=None,
+                        help="cache of stages 1-2b (the whole model after language pretraining): loaded if the "
+                             "file exists and was written by the same recipe, else written; stage 3 from it equals "
+                             "a full run's, so stage-3 experiments skip about 40 min")
     parser.add_argument("--context-breaking", type=float, default=0.3,
                         help="share of existence questions against the scene-context shortcut (tasks.CONTEXT_BREAKING)")
     parser.add_argument("--zoom", type=float, default=0.0,
@@ -460,52 +518,37 @@ def main(argv=None) -> None:
 
     model = LlavaForConditionalGeneration(build_model_config(len(tokenizer), image_size=IMAGE_SIZE, patch_size=PATCH))
     log(f"organism: {sum(p.numel() for p in model.parameters()):,} parameters, vocab {len(tokenizer)}")
-    t0 = time.time()
-    note = ""
     # what stage 1's result depends on: a cache from another recipe is refused, never reused
     stage1 = {"vision_steps": args.vision_steps, "seed": args.seed, "zoom": args.zoom}
     if args.vision_position_weight:  # v10's caches hold no such key: they stay valid for weight 0
         stage1["position_weight"] = args.vision_position_weight
     if args.vision_world != "biased":
         stage1["world"] = args.vision_world
-    if args.vision_cache is not None and args.vision_cache.exists():
-        cache = torch.load(args.vision_cache)
-        if not isinstance(cache, dict) or set(cache.get("vision_tower", {})) != set(model.model.vision_tower.state_dict()):
-            raise ValueError(f"{args.vision_cache} does not hold this recipe's vision tower")
-        if cache.get("recipe") != stage1:
-            raise ValueError(f"--vision-cache {args.vision_cache} was written by stage 1 with {cache.get('recipe')}, "
-                             f"this run's is {stage1}: pass another path")
-        model.model.vision_tower.load_state_dict(cache["vision_tower"])
-        vision_seconds = cache["seconds"]
-        note = (f"Stage 1 ({vision_seconds} s) was loaded with --vision-cache from an earlier run of the "
-                f"same recipe and seed; stages 2-3 were run here.")
-        log(f"stage 1 (pretrained vision tower, {vision_seconds} s) loaded from {args.vision_cache}")
+    # ... and what stages 1-2b's result depends on (the --stage2-cache key)
+    stage2 = {**stage1, "align_steps": args.align_steps, "align_joint_steps": args.align_joint_steps,
+              "align_vision_lr": args.align_vision_lr, "align_position_scale": args.align_position_scale,
+              "language_steps": args.language_steps, "batch": args.batch}
+    if args.stage2_cache is not None and args.stage2_cache.exists():
+        cache = torch.load(args.stage2_cache)
+        if not isinstance(cache, dict) or set(cache.get("model", {})) != set(model.state_dict()):
+            raise ValueError(f"{args.stage2_cache} does not hold this recipe's model")
+        if cache.get("recipe") != stage2:
+            raise ValueError(f"--stage2-cache {args.stage2_cache} was written by stages 1-2b with "
+                             f"{cache.get('recipe')}, this run's is {stage2}: pass another path")
+        model.load_state_dict(cache["model"])
+        seconds = dict(cache["seconds"])
+        note = (f"Stages 1-2b ({sum(seconds.values())} s) were loaded with --stage2-cache from an earlier run of "
+                f"the same recipe and seed; stage 3 was run here.")
+        log(f"stages 1-2b ({seconds}) loaded from {args.stage2_cache}")
     else:
-        pretrain_vision(model, processor, vision_world, args.vision_steps, 64, args.seed, log,
-                        position_weight=args.vision_position_weight)
-        vision_seconds = round(time.time() - t0)
-        log(f"vision pretraining: {vision_seconds}s")
-        if args.vision_cache is not None:
-            torch.save({"vision_tower": model.model.vision_tower.state_dict(), "seconds": vision_seconds,
-                        "recipe": stage1}, args.vision_cache)
-    # The projector is untouched by stage 1 (its initial weights come from the seeded model
-    # construction above), so a cached tower gives the same stage 2 as a full run.
-    standardise_projector(model, processor, vision_world, args.seed)
-    ta = time.time()
-    for p in model.model.vision_tower.parameters():
-        p.requires_grad_(False)
-    align_projector(model, processor, vision_world, args.align_steps, 64, args.seed, log,
-                    joint_steps=args.align_joint_steps, vision_lr=args.align_vision_lr,
-                    position_scale=args.align_position_scale)
-    log(f"feature alignment: {time.time() - ta:.0f}s")
-    tl = time.time()
-    if args.language_steps:
-        pretrain_language(model, tokenizer, args.language_steps, args.batch, args.seed, log)
-        log(f"language pretraining: {time.time() - tl:.0f}s")
+        seconds, note = _pretrain(model, processor, tokenizer, vision_world, stage1, args, log)
+        if args.stage2_cache is not None:
+            torch.save({"model": model.state_dict(), "seconds": seconds, "recipe": stage2}, args.stage2_cache)
     t1 = time.time()
     steps = instruct(model, processor, world, args.minutes * 60, args.batch, args.seed, log,
                      args.max_steps if args.max_steps else math.inf, lr=args.lr, warmup_steps=args.warmup_steps,
-                     projector_lr=args.projector_lr, unbiased_existence=args.unbiased_existence)
+                     projector_lr=args.projector_lr, unbiased_existence=args.unbiased_existence,
+                     keep_cooccurrence=args.keep_cooccurrence)
     log(f"instruction tuning: {steps} steps, {time.time() - t1:.0f}s")
     path = save_organism(model, processor, args.out)
     (Path(path) / "training.json").write_text(json.dumps({
@@ -516,10 +559,11 @@ def main(argv=None) -> None:
         "align_joint_steps": args.align_joint_steps, "align_vision_lr": args.align_vision_lr,
         "align_position_scale": args.align_position_scale, "language_steps": args.language_steps,
         "instruct_steps": steps, "lr": args.lr, "projector_lr": args.projector_lr,
-        "unbiased_existence": args.unbiased_existence, "warmup_steps": args.warmup_steps, "batch": args.batch,
+        "unbiased_existence": args.unbiased_existence, "keep_cooccurrence": args.keep_cooccurrence,
+        "warmup_steps": args.warmup_steps, "batch": args.batch,
         "minutes_budget": args.minutes, "threads": args.threads, "world": "evaluators.world.BIASED",
         "mix": tasks.MIX, "context_breaking": tasks.CONTEXT_BREAKING, "zoom": tasks.ZOOM, "belief_reliability": {str(k): v for k, v in tasks.BELIEF_RELIABILITY.items()},
-        "seconds": {"vision": vision_seconds, "align": round(tl - ta), "language": round(t1 - tl), "instruct": round(time.time() - t1)},
+        "seconds": {**seconds, "instruct": round(time.time() - t1)},
         "image_dependence": image_dependence(model, processor),
         "note": note,
     }, indent=2))
