@@ -180,7 +180,7 @@ def test_stage3_trains_the_projector_only_when_asked(projector_lr):
     assert moved == {"tower": False, "projector": projector_lr > 0, "embeddings": False, "decoder": True}
 
 
-def test_unbiased_existence_share_draws_only_plain_existence_scenes_from_the_unbiased_world():
+def test_unbiased_existence_share_draws_only_plain_existence_scenes_from_the_unbiased_world(tmp_path):
     """Share 0 is the old recipe (no draw at all); share 1 sends every plain existence
     example to the unbiased world and no other task; a share in between is seeded per
     example, so a rerun draws the same scenes."""
@@ -199,7 +199,9 @@ def test_unbiased_existence_share_draws_only_plain_existence_scenes_from_the_unb
     with pytest.raises(ValueError, match="unbiased_existence"):
         train.instruct(None, None, biased, float("inf"), 2, 0, lambda m: None, 1, unbiased_existence=1.5)
     with pytest.raises(SystemExit):
-        train.main(["--unbiased-existence", "-0.1"])
+        train.main(["--unbiased-existence", "-0.1", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit):  # the pairs of a share that is not drawn
+        train.main(["--keep-cooccurrence", "--out", str(tmp_path)])
 
 
 def test_the_model_card_names_the_unbiased_existence_share():

@@ -498,6 +498,8 @@ def main(argv=None) -> None:
         parser.error(f"--align-position-scale must be >= 0, got {args.align_position_scale}")
     if not 0.0 <= args.unbiased_existence <= 1.0:
         parser.error(f"--unbiased-existence must be in [0, 1], got {args.unbiased_existence}")
+    if args.keep_cooccurrence and not args.unbiased_existence:
+        parser.error("--keep-cooccurrence changes the scenes of --unbiased-existence, which is 0 here")
     if not args.projector_lr >= 0:
         parser.error(f"--projector-lr must be >= 0, got {args.projector_lr}")
     if not args.align_vision_lr > 0:
