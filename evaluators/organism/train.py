@@ -394,18 +394,26 @@ def instruct(model, processor, world: World, seconds: float, batch: int, seed: i
     return step
 
 
+def _load_cache(path: Path, flag: str, key: str, module: nn.Module, recipe: dict, stages: str) -> dict:
+    """A stage cache written by this recipe: ``cache[key]`` holds ``module``'s state and
+    ``cache["recipe"]`` equals ``recipe``; anything else is refused, naming what differs."""
+    cache = torch.load(path)
+    if not isinstance(cache, dict) or set(cache.get(key, {})) != set(module.state_dict()):
+        raise ValueError(f"{path} does not hold this recipe's {key.replace('_', ' ')}")
+    if cache.get("recipe") != recipe:
+        raise ValueError(f"{flag} {path} was written by {stages} with {cache.get('recipe')}, this run's is {recipe}: "
+                         "pass another path")
+    return cache
+
+
 def _pretrain(model, processor, tokenizer, vision_world: World, stage1: dict, args, log) -> tuple[dict, str]:
     """Stages 1-2b: the vision tower (or its --vision-cache), the projector's alignment and
     the decoder's language pretraining. Returns the seconds per stage and the card's note."""
     t0 = time.time()
     note = ""
     if args.vision_cache is not None and args.vision_cache.exists():
-        cache = torch.load(args.vision_cache)
-        if not isinstance(cache, dict) or set(cache.get("vision_tower", {})) != set(model.model.vision_tower.state_dict()):
-            raise ValueError(f"{args.vision_cache} does not hold this recipe's vision tower")
-        if cache.get("recipe") != stage1:
-            raise ValueError(f"--vision-cache {args.vision_cache} was written by stage 1 with {cache.get('recipe')}, "
-                             f"this run's is {stage1}: pass another path")
+        cache = _load_cache(args.vision_cache, "--vision-cache", "vision_tower", model.model.vision_tower, stage1,
+                            "stage 1")
         model.model.vision_tower.load_state_dict(cache["vision_tower"])
         vision_seconds = cache["seconds"]
         note = (f"Stage 1 ({vision_seconds} s) was loaded with --vision-cache from an earlier run of the "
@@ -531,12 +539,7 @@ def main(argv=None) -> None:
               "align_vision_lr": args.align_vision_lr, "align_position_scale": args.align_position_scale,
               "language_steps": args.language_steps, "batch": args.batch}
     if args.stage2_cache is not None and args.stage2_cache.exists():
-        cache = torch.load(args.stage2_cache)
-        if not isinstance(cache, dict) or set(cache.get("model", {})) != set(model.state_dict()):
-            raise ValueError(f"{args.stage2_cache} does not hold this recipe's model")
-        if cache.get("recipe") != stage2:
-            raise ValueError(f"--stage2-cache {args.stage2_cache} was written by stages 1-2b with "
-                             f"{cache.get('recipe')}, this run's is {stage2}: pass another path")
+        cache = _load_cache(args.stage2_cache, "--stage2-cache", "model", model, stage2, "stages 1-2b")
         model.load_state_dict(cache["model"])
         seconds = dict(cache["seconds"])
         note = (f"Stages 1-2b ({sum(seconds.values())} s) were loaded with --stage2-cache from an earlier run of "
