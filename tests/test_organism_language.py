@@ -4,6 +4,7 @@ import re
 from collections import Counter
 
 import numpy as np
+import pytest
 import torch
 
 from evaluators.organism import language, tasks
@@ -55,6 +56,20 @@ def test_filler_curriculum_and_bound():
         _, context = _parse(language.example(rng, filler=12)[0])
         assert context.split().count(UNK_TOKEN) <= 12
     assert UNK_TOKEN not in language.example(np.random.default_rng(3), filler=0)[0]
+
+
+def test_short_share_moves_the_start_of_the_filler_and_keeps_the_schedule_shape():
+    steps = 1000
+    early = [language.filler_at(s, steps, short_share=0.4) for s in range(steps)]
+    assert all(f == 0 for f in early[:400]) and early[420] > 0
+    # the ramp takes half of the remaining steps, then the full length to the end
+    assert early == sorted(early) and all(f == language.MAX_FILLER for f in early[700:])
+    default = [language.filler_at(s, steps) for s in range(steps)]
+    assert default == [language.filler_at(s, steps, short_share=language.SHORT_SHARE) for s in range(steps)]
+    assert sum(f == language.MAX_FILLER for f in early) >= 2 * sum(f == language.MAX_FILLER for f in default)
+    for bad in (-0.1, 1.0):
+        with pytest.raises(ValueError, match="short_share"):
+            language.filler_at(0, steps, short_share=bad)
 
 
 def test_prompts_stay_in_the_vocabulary():

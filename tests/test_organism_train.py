@@ -202,6 +202,8 @@ def test_unbiased_existence_share_draws_only_plain_existence_scenes_from_the_unb
         train.main(["--unbiased-existence", "-0.1", "--out", str(tmp_path)])
     with pytest.raises(SystemExit):  # the pairs of a share that is not drawn
         train.main(["--keep-cooccurrence", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        train.main(["--language-short-share", "1", "--out", str(tmp_path)])
 
 
 def test_the_model_card_names_the_unbiased_existence_share():
@@ -214,6 +216,8 @@ def test_the_model_card_names_the_unbiased_existence_share():
     assert "unbiased-existence" not in card(result, {**training, "unbiased_existence": 0.0}, 100)
     kept = card(result, {**training, "keep_cooccurrence": True}, 100)
     assert "--keep-cooccurrence" in kept and "co-occurrence pairs kept" in kept
+    assert "--language-short-share 0.4" in card(result, {**training, "language_short_share": 0.4}, 100)
+    assert "language-short-share" not in card(result, {**training, "language_short_share": 0.7}, 100)
 
 
 TINY = ["--vision-steps", "1", "--align-steps", "2", "--align-joint-steps", "1", "--language-steps", "2",
@@ -237,4 +241,6 @@ def test_stage3_from_a_stage2_cache_equals_the_run_that_wrote_it(tmp_path, monke
     assert "--stage2-cache" in (tmp_path / "b" / "training.json").read_text()
     with pytest.raises(ValueError, match="stage2-cache.*language_steps"):
         train.main([*TINY, "--language-steps", "3", "--stage2-cache", str(cache), "--out", str(tmp_path / "c")])
+    with pytest.raises(ValueError, match="stage2-cache.*language_short_share"):
+        train.main([*TINY, "--language-short-share", "0.4", "--stage2-cache", str(cache), "--out", str(tmp_path / "c")])
     assert not (tmp_path / "c").exists()

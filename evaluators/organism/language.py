@@ -36,7 +36,10 @@ from .tasks import existence_question
 #: Most uninformative tokens around the list at the end of the curriculum (the image has
 #: 64 patches, most of them background).
 MAX_FILLER = 48
-#: Share of the steps on short lists before the filler starts to grow.
+#: Share of the steps on short lists before the filler starts to grow (organism v10's
+#: recipe; ``train --language-short-share`` changes it). With 2100 steps the decoder spends
+#: only the last 315 at the full length, and v15's log read 84.0 / 90.6% held-out there
+#: (steps 2000 / 2099), while short lists were at 96% by step 500.
 SHORT_SHARE = 0.7
 MAX_OBJECTS = 4
 
@@ -63,16 +66,22 @@ def example(rng: np.random.Generator, filler: int) -> tuple[str, str]:
     return f"USER: {' '.join(context)} {question} ASSISTANT:", "yes" if present else "no"
 
 
-def filler_at(step: int, steps: int) -> int:
-    """The curriculum: no filler for the first :data:`SHORT_SHARE` of the steps, then linear to the max."""
-    start = int(SHORT_SHARE * steps)
+def filler_at(step: int, steps: int, short_share: float = SHORT_SHARE) -> int:
+    """The curriculum: no filler for the first ``short_share`` of the steps, then linear to the
+    max over half of the rest, then the max."""
+    if not 0.0 <= short_share < 1.0:
+        raise ValueError(f"short_share must be in [0, 1), got {short_share!r}")
+    start = int(short_share * steps)
     if step < start:
         return 0
     return int(round(MAX_FILLER * min(1.0, (step - start + 1) / max(1, (steps - start) // 2))))
 
 
-def pretrain_language(model, tokenizer, steps: int, batch: int, seed: int, log, lr: float = 1e-3) -> None:
-    """Train the decoder (not the embeddings, vision tower or projector) on :func:`example`."""
+def pretrain_language(model, tokenizer, steps: int, batch: int, seed: int, log, lr: float = 1e-3,
+                      short_share: float = SHORT_SHARE) -> None:
+    """Train the decoder (not the embeddings, vision tower or projector) on :func:`example`,
+    with the filler curriculum of :func:`filler_at`."""
+    filler_at(0, steps, short_share)  # a bad share fails before any training
     trainable = [p for n, p in model.named_parameters()
                  if n.startswith(("model.language_model.", "lm_head.")) and "embed_tokens" not in n]
     opt = torch.optim.AdamW(trainable, lr=lr, weight_decay=0.01)
@@ -83,7 +92,8 @@ def pretrain_language(model, tokenizer, steps: int, batch: int, seed: int, log, 
     for step in range(steps):
         for g in opt.param_groups:  # constant after a short warm-up, as in the diagnosis runs that learned
             g["lr"] = base * min(1.0, (step + 1) / 100)
-        pairs = [example(rng, filler_at(step, steps)) for _ in range(batch)]
+        filler = filler_at(step, steps, short_share)
+        pairs = [example(rng, filler) for _ in range(batch)]
         texts = [f"{p} {a} {tokenizer.eos_token}" for p, a in pairs]
         enc = tokenizer(texts, return_tensors="pt", padding=True)
         labels = torch.full_like(enc["input_ids"], -100)
@@ -94,8 +104,8 @@ def pretrain_language(model, tokenizer, steps: int, batch: int, seed: int, log, 
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)
         opt.step()
         if step % 250 == 0 or step == steps - 1:
-            log(f"language {step:5d} {time.time() - start:5.0f}s filler {filler_at(step, steps):2d} "
-                f"loss {loss.item():.3f} held-out accuracy {accuracy(model, tokenizer, filler_at(step, steps)):.3f}")
+            log(f"language {step:5d} {time.time() - start:5.0f}s filler {filler:2d} "
+                f"loss {loss.item():.3f} held-out accuracy {accuracy(model, tokenizer, filler):.3f}")
 
 
 @torch.no_grad()

@@ -30,6 +30,7 @@ from PIL import Image
 
 from ..answers import box_iou, parse_box, parse_choice, parse_yes_no
 from ..world import BIASED, CATEGORIES, COLOURS, UNBIASED, World, do_views, edits
+from .language import SHORT_SHARE
 from .package import format_prompt
 from .tasks import do_prior, existence_question
 
@@ -267,6 +268,8 @@ def card(result: dict, training: dict, n: int) -> str:
         if training.get(key))
     if training.get("keep_cooccurrence"):
         recipe_flags += " --keep-cooccurrence"
+    if training.get("language_short_share", SHORT_SHARE) != SHORT_SHARE:
+        recipe_flags += f" --language-short-share {training['language_short_share']}"
     vision_world = training.get("vision_world", "biased")
     if vision_world != "biased":
         recipe_flags += f" --vision-world {vision_world}"

@@ -49,7 +49,7 @@ from torch import nn
 
 from ..world import BIASED, CATEGORIES, COLOURS, UNBIASED, World
 from .image_dependence import measure as image_dependence
-from .language import pretrain_language
+from .language import SHORT_SHARE, pretrain_language
 from . import tasks
 from .package import (
     ORGANISM_DIR, build_model_config, build_processor, build_tokenizer, format_prompt, save_organism,
@@ -439,7 +439,8 @@ def _pretrain(model, processor, tokenizer, vision_world: World, stage1: dict, ar
     log(f"feature alignment: {time.time() - ta:.0f}s")
     tl = time.time()
     if args.language_steps:
-        pretrain_language(model, tokenizer, args.language_steps, args.batch, args.seed, log)
+        pretrain_language(model, tokenizer, args.language_steps, args.batch, args.seed, log,
+                          short_share=args.language_short_share)
         log(f"language pretraining: {time.time() - tl:.0f}s")
     return {"vision": vision_seconds, "align": round(tl - ta), "language": round(time.time() - tl)}, note
 
@@ -466,6 +467,9 @@ def main(argv=None) -> None:
                              "norm this times a word embedding's (0: none, v10's recipe; see align_projector)")
     parser.add_argument("--language-steps", type=int, default=2100,
                         help="stage 2b: decoder pretraining on text (evaluators.organism.language); 0 skips it")
+    parser.add_argument("--language-short-share", type=float, default=SHORT_SHARE,
+                        help="stage 2b: share of its steps on short lists before the filler grows "
+                             f"(default {SHORT_SHARE}, v10's recipe; see language.SHORT_SHARE)")
     parser.add_argument("--lr", type=float, default=5e-4, help="decoder learning rate in stage 3")
     parser.add_argument("--warmup-steps", type=int, default=800, help="stage 3 steps on WARMUP_MIX first")
     parser.add_argument("--unbiased-existence", type=float, default=UNBIASED_EXISTENCE,
@@ -508,6 +512,8 @@ def main(argv=None) -> None:
         parser.error(f"--unbiased-existence must be in [0, 1], got {args.unbiased_existence}")
     if args.keep_cooccurrence and not args.unbiased_existence:
         parser.error("--keep-cooccurrence changes the scenes of --unbiased-existence, which is 0 here")
+    if not 0.0 <= args.language_short_share < 1.0:
+        parser.error(f"--language-short-share must be in [0, 1), got {args.language_short_share}")
     if not args.projector_lr >= 0:
         parser.error(f"--projector-lr must be >= 0, got {args.projector_lr}")
     if not args.align_vision_lr > 0:
@@ -538,6 +544,8 @@ def main(argv=None) -> None:
     stage2 = {**stage1, "align_steps": args.align_steps, "align_joint_steps": args.align_joint_steps,
               "align_vision_lr": args.align_vision_lr, "align_position_scale": args.align_position_scale,
               "language_steps": args.language_steps, "batch": args.batch}
+    if args.language_short_share != SHORT_SHARE:  # earlier caches hold no such key: valid for the default
+        stage2["language_short_share"] = args.language_short_share
     if args.stage2_cache is not None and args.stage2_cache.exists():
         cache = _load_cache(args.stage2_cache, "--stage2-cache", "model", model, stage2, "stages 1-2b")
         model.load_state_dict(cache["model"])
@@ -563,7 +571,7 @@ def main(argv=None) -> None:
         "vision_position_weight": args.vision_position_weight, "vision_world": args.vision_world, "align_steps": args.align_steps,
         "align_joint_steps": args.align_joint_steps, "align_vision_lr": args.align_vision_lr,
         "align_position_scale": args.align_position_scale, "language_steps": args.language_steps,
-        "instruct_steps": steps, "lr": args.lr, "projector_lr": args.projector_lr,
+        "language_short_share": args.language_short_share, "instruct_steps": steps, "lr": args.lr, "projector_lr": args.projector_lr,
         "unbiased_existence": args.unbiased_existence, "keep_cooccurrence": args.keep_cooccurrence,
         "warmup_steps": args.warmup_steps, "batch": args.batch,
         "minutes_budget": args.minutes, "threads": args.threads, "world": "evaluators.world.BIASED",
