@@ -49,7 +49,7 @@ from torch import nn
 
 from ..world import BIASED, CATEGORIES, COLOURS, UNBIASED, World
 from .image_dependence import measure as image_dependence
-from .language import SHORT_SHARE, pretrain_language
+from .language import SHORT_SHARE, filler_at, pretrain_language
 from . import tasks
 from .package import (
     ORGANISM_DIR, build_model_config, build_processor, build_tokenizer, format_prompt, save_organism,
@@ -512,8 +512,10 @@ def main(argv=None) -> None:
         parser.error(f"--unbiased-existence must be in [0, 1], got {args.unbiased_existence}")
     if args.keep_cooccurrence and not args.unbiased_existence:
         parser.error("--keep-cooccurrence changes the scenes of --unbiased-existence, which is 0 here")
-    if not 0.0 <= args.language_short_share < 1.0:
-        parser.error(f"--language-short-share must be in [0, 1), got {args.language_short_share}")
+    try:  # the curriculum's own check, before minutes of stages 1-2 are spent
+        filler_at(0, 1, args.language_short_share)
+    except ValueError as err:
+        parser.error(f"--language-short-share: {err}")
     if not args.projector_lr >= 0:
         parser.error(f"--projector-lr must be >= 0, got {args.projector_lr}")
     if not args.align_vision_lr > 0:
