@@ -61,6 +61,8 @@ def paired(benchmark, rounds):
         finally:
             if handle["h"] is not None:
                 handle["h"].detach()
+        if benchmark.stats is None:  # --benchmark-disable: the target ran once, untimed (a smoke run)
+            return out
         timed = benchmark.stats.stats.data[-rounds:]
         ratios = [t / b for t, b in zip(timed, base[-rounds:])]
         benchmark.extra_info.update(paired_ratio=statistics.median(ratios),

@@ -22,11 +22,10 @@ import torch
 
 from evaluators.organism.package import format_prompt
 from evaluators.world import BIASED, World
+from hooks.cache import CACHE_NAMES, cache_parameter, output_cache
 from mitigate import VCD, attach
 
 NEW_TOKENS = 32
-
-
 
 
 def _inputs(processor, batch):
@@ -48,6 +47,7 @@ def _naive(model, inputs):
     pix = inputs["pixel_values"]
     branches = [pix, vcd._distort(pix)]
     caches = [None, None]
+    cache_name = cache_parameter(model.forward)[0]  # "cache" from transformers 5.24 on
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     step_ids, out = ids, []
     with torch.no_grad():
@@ -55,9 +55,9 @@ def _naive(model, inputs):
             logits = []
             for b, pixels in enumerate(branches):
                 kw = {"pixel_values": pixels} if step == 0 else {}
-                res = model(input_ids=step_ids, attention_mask=mask, position_ids=pos, past_key_values=caches[b],
-                            use_cache=True, **kw)
-                caches[b] = res.past_key_values
+                kw[cache_name] = caches[b]
+                res = model(input_ids=step_ids, attention_mask=mask, position_ids=pos, use_cache=True, **kw)
+                caches[b] = output_cache(res)
                 logits.append(res.logits[:, -1])
             combined = vcd.combine(logits[0], logits[1:])
             combined[:, model.generation_config.eos_token_id] = float("-inf")  # as min_new_tokens does
@@ -85,13 +85,15 @@ class _SecondPass:
         if second.pop("mm_encoder_outputs", None) is not None or second.get("pixel_values") is not None:
             second["pixel_values"] = self.vcd._distort(self.pixels)  # prefill: a fresh cache
             self.cache = None
-        second["past_key_values"] = self.cache
+        for name in CACHE_NAMES:
+            second.pop(name, None)
+        second[cache_parameter(module.forward)[0]] = self.cache
         self.busy = True
         try:
             res = module(**second)
         finally:
             self.busy = False
-        self.cache = res.past_key_values
+        self.cache = output_cache(res)
         output.logits = self.vcd.combine(output.logits, [res.logits])
         return output
 

@@ -32,6 +32,7 @@ from typing import Callable, Iterable
 import torch
 from torch import nn
 
+from .cache import cache_parameter
 from .group import HookGroup
 from .points import ModelPoints
 
@@ -175,7 +176,7 @@ class _BiasHook:
         params = [p for p in inspect.signature(module.forward).parameters.values()]
         names = [p.name for p in params]
         self.mask_index = names.index("attention_mask") if "attention_mask" in names else None
-        self.cache_index = names.index("past_key_values") if "past_key_values" in names else None
+        self.cache_name, self.cache_index = cache_parameter(module.forward)
 
     def _arg(self, args: tuple, kwargs: dict, name: str, index: int | None):
         if name in kwargs:
@@ -208,7 +209,7 @@ class _BiasHook:
         return args, kwargs
 
     def _build(self, args, kwargs, mask, batch, q_len, dtype, device) -> torch.Tensor | None:
-        cache = self._arg(args, kwargs, "past_key_values", self.cache_index)
+        cache = self._arg(args, kwargs, self.cache_name, self.cache_index) if self.cache_name else None
         if cache is not None:
             q_start = int(cache.get_seq_length(self.cache_layer))
             kv_len, kv_offset = cache.get_mask_sizes(q_len, self.cache_layer)

@@ -47,6 +47,7 @@ import torch
 from torch import nn
 
 from hooks import HookGroup, ModelPoints
+from hooks.cache import cache_of
 
 # generate()'s function that calls get_image_features before decoding (transformers >= 5.2)
 GENERATE_ENCODER = "_prepare_multimodal_encoder_kwargs_for_generation"
@@ -241,7 +242,7 @@ class ContrastBranches:
         if lead is None:
             raise ValueError("contrast branches need input_ids or inputs_embeds")
         rows = lead.shape[0]
-        cache = kwargs.get("past_key_values")
+        cache = cache_of(kwargs)
         prefill = cache is None or cache.get_seq_length() == 0
         if prefill:
             image = self.points.image_token_mask(ids, include_video=True) if ids is not None else None

@@ -30,6 +30,7 @@ from typing import Any, Sequence
 import torch
 
 from hooks import BiasContext, HookGroup, ModelPoints, add_attention_bias
+from hooks.cache import cache_of
 
 from .base import Mitigation, register
 from .branches import Branch
@@ -152,7 +153,7 @@ class PriorSuppression(Mitigation):
 
         def capture(module, args, kwargs):
             ids = kwargs.get("input_ids")
-            cache = kwargs.get("past_key_values")
+            cache = cache_of(kwargs)
             if ids is not None and (cache is None or cache.get_seq_length() == 0):
                 state.clear()
                 state["keys"] = self.span_mask(points, ids)

@@ -270,6 +270,24 @@ def test_finite_bias_changes_logits_and_zero_bias_does_not(tiny):
     assert not torch.allclose(mild[real], plain[real], atol=1e-6)
 
 
+def test_the_cache_is_found_under_either_name():
+    """transformers 5.24 renamed the cache keyword (past_key_values -> cache); the hooks read
+    both, and the running version's attention modules name one of them."""
+    from hooks.cache import CACHE_NAMES, cache_of, cache_parameter
+
+    def old(hidden_states, attention_mask=None, past_key_values=None): ...
+
+    def new(hidden_states, position_embeddings=None, attention_mask=None, cache=None): ...
+
+    assert cache_parameter(old) == ("past_key_values", 2) and cache_parameter(new) == ("cache", 3)
+    assert cache_parameter(lambda hidden_states: None) == (None, None)
+    marker = object()
+    assert cache_of({"past_key_values": marker}) is marker and cache_of({"cache": marker}) is marker
+    assert cache_of({"cache": None, "past_key_values": None}) is None
+    points = resolve(build_tiny_model("llava"))
+    assert cache_parameter(points.attention[0].forward)[0] in CACHE_NAMES
+
+
 def test_bias_follows_generation_steps():
     """During generate() the bias sees absolute positions growing by one per step."""
     model = build_tiny_model("llava")

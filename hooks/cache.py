@@ -1,0 +1,41 @@
+"""Where a forward call carries its KV cache, across transformers versions.
+
+transformers 5.24 renamed the cache argument of every model and attention ``forward``
+from ``past_key_values`` to ``cache`` (the old keyword is still accepted by models and
+renamed before it reaches the layers, so hooks on inner modules see only the new name;
+``output.past_key_values`` survives as a deprecated alias). The hooks read whichever name
+the running version uses, so one toolkit release works on both sides of the rename.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable
+
+# the current name first: a call on transformers >= 5.24 never carries the old one
+CACHE_NAMES = ("cache", "past_key_values")
+
+
+def cache_of(kwargs: dict) -> Any:
+    """The KV cache a forward call received as a keyword, or ``None``."""
+    for name in CACHE_NAMES:
+        value = kwargs.get(name)
+        if value is not None:
+            return value
+    return None
+
+
+def cache_parameter(forward: Callable) -> tuple[str | None, int | None]:
+    """``(name, positional index)`` of a forward's cache parameter, ``(None, None)`` if it has none."""
+    names = [p.name for p in inspect.signature(forward).parameters.values()]
+    for name in CACHE_NAMES:
+        if name in names:
+            return name, names.index(name)
+    return None, None
+
+
+def output_cache(output: Any) -> Any:
+    """The cache a model's output returns (``output.cache``, before 5.24 ``output.past_key_values``)."""
+    if isinstance(output, dict) and "cache" in output:
+        return output["cache"]
+    return getattr(output, "past_key_values", None)
