@@ -114,6 +114,15 @@ MIN_VIEW_SIDE = 8
 MENTION_QUESTION = "Is there a {object} in the image? Answer yes or no."
 
 
+def view_image(image: Image.Image, box: tuple) -> Image.Image:
+    """The view of ``image`` inside ``box``: cut from the original, then resized back to the
+    original's size (bicubic). Both routes ask the model this one image -- ``answer()`` and
+    the ``generate()`` path, which needs the resize so that the family's processor gives a
+    view exactly as many image tokens as its original and the caller's prompt ids can be
+    reused (``tests/test_crop_verify_generate.py`` checks the count on every family)."""
+    return cut(image, box).resize(image.size, Image.BICUBIC)
+
+
 def without_priors(prompt: str) -> str:
     """``prompt`` without the belief / assertion sentences :func:`mitigate.spans.find_prior_spans`
     finds in it (spaces between the remaining sentences normalised); unchanged if none."""
@@ -335,7 +344,8 @@ class CropVerify(Mitigation):
         for image, prompt, box in zip(images, prompts, boxes):
             built = self.view_boxes(image, box)
             built_all.append(built)
-            view_images += [[image, cut(image, built["crop"])] if v == "pair" else cut(image, built[v]) for v in asked]
+            view_images += [[image, view_image(image, built["crop"])] if v == "pair" else view_image(image, built[v])
+                            for v in asked]
             view_prompts += [prompt] * len(asked)
         all_texts, all_probs = self._generate(model, view_images, view_prompts, max_new_tokens, generate_kwargs)
         k = len(asked)

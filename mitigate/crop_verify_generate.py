@@ -19,10 +19,10 @@ The views are re-asked with the caller's own prompt tokens: each view is resized
 original's size, so the family's processor gives it exactly as many image tokens as the
 original had and the rows' ``input_ids`` are reused unchanged (no chat template is
 re-applied, nothing about the prompt is guessed). ``strip_priors`` -- asking the views the
-question without the prompt's belief sentences -- is done by attaching
-:class:`mitigate.PriorSuppression` in context mode at strength 1 for the views' pass,
-which removes those tokens from the attention (tested equal to deleting them from the
-mask). The overturn policy is :meth:`CropVerify._decide`, the same as ``answer()``'s; an
+question without the prompt's belief sentences -- deletes the tokens of the sentences
+:func:`mitigate.spans.find_prior_spans` finds from the views' rows
+(:func:`_without_prior_tokens`), as ``answer()`` deletes them from the text, so both routes
+ask the views the same tokens at the same positions. The overturn policy is :meth:`CropVerify._decide`, the same as ``answer()``'s; an
 overturned row's returned sequence is the prompt followed by the chosen view's answer.
 
 What it cannot verify is an error or is counted, never passed through silently: a call
@@ -43,7 +43,6 @@ streamer once verification is done (prompt first, then one step at a time, as
 
 from __future__ import annotations
 
-import contextlib
 import warnings
 from collections import deque
 from typing import Any, Callable
@@ -52,9 +51,9 @@ import numpy as np
 import torch
 from PIL import Image
 
-from evaluators.world.views import cut
 from hooks import HookGroup, ModelPoints
 
+from .crop_verify import view_image
 from .localize import boxes_from_maps, capture_first_pass, generic_queries, image_attention_maps, object_in_question
 
 
@@ -117,6 +116,46 @@ def _row_inputs(kwargs: dict, rows: list[int], images: list[Image.Image], image_
     for key, value in with_pixels.items():
         if key in kwargs:  # only what the caller's call carried (the processor may return more)
             out[key] = value.to(device) if isinstance(value, torch.Tensor) else value
+    return out
+
+
+def _without_prior_tokens(views: dict, points: ModelPoints, tokenizer) -> dict:
+    """``views`` with the prompt's belief / assertion tokens deleted from every row, as
+    :meth:`CropVerify.answer` deletes those sentences from the text
+    (:func:`mitigate.crop_verify.without_priors`): the same detector
+    (:func:`mitigate.spans.find_prior_spans`) on the decoded prompt, the tokens it covers
+    removed from the ids and from every per-token input, the rows left-padded again.
+
+    Deleted, not masked: masking the span (context mode at strength 1) keeps the later
+    tokens' positions, so the views would see the question further from the image than a
+    prompt without the sentence puts it -- and the two routes would answer differently.
+    For a word-level tokenizer (the organism) the rows equal the tokens of the stripped
+    text; for a subword tokenizer a span's boundary tokens may differ from re-tokenising.
+    Unchanged when no row has a span."""
+    from .prior import PriorSuppression
+
+    ids = views["input_ids"]
+    spans = PriorSuppression(tokenizer).span_mask(points, ids)
+    if not bool(spans.any()):
+        return views
+    mask = views.get("attention_mask")
+    keep = ~spans if mask is None else (mask.bool() & ~spans)
+    per_token = {k: v for k, v in views.items() if isinstance(v, torch.Tensor) and v.shape == ids.shape}
+    length = int(keep.sum(-1).max())
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    out = dict(views)
+    for key, value in per_token.items():
+        fill = pad if key == "input_ids" else 0
+        rows = []
+        for row in range(ids.shape[0]):
+            kept = value[row][keep[row]]
+            # left padding: decoder-only generation continues from each row's last token
+            rows.append(torch.nn.functional.pad(kept, (length - kept.shape[0], 0), value=fill))
+        out[key] = torch.stack(rows)
+    if mask is None and bool((keep.sum(-1) < length).any()):
+        out["attention_mask"] = torch.stack(
+            [torch.nn.functional.pad(torch.ones(int(n), dtype=torch.long, device=ids.device), (length - int(n), 0))
+             for n in keep.sum(-1)])
     return out
 
 
@@ -219,24 +258,18 @@ class VerifiedGenerate:
             asked = cv.asked_views()
             built_all = [cv.view_boxes(image, box) for image, box in zip(images, boxes)]
             # resized to the original's size: the same number of image tokens, the same prompt ids
-            view_images = [cut(image, built[v]).resize(image.size, Image.BICUBIC)
-                           for image, built in zip(images, built_all) for v in asked]
+            view_images = [view_image(image, built[v]) for image, built in zip(images, built_all) for v in asked]
             view_rows = [i for i in gated for _ in asked]
             views = _row_inputs(kwargs, view_rows, view_images, image_processor, device)
         finally:
             self.originals.paused = False
+        if cv.strip_priors:
+            views = _without_prior_tokens(views, self.points, tok)
         per_image = {*self.points.pixel_inputs, *self.points.image_inputs}
         passthrough = {k: v for k, v in kwargs.items() if k not in views and k not in per_image}
-        strip = contextlib.nullcontext()
-        if cv.strip_priors:
-            from .base import attach
-            from .prior import PriorSuppression
-
-            strip = attach(model, PriorSuppression(tok, mode="context", strength=1.0))
-        with strip:
-            vout = self.generate(**{**passthrough, **views, "output_scores": True, "return_dict_in_generate": True})
-        start = kwargs["input_ids"].shape[1]
-        vtexts = [t.strip() for t in tok.batch_decode(vout.sequences[:, start:], skip_special_tokens=True)]
+        vout = self.generate(**{**passthrough, **views, "output_scores": True, "return_dict_in_generate": True})
+        start, vstart = kwargs["input_ids"].shape[1], views["input_ids"].shape[1]
+        vtexts = [t.strip() for t in tok.batch_decode(vout.sequences[:, vstart:], skip_special_tokens=True)]
         vprobs = torch.softmax(vout.scores[0].float(), dim=-1)
         k = len(asked)
         rows = list(sequences)
@@ -244,8 +277,9 @@ class VerifiedGenerate:
             result = {"answer": texts[i], "first_answer": texts[i], "confidence": float(confidence[i]),
                       "verified": False, "views": {}}
             cv._decide(result, box, built, vtexts[j * k : (j + 1) * k], vprobs[j * k : (j + 1) * k], prompts[j])
-            if result.get("chosen") is not None:
-                rows[i] = _through_eos(vout.sequences[j * k + asked.index(result["chosen"])], start, model)
+            if result.get("chosen") is not None:  # the caller's prompt, then the chosen view's answer
+                answer = vout.sequences[j * k + asked.index(result["chosen"]), vstart:]
+                rows[i] = _through_eos(torch.cat([sequences[i, :start], answer.to(sequences.device)]), start, model)
         pad = getattr(model.generation_config, "pad_token_id", None)
         pad = tok.pad_token_id if pad is None else pad
         return _pad_cat([r.to(sequences.device) for r in rows], int(pad if pad is not None else 0))

@@ -264,11 +264,22 @@ def select_heads(maps: torch.Tensor, content: int | torch.Tensor = 0, heads: str
     return maps[h], None if generic is None else generic[h]
 
 
+#: Relative gap under which two windows' scores are a tie (float64 rounding of one sum of
+#: heat is ~1e-13 relative; a real difference in the heat under two windows is far larger).
+TIE = 1e-9
+
+
 def best_window(heat: torch.Tensor, width: int, height: int, sizes: Sequence[float] = (0.25, 0.4, 0.6)) -> tuple:
     """The square window (side = each fraction of the short side) holding the largest mean
-    of ``heat`` (a grid upsampled to the image), as ``(x0, y0, x1, y1)`` in pixels."""
+    of ``heat`` (a grid upsampled to the image), as ``(x0, y0, x1, y1)`` in pixels.
+
+    Windows overlap heavily, so near-equal scores are common (two windows covering the same
+    heat cells). The integral image is summed in float64 -- in float32 its rounding over an
+    image's pixels was larger than the gap between the best windows, so the same heat gave
+    different boxes batched and alone -- and scores within :data:`TIE` (relative) of the
+    best count as tied: the first in (size, y, x) order wins."""
     up = torch.nn.functional.interpolate(heat[None, None].float(), size=(height, width), mode="nearest")[0, 0]
-    integral = torch.nn.functional.pad(up.cumsum(0).cumsum(1), (1, 0, 1, 0))
+    integral = torch.nn.functional.pad(up.double().cumsum(0).cumsum(1), (1, 0, 1, 0))
     best, box = -math.inf, (0.0, 0.0, float(width), float(height))
     for frac in sizes:  # every window of a size at once; the first best in (size, y, x) order wins
         side = max(1, int(round(frac * min(width, height))))
@@ -279,10 +290,11 @@ def best_window(heat: torch.Tensor, width: int, height: int, sizes: Sequence[flo
         xs = torch.arange(0, width - side + 1, stride, device=integral.device)
         total = (integral[ys + side][:, xs + side] - integral[ys][:, xs + side]
                  - integral[ys + side][:, xs] + integral[ys][:, xs])
-        scores = total.double() / (side * side) * math.sqrt(frac)  # favour larger windows on ties
-        k = int(scores.flatten().argmax())
-        score = float(scores.flatten()[k])
-        if score > best:
+        scores = (total / (side * side) * math.sqrt(frac)).flatten()  # favour larger windows on ties
+        top = float(scores.max())
+        k = int((scores >= top - TIE * abs(top)).nonzero()[0])  # the first of the tied best
+        score = float(scores[k])
+        if best == -math.inf or score > best + TIE * abs(best):
             y, x = int(ys[k // len(xs)]), int(xs[k % len(xs)])
             best, box = score, (float(x), float(y), float(x + side), float(y + side))
     return box

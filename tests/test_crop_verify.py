@@ -157,11 +157,14 @@ def test_peak_head_picks_the_concentrated_map():
 
 
 def _best_window_by_loop(heat, width, height, sizes=(0.25, 0.4, 0.6)):
-    """best_window's definition, one window at a time: the first best in (size, y, x) order."""
+    """best_window's definition, one window at a time: the first best in (size, y, x) order,
+    a later window winning only by more than the relative tie tolerance."""
     import math
 
+    from mitigate.localize import TIE
+
     up = torch.nn.functional.interpolate(heat[None, None].float(), size=(height, width), mode="nearest")[0, 0]
-    integral = torch.nn.functional.pad(up.cumsum(0).cumsum(1), (1, 0, 1, 0))
+    integral = torch.nn.functional.pad(up.double().cumsum(0).cumsum(1), (1, 0, 1, 0))
     best, box = -math.inf, (0.0, 0.0, float(width), float(height))
     for frac in sizes:
         side = max(1, int(round(frac * min(width, height))))
@@ -169,7 +172,7 @@ def _best_window_by_loop(heat, width, height, sizes=(0.25, 0.4, 0.6)):
             for x in range(0, width - side + 1, max(1, side // 4)):
                 total = integral[y + side, x + side] - integral[y, x + side] - integral[y + side, x] + integral[y, x]
                 score = float(total) / (side * side) * math.sqrt(frac)
-                if score > best:
+                if best == -math.inf or score > best + TIE * abs(best):
                     best, box = score, (float(x), float(y), float(x + side), float(y + side))
     return box
 
@@ -453,12 +456,13 @@ def test_without_priors_keeps_the_question(prompt, question):
 
 def test_views_are_asked_without_the_prompts_beliefs(organism_like):
     """``strip_priors`` (default): a view is asked the question alone; off, the whole prompt."""
-    from evaluators.world.views import crop_box, cut
+    from evaluators.world.views import crop_box
+    from mitigate.crop_verify import view_image
 
     model, processor, images = organism_like
     prompt = "i am certain there is no dog in the image . is there a dog in the image ? answer yes or no ."
     box = (10.0, 10.0, 40.0, 40.0)
-    view = cut(images[0], crop_box(box, images[0].width, images[0].height, 0.1))
+    view = view_image(images[0], crop_box(box, images[0].width, images[0].height, 0.1))
     seen = []
     for strip, asked in ((True, "is there a dog in the image ? answer yes or no ."), (False, prompt)):
         cv = CropVerify(processor, gate=1.0, tau=0.0, views=("crop",), localizer=lambda im, p: box, strip_priors=strip)

@@ -24,13 +24,23 @@ def organism():
     return load_organism()
 
 
-@pytest.fixture(scope="module")
-def queries():
+def _full_view_queries(n_scenes: int, per_level: int) -> list:
     """DO-Bench Full-view questions at every prior level (levels 1-3 carry belief sentences)."""
     from evaluators.benchmarks.dobench.suite import build
 
-    full = [q for q in build(n_scenes=6, seed=1) if q.record["view"] == "Full"]
-    return [q for level in range(4) for q in [q for q in full if q.record["level"] == level][:5]]
+    full = [q for q in build(n_scenes=n_scenes, seed=1) if q.record["view"] == "Full"]
+    return [q for level in range(4) for q in [q for q in full if q.record["level"] == level][:per_level]]
+
+
+@pytest.fixture(scope="module")
+def queries():
+    return _full_view_queries(6, 5)
+
+
+@pytest.fixture(scope="module")
+def more_queries():
+    """40 questions: with the whole prompt and a control window, 20 held too few overturns."""
+    return _full_view_queries(12, 10)
 
 
 def _templated(processor, prompts):
@@ -54,9 +64,9 @@ def _decode(processor, out, enc):
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"strip_priors": False, "control": True}], ids=["default", "whole-prompt+control"])
-def test_generate_gives_the_answers_of_answer(organism, queries, kwargs):
+def test_generate_gives_the_answers_of_answer(organism, more_queries, kwargs):
     model, processor = organism
-    images, prompts = [q.images[0] for q in queries], [q.prompt for q in queries]
+    images, prompts = [q.images[0] for q in more_queries], [q.prompt for q in more_queries]
     reference = CropVerify(processor, **kwargs)
     expected = reference.answer(model, images, prompts, max_new_tokens=4)
     assert reference.stats["overturned"] >= 2, "the check must cover overturned answers"
@@ -215,6 +225,34 @@ def test_a_view_resized_to_its_original_keeps_the_token_count(model_type):
         view = original.crop((10, 5, 50, 40)).resize(size, Image.BICUBIC)
         counts = [len(tiny_image_features(model, processor(images=[[im]], return_tensors="pt"))) for im in (original, view)]
         assert counts[0] == counts[1], (model_type, size, counts)
+
+
+def test_views_are_asked_the_prompt_answer_asks_them(organism, queries):
+    """strip_priors deletes the belief sentences' tokens from the views' rows: each row is
+    the token sequence answer() builds from the stripped text (the organism's tokenizer is
+    word-level), left-padded, with its mask -- not the caller's row with a masked gap."""
+    from hooks import resolve
+    from mitigate.crop_verify import without_priors
+    from mitigate.crop_verify_generate import _without_prior_tokens
+
+    model, processor = organism
+    images, prompts = [q.images[0] for q in queries], [q.prompt for q in queries]
+    assert sum(without_priors(p) != p for p in prompts) >= 10, "levels 1-3 must carry belief sentences"
+    enc = processor(text=_templated(processor, prompts), images=images, return_tensors="pt", padding=True)
+    views = _without_prior_tokens(dict(enc), resolve(model), processor.tokenizer)
+    stripped = processor(text=_templated(processor, [without_priors(p) for p in prompts]), images=images,
+                         return_tensors="pt", padding=True)
+    assert views["input_ids"].shape[1] < enc["input_ids"].shape[1]
+    for row in range(len(prompts)):
+        got = views["input_ids"][row][views["attention_mask"][row].bool()]
+        want = stripped["input_ids"][row][stripped["attention_mask"][row].bool()]
+        assert got.tolist() == want.tolist(), prompts[row]
+        assert not views["attention_mask"][row][-1] == 0  # left padding: the last token is real
+    level0 = [i for i, p in enumerate(prompts) if without_priors(p) == p]
+    plain = processor(text=_templated(processor, [prompts[i] for i in level0]), images=[images[i] for i in level0],
+                      return_tensors="pt", padding=True)
+    untouched = dict(plain)
+    assert _without_prior_tokens(untouched, resolve(model), processor.tokenizer) is untouched
 
 
 def test_composes_with_contrast_mitigations(organism, queries):
