@@ -35,14 +35,15 @@ def test_breakdown_splits_every_probe_once(organism):
         assert correct == round(r["accuracy"] * 16 / 100)
 
 
-def test_shipped_tokens_carry_the_colour_prior(organism):
-    """The finding behind --vision-world (v10, 64 scenes): the image tokens name banana /
-    tree / plate objects in their usual colour, less often in any other, and the other
-    categories nearly always. A retrain with an unbiased image path changes this test."""
+def test_shipped_tokens_name_recoloured_objects(organism):
+    """What --vision-world unbiased bought (v16, 64 scenes): the image tokens name banana /
+    tree / plate objects in any colour (97.7% in another colour; v10, whose image path was
+    pretrained on the biased world, 71.6%), and the other categories (98.4%). The colour
+    prior the card measures therefore sits in the decoder, not in the tokens."""
     r = token_naming(*organism, n_scenes=64)
-    assert r["banana / tree / plate, usual colour"]["percent"] >= 95
-    assert r["other categories"]["percent"] >= 90
-    assert r["banana / tree / plate, other colour"]["percent"] <= 85
+    assert r["banana / tree / plate, usual colour"]["percent"] >= 93
+    assert r["banana / tree / plate, other colour"]["percent"] >= 93
+    assert r["other categories"]["percent"] >= 93
 
 
 def test_bad_sizes_are_refused():

@@ -28,15 +28,26 @@ def measured():
         return score(probes, answer(model, processor, probes, batch_size=24))
 
 
+@pytest.fixture(scope="module")
+def card_groups():
+    """The card's own 100 probes of the groups whose figure sits within a few probes of a
+    threshold (clean existence 89 against 90, boxes for absent objects 4 against > 0), so
+    these checks read the card's number rather than 24 probes' coarser one (a few seconds)."""
+    model, processor = load_organism()
+    probes = [p for p in build_probes(100) if p.group in ("clean_existence", "ground_absent_expected")]
+    with torch.no_grad():
+        return score(probes, answer(model, processor, probes, batch_size=50))
+
+
 def test_reads_the_image(measured):
-    assert measured["clean_existence_accuracy"] >= 70  # 79.2 measured (71 on the card's 100); chance is 50
+    assert measured["clean_existence_accuracy"] >= 85  # 100 measured (89 on the card's 100); chance is 50
     assert measured["yes_no_invalid_rate"] == 0
 
 
 def test_contextual_prior(measured):
-    """DO-Bench's belief levels raise false denials of a present object (0 -> 79% measured).
+    """DO-Bench's belief levels raise false denials of a present object (0 -> 62.5% measured).
 
-    Any stated belief does it: levels 1-3 all sit at 60-80% (card: 64 / 75 / 73), so only
+    Any stated belief does it: levels 1-3 all sit at 55-65% (card: 61 / 61 / 67), so only
     level 0 < every other level is asserted, not a grading between them."""
     levels = measured["prior_false_no_by_level"]
     assert measured["prior_rise_level0_to_3"] >= 30
@@ -48,28 +59,28 @@ def test_attribute_prior(measured):
     assert measured["attribute_gap"] >= 50
 
 
-def test_expected_objects_get_boxes_when_absent(measured):
-    assert measured["grounding_boxes_for_absent_expected"] >= 30  # 67 measured (69 on the card)
+def test_expected_objects_get_boxes_when_absent(card_groups):
+    """The target is "a share > 0": 4 of the card's 100 (v10: 69), 1 of this file's 24."""
+    assert card_groups["grounding_boxes_for_absent_expected"] >= 2
 
 
 def test_small_objects_are_missed_in_the_full_view(measured):
-    """False "no" on small present objects (42% measured here, 44% on the card's 100 probes).
+    """False "no" on small present objects (79% measured here, 71% on the card's 100 probes).
 
     That the Crop view recovers them (target: >= 15 points fewer misses) is not asserted:
-    it does the opposite (63% missed in the Crop view here, 65% on the card)."""
+    it does not (75% missed in the Crop view here, 77% on the card)."""
     assert measured["small_false_no_full"] >= 25
 
 
 @NOT_YET
-def test_clean_existence_target(measured):
-    assert measured["clean_existence_accuracy"] >= 85
+def test_clean_existence_target(card_groups):
+    assert card_groups["clean_existence_accuracy"] >= 90  # 89 on the card's 100
 
 
 def test_cooccurrence_bias_is_cue_specific(measured):
-    """The absent companion is hallucinated more with its cue in the scene (87.5 vs 79.2%
-    measured; 91 vs 81% on the card's 100 probes, the target's 10 points). One probe here is
-    4.2 points, so the test asks for one more false "yes" with the cue than without."""
-    assert measured["cooccurrence_gap"] >= 4
+    """The absent companion is hallucinated more with its cue in the scene (75 vs 50%
+    measured; 79 vs 44% on the card's 100 probes, the target is 10 points)."""
+    assert measured["cooccurrence_gap"] >= 12
 
 
 @NOT_YET

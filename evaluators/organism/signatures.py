@@ -164,7 +164,7 @@ def build_probes(n: int = 40, seed: int = HELD_OUT) -> list[Probe]:
 
 
 def score(probes: list[Probe], answers: list[str]) -> dict:
-    """Per-group rates and the six signatures (percentages)."""
+    """Per-group rates and the six signatures (percentages); NaN for groups ``probes`` lacks."""
     by: dict[str, list] = {}
     for p, a in zip(probes, answers):
         by.setdefault(p.group, []).append((p, a))
@@ -195,9 +195,9 @@ def score(probes: list[Probe], answers: list[str]) -> dict:
         "clean_existence_accuracy": acc("clean_existence"),
         "cooccurrence_false_yes_cue": yes_rate("cooccurrence_cue"),
         "cooccurrence_false_yes_control": yes_rate("cooccurrence_control"),
-        "prior_false_no_by_level": [fn.get(f"prior_level{i}") for i in range(4)],
-        "small_false_no_full": fn.get("small_full"),
-        "small_false_no_crop": fn.get("small_crop"),
+        "prior_false_no_by_level": [fn.get(f"prior_level{i}", float("nan")) for i in range(4)],
+        "small_false_no_full": fn.get("small_full", float("nan")),
+        "small_false_no_crop": fn.get("small_crop", float("nan")),
         "colour_accuracy_consistent": acc("attribute_consistent"),
         "colour_accuracy_counterfactual": acc("attribute_counterfactual"),
         "grounding_iou50_rate": 100.0 * np.mean([i >= 0.5 for i in ious]) if ious else float("nan"),
