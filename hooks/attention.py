@@ -32,7 +32,7 @@ from typing import Callable, Iterable
 import torch
 from torch import nn
 
-from .cache import cache_parameter
+from .cache import cache_of, cache_parameter
 from .group import HookGroup
 from .points import ModelPoints
 
@@ -209,7 +209,9 @@ class _BiasHook:
         return args, kwargs
 
     def _build(self, args, kwargs, mask, batch, q_len, dtype, device) -> torch.Tensor | None:
-        cache = self._arg(args, kwargs, self.cache_name, self.cache_index) if self.cache_name else None
+        cache = cache_of(kwargs)
+        if cache is None and self.cache_index is not None and self.cache_index < len(args):
+            cache = args[self.cache_index]
         if cache is not None:
             q_start = int(cache.get_seq_length(self.cache_layer))
             kv_len, kv_offset = cache.get_mask_sizes(q_len, self.cache_layer)

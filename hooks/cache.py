@@ -35,7 +35,14 @@ def cache_parameter(forward: Callable) -> tuple[str | None, int | None]:
 
 
 def output_cache(output: Any) -> Any:
-    """The cache a model's output returns (``output.cache``, before 5.24 ``output.past_key_values``)."""
-    if isinstance(output, dict) and "cache" in output:
-        return output["cache"]
-    return getattr(output, "past_key_values", None)
+    """The cache a model's output returns (``output.cache``, before 5.24 ``output.past_key_values``).
+
+    Model outputs are dicts as well as dataclasses; the keys are read first, so the
+    deprecated ``past_key_values`` property of a 5.24 output is never touched."""
+    if isinstance(output, dict):
+        return cache_of(output)
+    for name in CACHE_NAMES:
+        value = getattr(output, name, None)
+        if value is not None:
+            return value
+    return None

@@ -17,13 +17,14 @@ restored exactly on ``detach()``, :meth:`hooks.HookGroup.patch_attribute`):
 
 The views are re-asked with the caller's own prompt tokens: each view is resized to its
 original's size, so the family's processor gives it exactly as many image tokens as the
-original had and the rows' ``input_ids`` are reused unchanged (no chat template is
-re-applied, nothing about the prompt is guessed). ``strip_priors`` -- asking the views the
-question without the prompt's belief sentences -- deletes the tokens of the sentences
+original had and the rows' ``input_ids`` are reused (no chat template is re-applied,
+nothing about the prompt is guessed). ``strip_priors`` -- asking the views the question
+without the prompt's belief sentences -- deletes the tokens of the sentences
 :func:`mitigate.spans.find_prior_spans` finds from the views' rows
-(:func:`_without_prior_tokens`), as ``answer()`` deletes them from the text, so both routes
-ask the views the same tokens at the same positions. The overturn policy is :meth:`CropVerify._decide`, the same as ``answer()``'s; an
-overturned row's returned sequence is the prompt followed by the chosen view's answer.
+(:func:`_without_prior_tokens`), as ``answer()`` deletes them from the text, so both
+routes ask the views the same tokens at the same positions. The overturn policy is
+:meth:`CropVerify._decide`, the same as ``answer()``'s; an overturned row's returned
+sequence is the caller's prompt followed by the chosen view's answer.
 
 What it cannot verify is an error or is counted, never passed through silently: a call
 without ``input_ids`` or pixel inputs, beam search and several returned sequences raise a
@@ -131,7 +132,10 @@ def _without_prior_tokens(views: dict, points: ModelPoints, tokenizer) -> dict:
     prompt without the sentence puts it -- and the two routes would answer differently.
     For a word-level tokenizer (the organism) the rows equal the tokens of the stripped
     text; for a subword tokenizer a span's boundary tokens may differ from re-tokenising.
-    Unchanged when no row has a span."""
+    Unchanged when no row has a span. One known difference: a prompt that is *only* a
+    belief sentence keeps it in ``answer()`` (nothing else to ask), while here its row keeps
+    only the chat template's tokens -- the caller's template cannot be told apart from the
+    question in the ids."""
     from .prior import PriorSuppression
 
     ids = views["input_ids"]
@@ -148,7 +152,7 @@ def _without_prior_tokens(views: dict, points: ModelPoints, tokenizer) -> dict:
         fill = pad if key == "input_ids" else 0
         rows = []
         for row in range(ids.shape[0]):
-            kept = value[row][keep[row]]
+            kept = value[row][keep[row].to(value.device)]
             # left padding: decoder-only generation continues from each row's last token
             rows.append(torch.nn.functional.pad(kept, (length - kept.shape[0], 0), value=fill))
         out[key] = torch.stack(rows)

@@ -277,11 +277,12 @@ def best_window(heat: torch.Tensor, width: int, height: int, sizes: Sequence[flo
     heat cells). The integral image is summed in float64 -- in float32 its rounding over an
     image's pixels was larger than the gap between the best windows, so the same heat gave
     different boxes batched and alone -- and scores within :data:`TIE` (relative) of the
-    best count as tied: the first in (size, y, x) order wins."""
+    best of all sizes count as tied: the first in (size, y, x) order wins. A NaN score (NaN
+    or infinite heat) never wins; with no finite window the box is the whole image."""
     up = torch.nn.functional.interpolate(heat[None, None].float(), size=(height, width), mode="nearest")[0, 0]
     integral = torch.nn.functional.pad(up.double().cumsum(0).cumsum(1), (1, 0, 1, 0))
-    best, box = -math.inf, (0.0, 0.0, float(width), float(height))
-    for frac in sizes:  # every window of a size at once; the first best in (size, y, x) order wins
+    windows: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]] = []
+    for frac in sizes:  # every window of a size at once
         side = max(1, int(round(frac * min(width, height))))
         stride = max(1, side // 4)
         if side > height or side > width:
@@ -291,13 +292,18 @@ def best_window(heat: torch.Tensor, width: int, height: int, sizes: Sequence[flo
         total = (integral[ys + side][:, xs + side] - integral[ys][:, xs + side]
                  - integral[ys + side][:, xs] + integral[ys][:, xs])
         scores = (total / (side * side) * math.sqrt(frac)).flatten()  # favour larger windows on ties
-        top = float(scores.max())
-        k = int((scores >= top - TIE * abs(top)).nonzero()[0])  # the first of the tied best
-        score = float(scores[k])
-        if best == -math.inf or score > best + TIE * abs(best):
+        windows.append((scores.nan_to_num(nan=-math.inf), ys, xs, side))
+    finite = [float(w[0].max()) for w in windows if bool(torch.isfinite(w[0]).any())]
+    if not finite:
+        return (0.0, 0.0, float(width), float(height))
+    top = max(finite)
+    for scores, ys, xs, side in windows:  # the first tied best in (size, y, x) order
+        hits = (scores >= top - TIE * abs(top)).nonzero()
+        if len(hits):
+            k = int(hits[0])
             y, x = int(ys[k // len(xs)]), int(xs[k % len(xs)])
-            best, box = score, (float(x), float(y), float(x + side), float(y + side))
-    return box
+            return (float(x), float(y), float(x + side), float(y + side))
+    return (0.0, 0.0, float(width), float(height))
 
 
 def region_heat(query: torch.Tensor, generic: torch.Tensor | None, regions: Sequence[Region], width: int,

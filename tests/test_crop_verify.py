@@ -158,23 +158,25 @@ def test_peak_head_picks_the_concentrated_map():
 
 def _best_window_by_loop(heat, width, height, sizes=(0.25, 0.4, 0.6)):
     """best_window's definition, one window at a time: the first best in (size, y, x) order,
-    a later window winning only by more than the relative tie tolerance."""
+    every window within the relative tie tolerance of the best of all counting as tied."""
     import math
 
     from mitigate.localize import TIE
 
     up = torch.nn.functional.interpolate(heat[None, None].float(), size=(height, width), mode="nearest")[0, 0]
     integral = torch.nn.functional.pad(up.double().cumsum(0).cumsum(1), (1, 0, 1, 0))
-    best, box = -math.inf, (0.0, 0.0, float(width), float(height))
+    scored = []
     for frac in sizes:
         side = max(1, int(round(frac * min(width, height))))
         for y in range(0, height - side + 1, max(1, side // 4)):
             for x in range(0, width - side + 1, max(1, side // 4)):
                 total = integral[y + side, x + side] - integral[y, x + side] - integral[y + side, x] + integral[y, x]
                 score = float(total) / (side * side) * math.sqrt(frac)
-                if best == -math.inf or score > best + TIE * abs(best):
-                    best, box = score, (float(x), float(y), float(x + side), float(y + side))
-    return box
+                scored.append((score, (float(x), float(y), float(x + side), float(y + side))))
+    top = max((score for score, _ in scored if math.isfinite(score)), default=None)
+    if top is None:
+        return (0.0, 0.0, float(width), float(height))
+    return next(box for score, box in scored if score >= top - TIE * abs(top))
 
 
 def test_vectorised_window_search_equals_the_loop():
@@ -185,6 +187,25 @@ def test_vectorised_window_search_equals_the_loop():
                           generator=g)
         heat = (heat > 0.7).float() if i % 3 == 0 else torch.zeros_like(heat) if i % 7 == 0 else heat  # ties too
         assert best_window(heat, w, h) == _best_window_by_loop(heat, w, h)
+
+
+def test_window_ties_and_bad_heat():
+    """Equally hot windows resolve to the first in (size, y, x) order and any real
+    difference in the heat wins; NaN heat gives the whole image (or a window over the
+    finite part) instead of an error."""
+    heat = torch.zeros(8, 8)
+    heat[2, 2] = heat[2, 5] = heat[5, 2] = 1.0  # three equally hot cells
+    box = best_window(heat, 64, 64)
+    assert box[1] < 32 and box[0] < 32  # the first of the three: row 2, column 2
+    hotter = heat.clone()
+    hotter[5, 2] += 1.0e-3  # a real difference (one float32 step of the heat is ~1e-7)
+    assert best_window(hotter, 64, 64) != box
+    assert best_window(torch.full((4, 4), float("nan")), 40, 30) == (0.0, 0.0, 40.0, 30.0)
+    part = torch.zeros(4, 4)
+    part[0, 0] = float("nan")
+    part[3, 3] = 1.0
+    x0, y0, x1, y1 = best_window(part, 64, 64)
+    assert x1 == 64 and y1 == 64  # the hot corner, away from the NaN cell
 
 
 def test_window_over_painted_regions():

@@ -273,7 +273,7 @@ def test_finite_bias_changes_logits_and_zero_bias_does_not(tiny):
 def test_the_cache_is_found_under_either_name():
     """transformers 5.24 renamed the cache keyword (past_key_values -> cache); the hooks read
     both, and the running version's attention modules name one of them."""
-    from hooks.cache import CACHE_NAMES, cache_of, cache_parameter
+    from hooks.cache import CACHE_NAMES, cache_of, cache_parameter, output_cache
 
     def old(hidden_states, attention_mask=None, past_key_values=None): ...
 
@@ -284,8 +284,13 @@ def test_the_cache_is_found_under_either_name():
     marker = object()
     assert cache_of({"past_key_values": marker}) is marker and cache_of({"cache": marker}) is marker
     assert cache_of({"cache": None, "past_key_values": None}) is None
-    points = resolve(build_tiny_model("llava"))
+    assert output_cache({"past_key_values": marker}) is marker and output_cache({"cache": marker}) is marker
+    model = build_tiny_model("llava")
+    points = resolve(model)
     assert cache_parameter(points.attention[0].forward)[0] in CACHE_NAMES
+    with torch.no_grad():
+        out = model(**tiny_inputs(model, batch_size=1, seed=0), use_cache=True)
+    assert output_cache(out) is not None and output_cache(out).get_seq_length() > 0
 
 
 def test_bias_follows_generation_steps():
