@@ -401,7 +401,7 @@ def test_object_localiser_without_generic_row(organism_like):
 def test_object_localiser_finds_the_object_on_the_organism():
     """Issue 6: the attention-derived box covers half the planted object's box in most
     cases. On the shipped organism with the setting the report uses (layer 0, the object's
-    tokens, the peak head; 61% / 64% on two sets of 100 scenes, README), on 30 held-out
+    tokens, the peak head; v16: 59% / 60% on two sets of 100 scenes, README), on 30 held-out
     scenes, against the same window sizes placed at random."""
     from evaluators.organism import ORGANISM_DIR, load_organism
     from evaluators.organism.localisation import measure
