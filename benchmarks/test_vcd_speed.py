@@ -77,6 +77,7 @@ class _SecondPass:
     def __init__(self, pixels):
         self.vcd, self.pixels = VCD(), pixels
         self.cache, self.busy = None, False
+        self.cache_name = None  # the forward's cache keyword, read once (not per token)
 
     def __call__(self, module, args, kwargs, output):
         if self.busy:
@@ -87,7 +88,9 @@ class _SecondPass:
             self.cache = None
         for name in CACHE_NAMES:
             second.pop(name, None)
-        second[cache_parameter(module.forward)[0]] = self.cache
+        if self.cache_name is None:
+            self.cache_name = cache_parameter(module.forward)[0]
+        second[self.cache_name] = self.cache
         self.busy = True
         try:
             res = module(**second)

@@ -176,7 +176,7 @@ class _BiasHook:
         params = [p for p in inspect.signature(module.forward).parameters.values()]
         names = [p.name for p in params]
         self.mask_index = names.index("attention_mask") if "attention_mask" in names else None
-        self.cache_name, self.cache_index = cache_parameter(module.forward)
+        self.cache_index = cache_parameter(module.forward)[1]
 
     def _arg(self, args: tuple, kwargs: dict, name: str, index: int | None):
         if name in kwargs:
