@@ -11,7 +11,12 @@ Attribute) measure:
   positions unchanged): ``bias = log(1 - strength)``, so ``strength = 0`` is the
   unmitigated model and ``strength = 1`` removes the span from attention exactly as a 0 in
   the attention mask would. Spans come from :func:`mitigate.spans.find_prior_spans` on the
-  decoded prompt, or from the caller.
+  decoded prompt, or from the caller. ``compact_positions=True`` (with ``strength = 1``)
+  also moves every later token's rotary position back by the span tokens before it, so
+  the prompt is read exactly as if the span had been deleted from its text -- masking alone
+  leaves a gap in the positions, and on the organism that gap, not the masked belief, is
+  what kept DO-Bench's B-series 15 points above level 0 (``docs/results/prior_full.md``).
+  1-D rotary positions only (multimodal rotary positions raise a clear error).
 * **output mode** -- *output* tokens the language model favours whatever the image shows.
   An image-free contrast branch (the image tokens hidden from attention) gives the
   language prior ``l(y|x)``, and the logits become ``l(y|v,x) - gamma * l(y|x)`` on the
@@ -62,6 +67,7 @@ class PriorSuppression(Mitigation):
     layers: Sequence[int] | None = None
     gamma: float = 0.1
     beta: float = 0.1
+    compact_positions: bool = False  # context mode, strength 1: positions as if the span were deleted
     spans: Sequence[Sequence[str | tuple[int, int]]] | None = None
     span_texts: Sequence[str] | None = field(default=None, repr=False)
     found: list[list[Span]] = field(default_factory=list, init=False, repr=False)
@@ -79,6 +85,11 @@ class PriorSuppression(Mitigation):
         if not isinstance(self.gamma, (int, float)) or not 0.0 <= self.gamma or math.isinf(self.gamma):
             raise ValueError(f"gamma must be a finite number >= 0, got {self.gamma!r}")
         _check_beta(self.beta)
+        if not isinstance(self.compact_positions, bool):
+            raise ValueError(f"compact_positions must be True or False, got {self.compact_positions!r}")
+        if self.compact_positions and (self.mode not in ("context", "both") or self.strength != 1.0):
+            raise ValueError("compact_positions: needs context mode at strength 1 (a span still partly attended "
+                             f"has no position to close), got mode={self.mode!r}, strength={self.strength!r}")
         if self.span_texts is not None:
             if self.spans is None:
                 raise ValueError("span_texts: given without spans (it is the string the spans' offsets index)")
@@ -191,8 +202,40 @@ class PriorSuppression(Mitigation):
                 state["row"] = row
             return row[..., start : start + count].expand(-1, -1, len(ctx.query_positions), -1)
 
+        def compact(module, args, kwargs):
+            """The decoder's positions minus the span tokens before each one (a decoding
+            step: minus all of the prompt's), as if the spans were deleted from the text."""
+            keys = state.get("keys")
+            if keys is None:
+                return None
+            if "any" not in state:  # once per prompt: bool() syncs with the device
+                state["any"] = bool(keys.any())
+            if not state["any"]:
+                return None
+            lead = kwargs.get("inputs_embeds")
+            lead = kwargs.get("input_ids") if lead is None else lead
+            if lead is None:
+                raise ValueError("compact_positions: the decoder call has neither inputs_embeds nor input_ids")
+            rows, length = lead.shape[0], lead.shape[1]
+            cache = cache_of(kwargs)
+            past = 0 if cache is None else int(cache.get_seq_length())
+            positions = kwargs.get("position_ids")
+            if positions is None:  # what the decoder itself would use
+                positions = torch.arange(past, past + length, device=lead.device)[None]
+            if positions.dim() != 2:
+                raise ValueError(f"compact_positions: supports 1-D rotary positions; this model passes position_ids "
+                                 f"of shape {tuple(positions.shape)} (multimodal rotary positions)")
+            if rows % keys.shape[0]:
+                raise RuntimeError(f"prior spans were found for {keys.shape[0]} rows, the decoder saw {rows}")
+            before = keys.repeat(rows // keys.shape[0], 1).to(positions.device).long().cumsum(-1)
+            if past + length > before.shape[1]:  # generated tokens: shifted by all of the prompt's spans
+                before = torch.cat([before, before[:, -1:].expand(-1, past + length - before.shape[1])], dim=1)
+            return args, {**kwargs, "position_ids": positions - before[:, past : past + length]}
+
         group.add_forward_pre_hook(points.model, capture, prepend=True)
         add_attention_bias(group, points, bias, layers=self.layers, same_for_all_layers=True)
+        if self.compact_positions:
+            group.add_forward_pre_hook(points.language_model, compact)
 
 
 __all__ = ["MODES", "PriorSuppression"]

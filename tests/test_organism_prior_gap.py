@@ -22,7 +22,9 @@ def test_level_zero_is_untouched_and_deletion_reaches_it():
     for level in (1, 2, 3):
         assert deleted["A_FN"][level] == posed["A_FN"][0] and deleted["B_FP"][level] == posed["B_FP"][0]
     assert deleted["prior_robust"] >= posed["prior_robust"]
-    assert table(result).count("\n") == 4
+    compact = result["context mode, compact_positions=True"]
+    assert compact["A_FN"] == deleted["A_FN"] and compact["B_FP"] == deleted["B_FP"]  # closing the gap = deleting
+    assert table(result).count("\n") == 5
 
 
 def test_bad_scene_count_is_refused():

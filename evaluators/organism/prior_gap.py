@@ -3,9 +3,10 @@
     python -m evaluators.organism.prior_gap --scenes 40 --seed 0
 
 DO-Bench's Full-view questions (levels 0-3, A = present target, B = absent target) asked
-three ways: as posed; under ``PriorSuppression(mode="context", strength=1)``, which removes
-the belief sentence from the attention but keeps every later token's position; and with
-the sentence deleted from the text (:func:`mitigate.crop_verify.without_priors`), which
+four ways: as posed; under ``PriorSuppression(mode="context", strength=1)``, which removes
+the belief sentence from the attention but keeps every later token's position; the same
+with ``compact_positions=True``, which closes that gap; and with the sentence deleted from
+the text (:func:`mitigate.crop_verify.without_priors`), which
 also closes the position gap. Prints the error rates per level and PriorRobust (DO-Bench
 Eq. 3, :func:`evaluators.benchmarks.dobench.metrics.prior_robust`) as a Markdown table.
 If deletion brings levels 1-3 to level 0 and masking does not, what masking leaves is
@@ -47,6 +48,8 @@ def measure(model, processor, n_scenes: int = 40, seed: int = 0) -> dict[str, di
     answers = {"as posed": _answers(model, processor, images, prompts)}
     with attach(model, PriorSuppression(processor.tokenizer, mode="context", strength=1.0)):
         answers["context mode (masked, positions kept)"] = _answers(model, processor, images, prompts)
+    with attach(model, PriorSuppression(processor.tokenizer, mode="context", strength=1.0, compact_positions=True)):
+        answers["context mode, compact_positions=True"] = _answers(model, processor, images, prompts)
     answers["sentence deleted"] = _answers(model, processor, images, [without_priors(p) for p in prompts])
     result = {}
     for way, said in answers.items():
