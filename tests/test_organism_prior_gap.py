@@ -13,7 +13,7 @@ pytestmark = pytest.mark.skipif(not (ORGANISM_DIR / "config.json").exists(), rea
 
 
 def test_level_zero_is_untouched_and_deletion_reaches_it():
-    result = measure(*load_organism(), n_scenes=4, seed=0)
+    result = measure(*load_organism(), n_scenes=4, seed=0, resamples=50)
     posed, masked, deleted = (result[k] for k in ("as posed", "context mode (masked, positions kept)",
                                                   "sentence deleted"))
     for way in (masked, deleted):  # level 0 has no belief sentence: nothing to mask or delete
@@ -25,6 +25,8 @@ def test_level_zero_is_untouched_and_deletion_reaches_it():
     compact = result["context mode, compact_positions=True"]
     assert compact["A_FN"] == deleted["A_FN"] and compact["B_FP"] == deleted["B_FP"]  # closing the gap = deleting
     assert table(result).count("\n") == 5
+    low, high = deleted["delta"][1:]
+    assert low <= deleted["prior_robust"] - posed["prior_robust"] <= high  # the interval holds its delta
 
 
 def test_bad_scene_count_is_refused():

@@ -29,8 +29,8 @@ SAMPLING = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
 
 # the unit a benchmark's records are resampled by (its scored groups stay together)
 UNITS: dict[str, Callable[[dict], Any]] = {
-    "dobench": lambda r: r.get("scene_id", r["id"]),
-    "causal_halbench": lambda r: r.get("pair_id", r["id"]),
+    "dobench": lambda r: r["scene_id"] if "scene_id" in r else r["id"],
+    "causal_halbench": lambda r: r["pair_id"] if "pair_id" in r else r["id"],
 }
 YES_NO_BENCHMARKS = ("dobench", "causal_halbench")
 
