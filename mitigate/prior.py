@@ -187,13 +187,17 @@ class PriorSuppression(Mitigation):
                 state["row_key"], state["row"] = memo, zero.masked_fill(hit, value)[:, None, None, :]
             return state["row"]
 
-        def bias(ctx: BiasContext) -> torch.Tensor | None:
+        def span_keys() -> torch.Tensor | None:
+            """This prompt's span mask, or None when it has no span (no prompt seen yet)."""
             keys = state.get("keys")
             if keys is None:
                 return None
             if "any" not in state:  # once per prompt: bool() syncs with the device
                 state["any"] = bool(keys.any())
-            if not state["any"]:
+            return keys if state["any"] else None
+
+        def bias(ctx: BiasContext) -> torch.Tensor | None:
+            if span_keys() is None:
                 return None
             row = row_bias(ctx.batch_size, ctx.dtype, ctx.device)
             start, count = ctx.key_offset, len(ctx.key_positions)  # a contiguous range
@@ -205,12 +209,8 @@ class PriorSuppression(Mitigation):
         def compact(module, args, kwargs):
             """The decoder's positions minus the span tokens before each one (a decoding
             step: minus all of the prompt's), as if the spans were deleted from the text."""
-            keys = state.get("keys")
+            keys = span_keys()
             if keys is None:
-                return None
-            if "any" not in state:  # once per prompt: bool() syncs with the device
-                state["any"] = bool(keys.any())
-            if not state["any"]:
                 return None
             lead = kwargs.get("inputs_embeds")
             lead = kwargs.get("input_ids") if lead is None else lead
