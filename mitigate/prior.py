@@ -16,7 +16,9 @@ Attribute) measure:
   the prompt is read exactly as if the span had been deleted from its text -- masking alone
   leaves a gap in the positions, and on the organism that gap, not the masked belief, is
   what kept DO-Bench's B-series 15 points above level 0 (``docs/results/prior_full.md``).
-  1-D rotary positions only (multimodal rotary positions raise a clear error).
+  1-D and multimodal rotary positions alike (Qwen2/2.5/3-VL shift all three axes). Not
+  exact where a sliding window (Gemma3's) ends between the span and the reading token:
+  the window counts cache slots, and the masked span still fills some.
 * **output mode** -- *output* tokens the language model favours whatever the image shows.
   An image-free contrast branch (the image tokens hidden from attention) gives the
   language prior ``l(y|x)``, and the logits become ``l(y|v,x) - gamma * l(y|x)`` on the
@@ -220,17 +222,28 @@ class PriorSuppression(Mitigation):
             cache = cache_of(kwargs)
             past = 0 if cache is None else int(cache.get_seq_length())
             positions = kwargs.get("position_ids")
-            if positions is None:  # what the decoder itself would use
+            if positions is None:  # what the decoder itself would use (M-RoPE decoders expand it to 3 axes)
                 positions = torch.arange(past, past + length, device=lead.device)[None]
-            if positions.dim() != 2:
-                raise ValueError(f"compact_positions: supports 1-D rotary positions; this model passes position_ids "
-                                 f"of shape {tuple(positions.shape)} (multimodal rotary positions)")
+            if positions.dim() not in (2, 3):
+                raise ValueError(f"compact_positions: position_ids of shape {tuple(positions.shape)} are neither "
+                                 "(batch, length) nor (components, batch, length)")
             if rows % keys.shape[0]:
                 raise RuntimeError(f"prior spans were found for {keys.shape[0]} rows, the decoder saw {rows}")
             before = keys.repeat(rows // keys.shape[0], 1).to(positions.device).long().cumsum(-1)
             if past + length > before.shape[1]:  # generated tokens: shifted by all of the prompt's spans
                 before = torch.cat([before, before[:, -1:].expand(-1, past + length - before.shape[1])], dim=1)
-            return args, {**kwargs, "position_ids": positions - before[:, past : past + length]}
+            # Multimodal rotary positions (Qwen2/2.5/3-VL: (3 or 4, batch, length), the 4th a
+            # text-only row for mask building) shift every component by the same count: an
+            # image after the span starts at the text position before it on each axis, so
+            # the deleted prompt's image moves by the same count on t, h and w alike.
+            shift = before[:, past : past + length]
+            kwargs = {**kwargs, "position_ids": positions - (shift if positions.dim() == 2 else shift[None])}
+            if kwargs.get("attention_mask") is None:
+                # with no mask and no cache, transformers reads non-consecutive position_ids
+                # as packed sequences and would cut attention at the span; an all-ones mask
+                # is what the decoder assumes anyway
+                kwargs["attention_mask"] = torch.ones(rows, past + length, dtype=torch.long, device=lead.device)
+            return args, kwargs
 
         group.add_forward_pre_hook(points.model, capture, prepend=True)
         add_attention_bias(group, points, bias, layers=self.layers, same_for_all_layers=True)
