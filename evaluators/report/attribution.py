@@ -57,6 +57,10 @@ def default_arms() -> list[Arm]:
         Arm("VCD (sampling)", lambda p: [VCD()], SAMPLING, "baseline (sampling)", control="plausibility only (sampling)"),
         Arm("prior suppression: context", lambda p: [PriorSuppression(p.tokenizer, mode="context")], {},
             "baseline (greedy)"),
+        # the same masking with the positions closed up, as if the belief sentence were
+        # deleted (docs/results/prior_full.md: masking alone leaves a position gap)
+        Arm("prior suppression: context, compact", lambda p: [PriorSuppression(p.tokenizer, mode="context",
+            compact_positions=True)], {}, "baseline (greedy)"),
         Arm("prior suppression: output", lambda p: [PriorSuppression(mode="output")], {}, "baseline (greedy)"),
         Arm("crop-and-verify", lambda p: [CropVerify(p)], {}, "baseline (greedy)"),
         Arm("combined", lambda p: [VCD(), PriorSuppression(p.tokenizer, mode="both"), CropVerify(p)], {},
