@@ -1,5 +1,6 @@
 """Prior-token suppression cost on the organism: plain generate() vs context mode (the
-attention bias on detected belief spans) vs output mode (an image-free branch).
+attention bias on detected belief spans), context mode with compact_positions (plus a
+position shift before the decoder) and output mode (an image-free branch).
 
     python -m pytest benchmarks/test_prior_speed.py --benchmark-enable
 """
@@ -17,8 +18,6 @@ from mitigate import PriorSuppression, attach
 NEW_TOKENS = 32
 
 
-
-
 def _inputs(processor, batch):
     world = World(BIASED)
     images = [world.scene(10**9 + i).render() for i in range(batch)]
@@ -32,7 +31,7 @@ def _run(model, inputs):
 
 
 @pytest.mark.parametrize("batch", [1, 8])
-@pytest.mark.parametrize("mode", ["plain", "context", "output"])
+@pytest.mark.parametrize("mode", ["plain", "context", "compact", "output"])
 def test_prior_suppression_speed(benchmark, paired, organism, rounds, batch, mode):
     model, processor = organism
     inputs = _inputs(processor, batch)
@@ -41,9 +40,10 @@ def test_prior_suppression_speed(benchmark, paired, organism, rounds, batch, mod
     if mode == "plain":
         out = benchmark.pedantic(_run, args=(model, inputs), rounds=rounds, warmup_rounds=2)
     else:
-        mitigation = PriorSuppression(processor.tokenizer, mode=mode)
+        mitigation = (PriorSuppression(processor.tokenizer, mode="context", compact_positions=True) if mode == "compact"
+                      else PriorSuppression(processor.tokenizer, mode=mode))
         out = paired(lambda: _run(model, inputs), lambda: _run(model, inputs),
                      attach=lambda: attach(model, mitigation))
-        if mode == "context":
+        if mode in ("context", "compact"):
             assert all(len(spans) == 1 for spans in mitigation.found), "the DO-Bench A3 sentence was found"
     assert out.shape[0] == batch

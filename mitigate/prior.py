@@ -208,6 +208,19 @@ class PriorSuppression(Mitigation):
                 state["row"] = row
             return row[..., start : start + count].expand(-1, -1, len(ctx.query_positions), -1)
 
+        def span_counts(rows: int, device: torch.device, length: int) -> torch.Tensor:
+            """``(rows, >= length)``: span tokens at or before each position, built once per
+            prompt; generated tokens (past the prompt) count all of the prompt's spans."""
+            memo = (rows, device)
+            if state.get("count_key") != memo or state["counts"].shape[1] < length:
+                keys = state["keys"]
+                if rows % keys.shape[0]:
+                    raise RuntimeError(f"prior spans were found for {keys.shape[0]} rows, the decoder saw {rows}")
+                counts = keys.repeat(rows // keys.shape[0], 1).to(device).long().cumsum(-1)
+                room = max(length, counts.shape[1]) + GENERATED_ROOM - counts.shape[1]
+                state["count_key"], state["counts"] = memo, torch.cat([counts, counts[:, -1:].expand(-1, room)], 1)
+            return state["counts"]
+
         def compact(module, args, kwargs):
             """The decoder's positions minus the span tokens before each one (a decoding
             step: minus all of the prompt's), as if the spans were deleted from the text."""
@@ -227,11 +240,7 @@ class PriorSuppression(Mitigation):
             if positions.dim() not in (2, 3):
                 raise ValueError(f"compact_positions: position_ids of shape {tuple(positions.shape)} are neither "
                                  "(batch, length) nor (components, batch, length)")
-            if rows % keys.shape[0]:
-                raise RuntimeError(f"prior spans were found for {keys.shape[0]} rows, the decoder saw {rows}")
-            before = keys.repeat(rows // keys.shape[0], 1).to(positions.device).long().cumsum(-1)
-            if past + length > before.shape[1]:  # generated tokens: shifted by all of the prompt's spans
-                before = torch.cat([before, before[:, -1:].expand(-1, past + length - before.shape[1])], dim=1)
+            before = span_counts(rows, positions.device, past + length)
             # Multimodal rotary positions (Qwen2/2.5/3-VL: (3 or 4, batch, length), the 4th a
             # text-only row for mask building) shift every component by the same count: an
             # image after the span starts at the text position before it on each axis, so
