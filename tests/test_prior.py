@@ -422,6 +422,30 @@ def test_composes_with_vcd():
     assert out.shape[0] == 2
 
 
+@pytest.mark.parametrize("model_type", ["llava", "qwen2_vl"])
+def test_compact_positions_compose_exactly_with_vcd_and_output_mode(model_type):
+    """VCD + both modes with compact_positions (three rows per sample: original, VCD's
+    noised image, the image-free branch) generate the logits that VCD + output mode give
+    on the prompts with the spans deleted, at every step: each branch row's positions are
+    closed up the same way (M-RoPE included)."""
+    model = build_tiny_model(model_type)
+    inputs = tiny_inputs(model, batch_size=2, text_lengths=[7, 5], seed=6)
+    keys, strings = _span_rows(inputs, resolve(model), keep_last=True, pick=lambda row, starts: starts[-row])
+    deleted = _deleted_rows(inputs, keys, model.config.get_text_config().pad_token_id)
+    options = dict(max_new_tokens=3, do_sample=False, output_logits=True, return_dict_in_generate=True)
+    with torch.no_grad():
+        with attach(model, VCD(seed=1), PriorSuppression(mode="output")):
+            want = model.generate(**deleted, **options)
+        with attach(model, VCD(seed=1), PriorSuppression(WordIds(), mode="both", spans=strings,
+                                                         compact_positions=True)) as handle:
+            assert handle.rows_per_sample == 3
+            got = model.generate(**inputs, **options)
+    want_logits, got_logits = torch.stack(want.logits), torch.stack(got.logits)
+    assert torch.equal(torch.isfinite(got_logits), torch.isfinite(want_logits))  # the same plausible sets
+    finite = torch.isfinite(want_logits)
+    torch.testing.assert_close(got_logits[finite], want_logits[finite], rtol=0, atol=1e-5)
+
+
 def test_bad_input_is_a_clear_error():
     model = build_tiny_model("llava")
     inputs = tiny_inputs(model, batch_size=2, text_lengths=[7, 5], seed=3)
