@@ -87,8 +87,10 @@ class HFModel:
 
     def _generate(self, queries: Sequence[Query], hooks: Sequence) -> list[str]:
         texts = [self.prompt(q) for q in queries]
-        images = [img for q in queries for img in q.load_images()]
-        enc = self.processor(text=texts, images=images or None, return_tensors="pt", padding=True)
+        # one list of images per prompt: a flat list is read as one prompt's images by some
+        # processors (Gemma3's), which then refuse a batch
+        images = [q.load_images() for q in queries]
+        enc = self.processor(text=texts, images=images if any(images) else None, return_tensors="pt", padding=True)
         enc = enc.to(self.model.device)
         if hooks:
             from mitigate import attach

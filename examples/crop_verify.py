@@ -48,7 +48,7 @@ verified = CropVerify(processor, tau=0.5, gate=0.9, margin=0.1)
 with attach(model, verified):
     texts = [processor.apply_chat_template([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": p}]}],
                                            add_generation_prompt=True) for p in prompts]
-    enc = processor(text=texts, images=images, return_tensors="pt", padding=True).to(model.device)
+    enc = processor(text=texts, images=[[im] for im in images], return_tensors="pt", padding=True).to(model.device)
     out = model.generate(**enc, max_new_tokens=3, do_sample=False)
 answers = [t.strip() for t in processor.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)]
 print(f"generate() under attach: {answers}  stats: {verified.stats}")

@@ -32,7 +32,7 @@ for seed in range(10**9, 10**9 + 200):  # a large object that is there, and a pr
 
 prompts = [processor.apply_chat_template([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": q}]}],
                                          add_generation_prompt=True) for _, q in rows]
-inputs = processor(text=prompts, images=[img for img, _ in rows], return_tensors="pt", padding=True)
+inputs = processor(text=prompts, images=[[img] for img, _ in rows], return_tensors="pt", padding=True)  # one list per prompt
 print("prompt:", rows[0][1])
 
 mitigation = PriorSuppression(processor.tokenizer, mode="context")

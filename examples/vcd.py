@@ -31,7 +31,7 @@ while len(images) < args.n:  # scenes with a knife and no fork: the fork is expe
 
 messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "is there a fork in the image ? answer yes or no ."}]}]
 prompt = processor.apply_chat_template(messages, add_generation_prompt=True)
-inputs = processor(text=[prompt] * len(images), images=images, return_tensors="pt", padding=True)
+inputs = processor(text=[prompt] * len(images), images=[[im] for im in images], return_tensors="pt", padding=True)
 
 
 def answers(*mitigations):

@@ -211,8 +211,8 @@ class CropVerify(Mitigation):
         texts = [self.processor.apply_chat_template(
             [{"role": "user", "content": [{"type": "image"}] * len(g) + [{"type": "text", "text": p}]}],
             add_generation_prompt=True) for g, p in zip(groups, prompts)]
-        flat = [im for g in groups for im in g]
-        return self.processor(text=texts, images=flat, return_tensors="pt", padding=True).to(model.device)
+        # nested per prompt: some processors (Gemma3's) read a flat list as one prompt's images
+        return self.processor(text=texts, images=groups, return_tensors="pt", padding=True).to(model.device)
 
     def _generate(self, model, images, prompts, max_new_tokens: int, generate_kwargs: dict,
                   capture_objects: Sequence[str | None] | None = None):

@@ -41,7 +41,7 @@ from hooks.cache import cache_of
 
 from .base import Mitigation, register
 from .branches import Branch
-from .spans import Span, decode_with_offsets, find_prior_spans, spans_to_mask, user_spans
+from .spans import Span, decode_with_offsets, find_prior_spans_between, spans_to_mask, user_spans
 from .vcd import _check_beta, plausibility_mask
 
 MODES = ("context", "output", "both")
@@ -144,7 +144,9 @@ class PriorSuppression(Mitigation):
         for row in range(input_ids.shape[0]):
             text, offsets = decode_with_offsets(tok, input_ids[row].tolist(), skip)
             if source_row is None:
-                spans = find_prior_spans(text)
+                # an image ends a sentence: a tokenizer that drops the template's newlines
+                # would otherwise join "user" before the image to the belief after it
+                spans = find_prior_spans_between(text, [offsets[i][0] for i in image[row].nonzero().flatten().tolist()])
             else:
                 given = source_row[row]
                 spans = user_spans(text, self.spans[given], None if self.span_texts is None else self.span_texts[given])

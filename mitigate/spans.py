@@ -114,6 +114,17 @@ def find_prior_spans(prompt: str) -> list[Span]:
     return spans
 
 
+def find_prior_spans_between(prompt: str, cuts: Iterable[int]) -> list[Span]:
+    """:func:`find_prior_spans` with no sentence running across a character position in
+    ``cuts`` (where an image sits in the decoded prompt): each stretch between cuts is
+    searched on its own, and the spans are given in ``prompt``'s characters."""
+    bounds = sorted({c for c in cuts if 0 < c < len(prompt)})
+    spans = []
+    for start, end in zip([0, *bounds], [*bounds, len(prompt)]):
+        spans += [Span(s.start + start, s.end + start, s.text, s.kind) for s in find_prior_spans(prompt[start:end])]
+    return spans
+
+
 def _occurrences(text: str, piece: str, before: int | None = None) -> list[int]:
     """Start of every occurrence of ``piece`` in ``text`` (overlapping ones included),
     those starting before ``before`` only when it is given."""

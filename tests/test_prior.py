@@ -84,6 +84,20 @@ def test_detector_leaves_questions_and_instructions_alone(sentence):
     assert find_prior_spans(" ".join(LEAVE_ALONE)) == []
 
 
+def test_an_image_ends_a_sentence():
+    """A template whose newlines the tokenizer drops decodes "user" (before the image) right
+    against the belief (after it); the cut at the image keeps them apart."""
+    from mitigate.spans import find_prior_spans_between
+
+    prompt = "user i am certain there is no fork in the image . is there a fork ?"
+    cut = len("user")
+    (joined,) = find_prior_spans(prompt)
+    assert joined.text.startswith("user")
+    (span,) = find_prior_spans_between(prompt, [cut, 0, len(prompt)])  # cuts at the ends change nothing
+    assert span.text == "i am certain there is no fork in the image ." and prompt[span.start : span.end] == span.text
+    assert find_prior_spans_between(prompt, []) == [joined]
+
+
 def test_detector_skips_chat_role_labels():
     prompt = "USER: i am certain there is no fork in the image . is there a fork ? ASSISTANT:"
     (span,) = find_prior_spans(prompt)
