@@ -68,3 +68,34 @@ def test_vlm_report_on_a_gemma3_checkpoint(checkpoints, tmp_path):
     assert all(set(scores) == {"dobench", "mioh"} for scores in result["scores"].values())
     verification = result["cost"]["crop-and-verify"]["verification"]
     assert verification["queries"] > 0 and verification["not_applicable"] > 0  # MIOH's multi-image queries
+
+
+@pytest.mark.parametrize("model_type", TINY_PROCESSOR_TYPES)
+def test_pipeline_with_every_mitigation_and_exact_removal(checkpoints, model_type):
+    """pipeline("image-text-to-text") over a saved checkpoint runs with VCD, both prior
+    modes (compacted) and crop-and-verify attached together, and answers exactly as before
+    once they are detached."""
+    from transformers import pipeline
+
+    from evaluators.world import BIASED, World
+    from mitigate import VCD, CropVerify, attach
+
+    model, processor = load_hf(checkpoints[model_type])
+    pipe = pipeline("image-text-to-text", model=model, processor=processor)
+    image = World(BIASED).scene(3).render()
+    messages = [{"role": "user", "content": [
+        {"type": "image", "image": image},
+        {"type": "text", "text": "i am certain there is no dog in the image . is there a dog in the image ?"}]}]
+
+    def ask():
+        return pipe(text=messages, generate_kwargs={"max_new_tokens": 4, "do_sample": False})[0]["generated_text"][-1]
+
+    before = ask()
+    prior = PriorSuppression(processor.tokenizer, mode="both", compact_positions=True)
+    with attach(model, prior):  # alone, its last prompt is the pipeline's (not a view's)
+        ask()
+    assert [s.text for s in prior.found[0]] == ["i am certain there is no dog in the image ."]
+    with attach(model, VCD(), prior, CropVerify(processor)):
+        mitigated = ask()
+    assert mitigated["role"] == "assistant" and isinstance(mitigated["content"], str)
+    assert ask() == before
