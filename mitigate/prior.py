@@ -243,8 +243,8 @@ class PriorSuppression(Mitigation):
                 raise ValueError(f"compact_positions: position_ids of shape {tuple(positions.shape)} are neither "
                                  "(batch, length) nor (components, batch, length)")
             before = span_counts(rows, positions.device, past + length)
-            # Multimodal rotary positions (Qwen2/2.5/3-VL: (3 or 4, batch, length), the 4th a
-            # text-only row for mask building) shift every component by the same count: an
+            # Multimodal rotary positions (Qwen2/2.5/3-VL: (3, batch, length), or 4 rows with
+            # a leading text-only row for mask building) shift every row by the same count: an
             # image after the span starts at the text position before it on each axis, so
             # the deleted prompt's image moves by the same count on t, h and w alike.
             shift = before[:, past : past + length]
