@@ -60,24 +60,36 @@ class HFModel:
         reaskers = [m for m in self.mitigations if hasattr(m, "answer")]
         hooks = [m for m in self.mitigations if not hasattr(m, "answer")]
         if reaskers:  # crop-and-verify: needs the original images, answers through its own passes
-            (reasker,) = reaskers
-            single = [i for i, q in enumerate(queries) if len(q.images) == 1]
-            answers: list[str | None] = [None] * len(queries)
-            if single:
-                from mitigate import attach
+            from mitigate import attach
+            from mitigate.which_image import parse_which_image
 
-                images = [queries[i].load_images()[0] for i in single]
-                prompts = [queries[i].prompt for i in single]
-                kwargs = {"max_new_tokens": self.max_new_tokens, **self.generate_kwargs}
-                if hooks:
-                    with attach(self.model, *hooks):
-                        got = reasker.answer(self.model, images, prompts, **kwargs)
-                else:
-                    got = reasker.answer(self.model, images, prompts, **kwargs)
+            (reasker,) = reaskers
+            kwargs = {"max_new_tokens": self.max_new_tokens, **self.generate_kwargs}
+
+            def run(method, images, prompts):
+                if not hooks:
+                    return method(self.model, images, prompts, **kwargs)
+                with attach(self.model, *hooks):
+                    return method(self.model, images, prompts, **kwargs)
+
+            answers: list[str | None] = [None] * len(queries)
+            single = [i for i, q in enumerate(queries) if len(q.images) == 1]
+            # multi-image "in which image is there ...?" questions: verified image by image when
+            # the mitigation asks for it (CropVerify(which_image=True))
+            which = [i for i, q in enumerate(queries) if len(q.images) > 1 and getattr(reasker, "which_image", False)
+                     and parse_which_image(q.prompt, len(q.images)) is not None]
+            if single:
+                got = run(reasker.answer, [queries[i].load_images()[0] for i in single],
+                          [queries[i].prompt for i in single])
                 for i, r in zip(single, got):
                     answers[i] = r["answer"]
-            rest = [q for q in queries if len(q.images) != 1]
-            if rest:  # multi-image questions: crop-and-verify does not apply; counted, answered plainly
+            if which:
+                got = run(reasker.answer_which_image, [queries[i].load_images() for i in which],
+                          [queries[i].prompt for i in which])
+                for i, r in zip(which, got):
+                    answers[i] = r["answer"]
+            rest = [q for q, a in zip(queries, answers) if a is None]
+            if rest:  # other multi-image questions: crop-and-verify does not apply; counted, answered plainly
                 reasker.stats["not_applicable"] = reasker.stats.get("not_applicable", 0) + len(rest)
                 plain = self._generate(rest, hooks)
                 it = iter(plain)

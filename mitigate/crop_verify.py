@@ -57,6 +57,11 @@ exceeds both ``tau`` and the control's. A model that says "yes" to any zoomed-in
 it to the control too, so the control separates "the object is here" from "crops look
 full" (it does not apply to counts and colours).
 
+Multi-image "in which image is there an X?" questions (MIOH's selective existence task)
+go through :meth:`CropVerify.answer_which_image`: an unconfident "none of the above" is
+checked by asking the question of each image alone (:mod:`mitigate.which_image`), with
+that image's views, and becomes the image with the strongest "yes" above ``tau``.
+
 For free-form captions, :meth:`CropVerify.verify_caption` finds the objects a caption
 mentions (CHAIR's phrase matcher over a synonym table: the world's by default, COCO's or
 any other by argument), asks an existence question about each through :meth:`answer` --
@@ -87,6 +92,7 @@ from .localize import (
     image_attention_maps, object_in_question, object_token_mask,
 )
 from .spans import find_prior_spans
+from .which_image import EXISTENCE_TEMPLATE, parse_which_image
 
 #: The views a query can be re-asked on: DO-Bench's Crop and Cluster, and "pair" -- the
 #: original and its Crop view as two images of one prompt (issue 6's [original, crop], for
@@ -123,6 +129,17 @@ def view_image(image: Image.Image, box: tuple) -> Image.Image:
     return cut(image, box).resize(image.size, Image.BICUBIC)
 
 
+def _yes_evidence(record: dict) -> float | None:
+    """How strongly a per-image :meth:`CropVerify.answer` record says "yes": the p(yes) of
+    the view that overturned its "no", or the confidence of a first answer that was "yes";
+    None when its final answer is not "yes"."""
+    if parse_yes_no(record["answer"]) is not True:
+        return None
+    if record.get("chosen"):
+        return record["views"][record["chosen"]]["p_yes"]
+    return record["confidence"]
+
+
 def without_priors(prompt: str) -> str:
     """``prompt`` without the belief / assertion sentences :func:`mitigate.spans.find_prior_spans`
     finds in it (spaces between the remaining sentences normalised); unchanged if none."""
@@ -139,7 +156,9 @@ class CropVerify(Mitigation):
     """``CropVerify(processor, tau=0.5, gate=0.9, margin=0.1, views=("crop", "cluster"), control=False)``.
 
     ``views``: a non-empty subset of :data:`VIEWS`; ``control``: also ask a same-size window
-    away from the object and overturn only when a view beats it (module docstring).
+    away from the object and overturn only when a view beats it (module docstring);
+    ``which_image``: let the evaluators send multi-image "in which image is there ...?"
+    questions to :meth:`answer_which_image` (off by default).
 
     Localisation: ``layers`` (default: ViCrop's middle layers), ``queries`` (``"last"``,
     ``"question"`` or ``"object"``), ``heads`` (``"mean"`` or ``"peak"``), ``generic_prompt``
@@ -158,6 +177,10 @@ class CropVerify(Mitigation):
     heads: str = "mean"  # "peak": per query, the most concentrated head (see localize)
     generic_prompt: str | None = GENERIC_PROMPT
     strip_priors: bool = True  # re-ask the views without the prompt's belief / assertion sentences
+    # route multi-image "in which image is there ...?" questions to answer_which_image where a
+    # caller dispatches by query (evaluators.model.HFModel); off by default, because on the
+    # organism it also turns correct "none"s into images (docs/results/crop_verify_which_image.md)
+    which_image: bool = False
     localizer: Callable[[Image.Image, str], tuple] | None = None
     stats: dict = field(default_factory=lambda: {"queries": 0, "verified": 0, "overturned": 0}, repr=False)
 
@@ -180,6 +203,8 @@ class CropVerify(Mitigation):
             raise ValueError(f"queries must be one of {QUERIES}, got {self.queries!r}")
         if self.heads not in HEADS:
             raise ValueError(f"heads must be one of {HEADS}, got {self.heads!r}")
+        if not isinstance(self.which_image, bool):
+            raise ValueError(f"which_image must be True or False, got {self.which_image!r}")
         if not isinstance(self.strip_priors, bool):
             raise ValueError(f"strip_priors must be True or False, got {self.strip_priors!r}")
         if self.generic_prompt is not None and (not isinstance(self.generic_prompt, str) or not self.generic_prompt.strip()):
@@ -322,6 +347,79 @@ class CropVerify(Mitigation):
                 boxes = self.detector_boxes([images[i] for i in gated], [prompts[i] for i in gated])
             self._verify([images[i] for i in gated], [prompts[i] for i in gated], [results[i] for i in gated],
                          model, max_new_tokens, generate_kwargs, boxes)
+        return results
+
+    @torch.no_grad()
+    def answer_which_image(self, model, image_sets: list[list[Image.Image]], prompts: list[str], *,
+                           max_new_tokens: int = 8, template: str = EXISTENCE_TEMPLATE, **generate_kwargs) -> list[dict]:
+        """Answers to multi-image "in which image is there an X?" questions (MIOH's selective
+        existence task), each verified image by image.
+
+        1. **answer** the question on all its images (plain ``generate()``);
+        2. **gate**: only an unconfident (top first-token probability below ``gate``) "none of
+           the above" is checked -- an image answer is never overturned, because a view is
+           evidence of what is there, never of what is not (the same rule as for a "no");
+        3. **decompose**: ask ``template`` ("is there a banana in the image?") about each
+           image alone, through :meth:`answer` -- its first answer on the whole image (MIOH's
+           decomposed question) and, when that is an unconfident "no", its Crop / Cluster
+           views (DO-Bench);
+        4. **combine**: the "none" becomes the option of the image whose final answer is
+           "yes" with the most evidence -- the probability of "yes" from the view that said
+           it, or the whole image's first-token confidence -- when that evidence is above
+           ``tau`` (strict).
+
+        With ``tau = 1`` nothing is gated and the answers are the unmitigated ones. Counted in
+        ``stats["which_image"]`` (queries, verified, overturned, images asked); the per-image
+        questions do not count in the single-image ``stats``. Each record has ``answer``,
+        ``first_answer``, ``confidence``, ``verified``, and for verified ones ``images``: the
+        :meth:`answer` record of each image.
+        """
+        if len(image_sets) != len(prompts):
+            raise ValueError(f"image_sets and prompts differ in number: {len(image_sets)} vs {len(prompts)}")
+        if not image_sets or any(not isinstance(s, (list, tuple)) or not s or
+                                 any(not isinstance(im, Image.Image) for im in s) for s in image_sets):
+            raise ValueError("answer_which_image needs a non-empty list of PIL images per prompt")
+        if "{object}" not in template:
+            raise ValueError(f"template must contain '{{object}}', got {template!r}")
+        parsed = [parse_which_image(p, len(s)) for s, p in zip(image_sets, prompts)]
+        unread = [p for p, w in zip(prompts, parsed) if w is None]
+        if unread:
+            raise ValueError(f"not an 'in which image is there ...' question with one option per image: {unread[0]!r}")
+        self.check_view_size([im for s in image_sets for im in s])
+        texts, probs = self._generate(model, [list(s) for s in image_sets], prompts, max_new_tokens, generate_kwargs)
+        confidence = probs.max(-1).values
+        stats = self.stats.setdefault("which_image", {"queries": 0, "verified": 0, "overturned": 0, "images_asked": 0})
+        stats["queries"] += len(prompts)
+        results = [{"answer": t, "first_answer": t, "confidence": float(c), "verified": False}
+                   for t, c in zip(texts, confidence)]
+        gated = [i for i, (w, r) in enumerate(zip(parsed, results))
+                 if self.tau < 1.0 and r["confidence"] < self.gate and w.none is not None
+                 and w.choice(r["answer"]) == w.none]
+        if not gated:
+            return results
+        asked = [(i, k) for i in gated for k in sorted(parsed[i].letters)]
+        single = dict(self.stats)  # the per-image questions are not single-image queries
+        records = self.answer(model, [image_sets[i][k] for i, k in asked],
+                              [parsed[i].question(template) for i, _ in asked], max_new_tokens=max_new_tokens,
+                              objects=[parsed[i].object for i, _ in asked], **generate_kwargs)
+        self.stats.clear()
+        self.stats.update(single)
+        stats["verified"] += len(gated)
+        stats["images_asked"] += len(asked)
+        per_query: dict[int, dict[int, dict]] = {}
+        for (i, k), record in zip(asked, records):
+            per_query.setdefault(i, {})[k] = record
+        for i, by_image in per_query.items():
+            result, which = results[i], parsed[i]
+            result["verified"], result["images"] = True, by_image
+            evidence = {k: _yes_evidence(r) for k, r in by_image.items()}
+            ok = [k for k, e in evidence.items() if e is not None and e > self.tau]
+            if ok:
+                best = max(ok, key=lambda k: evidence[k])
+                letter = which.letters[best]
+                result["answer"] = f"{letter}) {which.options['abcde'.index(letter)]}"
+                result["chosen"] = best
+                stats["overturned"] += 1
         return results
 
     def _captured_boxes(self, model, enc, maps, rows, images, prompts, named) -> list[tuple]:

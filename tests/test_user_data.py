@@ -110,3 +110,14 @@ def test_vlm_report_on_user_data(tmp_path):
     assert "What this organism can show" in (out / "report.html").read_text()
     with pytest.raises(SystemExit):
         main(["--tasks", "", "--data", "pope=x.jsonl", "--output_path", str(tmp_path / "bad")])
+
+
+def test_vlm_report_refuses_unknown_arms(tmp_path, capsys):
+    """An arm name that matches nothing is an error naming what exists (optional arms
+    included), not a report with that arm silently missing."""
+    from evaluators.report.main import main
+
+    with pytest.raises(SystemExit):
+        main(["--tasks", "dobench", "--arms", "vcd-greedy,crop-and-verfy", "--output_path", str(tmp_path / "x")])
+    err = capsys.readouterr().err
+    assert "crop-and-verfy" in err and "crop-and-verify-which-image" in err

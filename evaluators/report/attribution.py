@@ -68,6 +68,18 @@ def default_arms() -> list[Arm]:
     ]
 
 
+def optional_arms() -> list[Arm]:
+    """Arms run only when ``--arms`` names them (options measured on their own, not in the
+    default table)."""
+    from mitigate import CropVerify
+
+    return [
+        # multi-image "in which image ...?" questions verified image by image
+        # (docs/results/crop_verify_which_image.md)
+        Arm("crop-and-verify, which image", lambda p: [CropVerify(p, which_image=True)], {}, "baseline (greedy)"),
+    ]
+
+
 def _unit(bench: str) -> Callable[[dict], Any]:
     return UNITS.get(bench, lambda r: r["id"])
 

@@ -48,7 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", default="dobench,mioh,causal_halbench,hallusegbench,reactbench",
                         help="built-in probe suites ('' for none)")
     parser.add_argument("--data", default="", help="your data: benchmark=path[,benchmark=path] in native formats")
-    parser.add_argument("--arms", default="", help="comma-separated arm names (default: all)")
+    parser.add_argument("--arms", default="",
+                        help="comma-separated arm names or slugs (default: every default arm; optional ones "
+                             "such as crop-and-verify-which-image only when named)")
     parser.add_argument("--scale", default="small", choices=sorted(SCALES))
     parser.add_argument("--output_path", default="runs/report")
     parser.add_argument("--batch_size", type=int, default=16)
@@ -62,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     from ..cli import parse_kv
     from ..model import HFModel, load_hf
     from ..runner import metric_records, read_samples, run, versions
-    from .attribution import cell_verdicts, compare, default_arms, explained_by_control, yes_ratio
+    from .attribution import cell_verdicts, compare, default_arms, explained_by_control, optional_arms, yes_ratio
     from .html import write_html
     from .table import text_table
 
@@ -77,13 +79,17 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(err))
     if not queries:
         parser.error("nothing to evaluate: give --tasks and/or --data")
-    model, processor = load_hf(args.model, **parse_kv(args.model_args))
     arms = default_arms()
-    if args.arms:
-        wanted = [a.strip() for a in args.arms.split(",")]
-        arms = [a for a in arms if a.name in wanted or slug(a.name) in wanted]
+    if args.arms:  # checked before the model loads
+        wanted = [a.strip() for a in args.arms.split(",") if a.strip()]
+        known = arms + optional_arms()
+        unknown = [w for w in wanted if not any(w in (a.name, slug(a.name)) for a in known)]
+        if unknown:
+            parser.error(f"unknown arm(s) {unknown}; available: {', '.join(slug(a.name) for a in known)}")
+        arms = [a for a in known if a.name in wanted or slug(a.name) in wanted]
         names = {a.name for a in arms}
         arms += [b for b in default_arms() if b.name not in names and any(a.baseline == b.name for a in arms)]
+    model, processor = load_hf(args.model, **parse_kv(args.model_args))
     records, costs, payloads = {}, {}, {}
     # Warm-up, untimed and unrecorded: the first generate() pays one-off costs (lazy
     # initialisation, allocator growth) that would otherwise inflate the first arm's wall

@@ -1,0 +1,80 @@
+"""Multi-image "in which image is there an X?" questions, read as one existence question per
+image, so that crop-and-verify can check each image on its own views.
+
+MIOH (Sec. 3, the selective existence task) asks "In which image is there a banana?" over
+2-4 images with options "A) Image 1 ... E) None of the above"; its hard positives are small
+or occluded objects, the failure DO-Bench's Crop view recovers for one image. Models also
+answer such questions better decomposed, one image at a time (MIOH's NI-decomposed
+condition; on the organism 77% against 29%, ``docs/results/prior_full.md``). This module
+only parses: :class:`WhichImage` says which option names which image and which one is
+"none of the above", and writes the per-image existence question. The policy lives in
+:meth:`mitigate.crop_verify.CropVerify.answer_which_image`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from evaluators.answers import parse_option
+
+#: the per-image question; ``{object}`` is the queried object as the question names it.
+#: Lower case with spaced punctuation is what the organism was trained on; real models read
+#: it as the usual "Is there a banana in the image? Answer yes or no."
+EXISTENCE_TEMPLATE = "is there a {object} in the image ? answer yes or no ."
+
+_QUESTION = re.compile(r"\bin\s+which\s+image\s+(?:is|are)\s+there\s+(?:an?\s+|any\s+|the\s+)?(?P<object>[^?]+?)\s*\?",
+                       re.I)
+_OPTION = re.compile(r"(?:^|\s)\(?(?P<letter>[a-e])\s*\)\s*(?P<text>image\s+(?P<index>\d+)|none\s+of\s+the\s+above)",
+                     re.I)
+
+
+@dataclass(frozen=True)
+class WhichImage:
+    """A parsed "in which image is there an X?" question."""
+
+    object: str
+    letters: dict[int, str]  # image index (0-based) -> its option letter
+    none: str | None  # the "none of the above" letter, if there is one
+    options: tuple[str, ...]  # the option texts in letter order (for parse_option)
+
+    def choice(self, answer: str) -> str | None:
+        """The option letter an answer picks (a lone letter, or a unique option text)."""
+        return parse_option(answer, self.options, letters="abcde"[: len(self.options)])
+
+    def image_of(self, letter: str | None) -> int | None:
+        """The image an option letter names (None for "none of the above" or unknown)."""
+        return next((i for i, l in self.letters.items() if l == letter), None)
+
+    def question(self, template: str = EXISTENCE_TEMPLATE) -> str:
+        return template.format(object=self.object)
+
+
+def parse_which_image(prompt: str, n_images: int) -> WhichImage | None:
+    """The question's object and options, or None when ``prompt`` is not an "in which image
+    is there ..." question whose options name each of the ``n_images`` images at most once
+    (options naming images beyond ``n_images`` are not this question either)."""
+    if n_images < 1:
+        raise ValueError(f"n_images must be >= 1, got {n_images}")
+    found = _QUESTION.search(prompt)
+    if not found:
+        return None
+    options = list(_OPTION.finditer(prompt[found.end():]))
+    letters, none, texts = {}, None, {}
+    for m in options:
+        letter = m.group("letter").lower()
+        texts[letter] = m.group("text").lower()
+        if m.group("index") is None:
+            none = letter
+            continue
+        index = int(m.group("index")) - 1
+        if not 0 <= index < n_images or index in letters:
+            return None
+        letters[index] = letter
+    order = "abcde"[: len(texts)]
+    if not letters or sorted(texts) != list(order):  # options must be a, b, c ... in order
+        return None
+    return WhichImage(found.group("object").strip(), letters, none, tuple(texts[l] for l in order))
+
+
+__all__ = ["EXISTENCE_TEMPLATE", "WhichImage", "parse_which_image"]

@@ -1,0 +1,127 @@
+"""Multi-image "in which image is there an X?" questions verified image by image
+(mitigate.which_image, CropVerify.answer_which_image), on the shipped organism."""
+
+from __future__ import annotations
+
+import pytest
+
+from evaluators.answers import parse_option
+from evaluators.benchmarks.mioh.suite import build
+from evaluators.model import HFModel
+from evaluators.organism import ORGANISM_DIR, load_organism
+from mitigate import CropVerify
+from mitigate.which_image import EXISTENCE_TEMPLATE, parse_which_image
+
+MIOH = ("in which image is there a banana ? a ) image 1 b ) image 2 c ) image 3 d ) image 4 "
+        "e ) none of the above")
+
+
+@pytest.mark.parametrize("prompt, n, letters, none", [
+    (MIOH, 4, {0: "a", 1: "b", 2: "c", 3: "d"}, "e"),
+    ("In which image is there a dog? A) Image 1 B) Image 2 C) None of the above", 2, {0: "a", 1: "b"}, "c"),
+    ("analysis confirms there is no banana in the image . " + MIOH, 4, {0: "a", 1: "b", 2: "c", 3: "d"}, "e"),
+    ("In which image are there any red cups? (A) Image 2 (B) Image 1", 2, {1: "a", 0: "b"}, None),
+])
+def test_parse_which_image(prompt, n, letters, none):
+    parsed = parse_which_image(prompt, n)
+    assert parsed is not None and parsed.letters == letters and parsed.none == none
+    assert parsed.image_of(letters[0]) == 0 and parsed.image_of(none) is None
+
+
+@pytest.mark.parametrize("prompt, n", [
+    ("which is in image 1 but not image 2 ? a ) dog b ) cat c ) none of the above", 2),  # not "in which image"
+    (MIOH, 3),  # an option names image 4 of 3
+    ("in which image is there a dog ? a ) image 1 b ) image 1", 2),  # one image named twice
+    ("in which image is there a dog ? a ) image 1 c ) image 2", 2),  # letters skip b
+    ("in which image is there a dog ?", 2),  # no options
+    ("is there a dog in the image ?", 1),
+])
+def test_other_questions_are_not_parsed(prompt, n):
+    assert parse_which_image(prompt, n) is None
+
+
+def test_answers_map_to_options():
+    parsed = parse_which_image(MIOH, 4)
+    assert parsed.object == "banana" and parsed.question() == EXISTENCE_TEMPLATE.format(object="banana")
+    for answer, letter in [("e", "e"), ("e ) none of the above", "e"), ("E) None of the above", "e"),
+                           ("none of the above", "e"), ("b", "b"), ("image 3", "c"), ("maybe", None)]:
+        assert parsed.choice(answer) == letter, answer
+    with pytest.raises(ValueError, match="n_images"):
+        parse_which_image(MIOH, 0)
+
+
+needs_organism = pytest.mark.skipif(not (ORGANISM_DIR / "config.json").exists(), reason="organism checkpoint missing")
+
+
+@pytest.fixture(scope="module")
+def organism_and_queries():
+    model, processor = load_organism()
+    queries = [q for q in build(n_per_condition=4, seed=0)
+               if q.record["condition"] in ("easy", "HP", "HN") and parse_which_image(q.prompt, len(q.images))]
+    return model, processor, queries
+
+
+@needs_organism
+def test_tau_one_is_the_unmitigated_model(organism_and_queries):
+    model, processor, queries = organism_and_queries
+    sets, prompts = [q.images for q in queries], [q.prompt for q in queries]
+    plain = HFModel(model, processor, max_new_tokens=8)(queries)
+    cv = CropVerify(processor, tau=1.0, gate=1.0)
+    got = cv.answer_which_image(model, sets, prompts, max_new_tokens=8)
+    assert [r["answer"] for r in got] == plain
+    assert cv.stats["which_image"] == {"queries": len(queries), "verified": 0, "overturned": 0, "images_asked": 0}
+    assert cv.stats["queries"] == 0  # no single-image question was asked
+
+
+@needs_organism
+def test_only_an_unconfident_none_is_checked_and_the_policy_holds(organism_and_queries):
+    model, processor, queries = organism_and_queries
+    sets, prompts = [q.images for q in queries], [q.prompt for q in queries]
+    cv = CropVerify(processor, gate=1.0, tau=0.5)
+    results = cv.answer_which_image(model, sets, prompts, max_new_tokens=8)
+    stats = cv.stats["which_image"]
+    nones = [r for r, p in zip(results, prompts) if parse_which_image(p, 4).choice(r["first_answer"]) == "e"]
+    assert nones, "the organism answers 'none of the above' to some of these questions"
+    assert stats["verified"] == len(nones) == sum(r["verified"] for r in results)
+    assert stats["images_asked"] == 4 * len(nones) and cv.stats["queries"] == 0  # per-image asks kept apart
+    for r, q in zip(results, queries):
+        parsed = parse_which_image(q.prompt, len(q.images))
+        if not r["verified"]:  # an image answer, or a confident one, is final
+            assert r["answer"] == r["first_answer"]
+            continue
+        assert sorted(r["images"]) == [0, 1, 2, 3]
+        if r["answer"] != r["first_answer"]:  # overturned to the image with the strongest "yes" above tau
+            chosen = r["images"][r["chosen"]]
+            assert chosen["answer"] == "yes"
+            p_yes = chosen["views"][chosen["chosen"]]["p_yes"] if chosen.get("chosen") else chosen["confidence"]
+            assert p_yes > 0.5
+            assert parse_option(r["answer"], parsed.options) == parsed.letters[r["chosen"]]
+    assert stats["overturned"] == sum(r["answer"] != r["first_answer"] for r in results)
+
+
+@needs_organism
+def test_evaluators_route_which_image_questions_only_when_asked(organism_and_queries):
+    model, processor, queries = organism_and_queries
+    off = CropVerify(processor)
+    HFModel(model, processor, mitigations=[off], max_new_tokens=8)(queries)
+    assert off.stats["not_applicable"] == len(queries) and "which_image" not in off.stats
+    on = CropVerify(processor, which_image=True)
+    HFModel(model, processor, mitigations=[on], max_new_tokens=8)(queries)
+    assert on.stats["which_image"]["queries"] == len(queries) and "not_applicable" not in on.stats
+
+
+@needs_organism
+def test_bad_input(organism_and_queries):
+    model, processor, queries = organism_and_queries
+    cv = CropVerify(processor)
+    sets, prompts = [q.images for q in queries[:2]], [q.prompt for q in queries[:2]]
+    with pytest.raises(ValueError, match="differ in number"):
+        cv.answer_which_image(model, sets, prompts[:1])
+    with pytest.raises(ValueError, match="list of PIL images"):
+        cv.answer_which_image(model, [sets[0][0], sets[1]], prompts)
+    with pytest.raises(ValueError, match="not an 'in which image"):
+        cv.answer_which_image(model, sets, ["is there a dog ?", prompts[1]])
+    with pytest.raises(ValueError, match="template"):
+        cv.answer_which_image(model, sets, prompts, template="is there one ?")
+    with pytest.raises(ValueError, match="which_image"):
+        CropVerify(processor, which_image="yes")
