@@ -16,9 +16,10 @@ Attribute) measure:
   the prompt is read exactly as if the span had been deleted from its text -- masking alone
   leaves a gap in the positions, and on the organism that gap, not the masked belief, is
   what kept DO-Bench's B-series 15 points above level 0 (``docs/results/prior_full.md``).
-  1-D and multimodal rotary positions alike (Qwen2/2.5/3-VL shift all three axes). Not
-  exact where a sliding window (Gemma3's) ends between the span and the reading token:
-  the window counts cache slots, and the masked span still fills some.
+  1-D and multimodal rotary positions alike (Qwen2/2.5/3-VL shift all three axes). Exact
+  while a sliding window (Gemma3's: 1024 tokens, 512 on the 1B model) covers the whole
+  prompt; in a longer prompt, a window that holds the masked span reaches that many tokens
+  less far back than the deleted prompt's (the window counts cache slots, not positions).
 * **output mode** -- *output* tokens the language model favours whatever the image shows.
   An image-free contrast branch (the image tokens hidden from attention) gives the
   language prior ``l(y|x)``, and the logits become ``l(y|v,x) - gamma * l(y|x)`` on the
@@ -92,6 +93,9 @@ class PriorSuppression(Mitigation):
         if self.compact_positions and (self.mode not in ("context", "both") or self.strength != 1.0):
             raise ValueError("compact_positions: needs context mode at strength 1 (a span still partly attended "
                              f"has no position to close), got mode={self.mode!r}, strength={self.strength!r}")
+        if self.compact_positions and self.layers is not None:
+            raise ValueError("compact_positions: needs the span masked in every layer (layers=None); in a layer "
+                             f"that still sees it the closed-up positions collide with the span's, got layers={self.layers!r}")
         if self.span_texts is not None:
             if self.spans is None:
                 raise ValueError("span_texts: given without spans (it is the string the spans' offsets index)")
@@ -169,9 +173,10 @@ class PriorSuppression(Mitigation):
         def capture(module, args, kwargs):
             ids = kwargs.get("input_ids")
             cache = cache_of(kwargs)
-            if ids is not None and (cache is None or cache.get_seq_length() == 0):
-                state.clear()
-                state["keys"] = self.span_mask(points, ids)
+            if cache is None or cache.get_seq_length() == 0:  # a new prompt
+                state.clear()  # embeddings alone carry no text to find spans in: nothing to suppress
+                if ids is not None:
+                    state["keys"] = self.span_mask(points, ids)
 
         def row_bias(rows: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
             """``(rows, 1, 1, prompt_len)``: ``value`` on the span keys, built once per prompt."""
@@ -249,7 +254,7 @@ class PriorSuppression(Mitigation):
             # the deleted prompt's image moves by the same count on t, h and w alike.
             shift = before[:, past : past + length]
             kwargs = {**kwargs, "position_ids": positions - (shift if positions.dim() == 2 else shift[None])}
-            if kwargs.get("attention_mask") is None:
+            if kwargs.get("attention_mask") is None and cache is None:
                 # with no mask and no cache, transformers reads non-consecutive position_ids
                 # as packed sequences and would cut attention at the span; an all-ones mask
                 # is what the decoder assumes anyway

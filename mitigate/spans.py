@@ -117,7 +117,9 @@ def find_prior_spans(prompt: str) -> list[Span]:
 def find_prior_spans_between(prompt: str, cuts: Iterable[int]) -> list[Span]:
     """:func:`find_prior_spans` with no sentence running across a character position in
     ``cuts`` (where an image sits in the decoded prompt): each stretch between cuts is
-    searched on its own, and the spans are given in ``prompt``'s characters."""
+    searched on its own, and the spans are given in ``prompt``'s characters. A belief
+    sentence interrupted by an image is therefore found only in the part that reads as one
+    on its own (or not at all); mark such a sentence with ``spans=`` instead."""
     bounds = sorted({c for c in cuts if 0 < c < len(prompt)})
     spans = []
     for start, end in zip([0, *bounds], [*bounds, len(prompt)]):

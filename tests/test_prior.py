@@ -105,16 +105,18 @@ def test_detector_skips_chat_role_labels():
 
 
 # -- context mode --------------------------------------------------------------------------
-def _span_rows(inputs, points, keep_last=False, pick=None):
+def _span_rows(inputs, points, keep_last=False, pick=None, exclude=frozenset()):
     """Per row, two adjacent text tokens after the first real token, as 'wA wB' strings
     (``keep_last``: never the prompt's last token, which predicts the first new one;
-    ``pick(row, starts)`` chooses among the candidate starts, default the row-th)."""
+    ``pick(row, starts)`` chooses among the candidate starts, default the row-th;
+    ``exclude``: ids that are not text, such as the family's image wrappers)."""
     ids, image = inputs["input_ids"], points.image_token_mask(inputs["input_ids"])
     keys = torch.zeros_like(ids, dtype=torch.bool)
     strings = []
     for row in range(ids.shape[0]):
         real = inputs["attention_mask"][row].nonzero().flatten().tolist()
-        ok = lambda q: q in real and not image[row, q] and int(ids[row, q]) not in WordIds.all_special_ids  # noqa: E731
+        ok = lambda q: (q in real and not image[row, q] and int(ids[row, q]) not in WordIds.all_special_ids  # noqa: E731
+                        and int(ids[row, q]) not in exclude)
         text = [p for p in real[1:] if ok(p) and ok(p + 1) and not (keep_last and p + 1 == real[-1])]
         p = text[row % len(text)] if pick is None else pick(row, text)
         keys[row, p : p + 2] = True
@@ -220,6 +222,31 @@ def test_compact_positions_inside_a_sliding_window_are_not_deletion():
     torch.testing.assert_close(ours, reference, rtol=0, atol=1e-5)
 
 
+def _non_text_ids(model) -> set[int]:
+    """The ids a tiny family's prompt uses for anything but text (specials, image wrappers)."""
+    from hooks.testing.tiny import _resolve_ids, _special_token_ids, tiny_spec
+
+    wrap = tiny_spec(model.config.model_type)["inputs"].get("image_wrap", {})
+    return _special_token_ids(model.config) | set(_resolve_ids(model.config, wrap.get("before", []) + wrap.get("after", [])))
+
+
+def _sides(inputs, keys, points) -> list[str]:
+    """Per row, whether its span lies before or after the row's image tokens."""
+    image = points.image_token_mask(inputs["input_ids"])
+    return ["before" if int(keys[r].nonzero().max()) < int(image[r].nonzero().min()) else "after"
+            for r in range(keys.shape[0])]
+
+
+def _expected_sides(model_type) -> list[str]:
+    """Row 0's span is the first text pair, row 1's the last: on either side of the image
+    where the family's prompt has text on both sides (PaliGemma's is image-first)."""
+    from hooks.testing.tiny import tiny_spec
+
+    prompt = tiny_spec(model_type)["inputs"].get("prompt", ["text", "images", "text"])
+    first_text, images = prompt.index("text"), prompt.index("images")
+    return ["before", "after"] if first_text < images else ["after", "after"]
+
+
 def _deleted_rows(inputs, keys, pad_id):
     """``inputs`` with each row's ``keys`` tokens deleted and the rows left-padded again."""
     shape = inputs["input_ids"].shape
@@ -240,11 +267,13 @@ def test_compact_positions_generate_as_the_deleted_prompt(model_type):
     with their spans deleted give: batch 2, left padding, a different span per row (row 0's
     before the image), so decoding steps (M-RoPE's rope deltas included) shift too."""
     model = build_tiny_model(model_type)
-    inputs = tiny_inputs(model, batch_size=2, text_lengths=[7, 5], seed=3)
+    inputs = tiny_inputs(model, batch_size=2, text_lengths=[7, 8], seed=3)
     _widen_sliding_window(model, inputs["input_ids"].shape[1] + 4)
-    # row 0: the first text pair (before the image); row 1: the last one that is not the
-    # prompt's end (after the image, where the family's prompt has text there)
-    keys, strings = _span_rows(inputs, resolve(model), keep_last=True, pick=lambda row, starts: starts[-row])
+    # row 0: the first text pair; row 1: the last one that is not the prompt's end
+    points = resolve(model)
+    keys, strings = _span_rows(inputs, points, keep_last=True, pick=lambda row, starts: starts[-row],
+                               exclude=_non_text_ids(model))
+    assert _sides(inputs, keys, points) == _expected_sides(model_type)
     deleted = _deleted_rows(inputs, keys, model.config.get_text_config().pad_token_id)
     options = dict(max_new_tokens=4, do_sample=False, output_logits=True, return_dict_in_generate=True)
     with torch.no_grad():
@@ -426,6 +455,22 @@ def test_output_mode_is_logit_minus_gamma_prior_on_the_plausible_set(model_type)
     torch.testing.assert_close(ours[real][finite], expected[real][finite], rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("compact", [False, True])
+def test_a_prefill_from_embeddings_forgets_the_previous_prompts_spans(compact):
+    """A new prompt given as embeddings (no ids to find spans in) is run unmitigated, not
+    with the spans of the prompt before it."""
+    model = build_tiny_model("llava")
+    inputs = tiny_inputs(model, batch_size=1, text_lengths=[7], seed=3)
+    _, strings = _span_rows(inputs, resolve(model))
+    embeds = model.get_input_embeddings()(inputs["input_ids"][:, -6:])  # a text-only prompt
+    with torch.no_grad():
+        plain = model(inputs_embeds=embeds).logits
+        with attach(model, PriorSuppression(WordIds(), spans=strings, compact_positions=compact)):
+            model(**inputs)  # finds its span
+            after = model(inputs_embeds=embeds).logits
+    torch.testing.assert_close(after, plain, rtol=0, atol=0)
+
+
 def test_composes_with_vcd():
     model = build_tiny_model("llava")
     inputs = tiny_inputs(model, batch_size=2, text_lengths=[7, 5], seed=6)
@@ -443,8 +488,11 @@ def test_compact_positions_compose_exactly_with_vcd_and_output_mode(model_type):
     on the prompts with the spans deleted, at every step: each branch row's positions are
     closed up the same way (M-RoPE included)."""
     model = build_tiny_model(model_type)
-    inputs = tiny_inputs(model, batch_size=2, text_lengths=[7, 5], seed=6)
-    keys, strings = _span_rows(inputs, resolve(model), keep_last=True, pick=lambda row, starts: starts[-row])
+    inputs = tiny_inputs(model, batch_size=2, text_lengths=[7, 8], seed=6)
+    points = resolve(model)
+    keys, strings = _span_rows(inputs, points, keep_last=True, pick=lambda row, starts: starts[-row],
+                               exclude=_non_text_ids(model))
+    assert _sides(inputs, keys, points) == ["before", "after"]
     deleted = _deleted_rows(inputs, keys, model.config.get_text_config().pad_token_id)
     options = dict(max_new_tokens=3, do_sample=False, output_logits=True, return_dict_in_generate=True)
     with torch.no_grad():
@@ -471,6 +519,8 @@ def test_bad_input_is_a_clear_error():
         PriorSuppression(WordIds(), strength=0.5, compact_positions=True)
     with pytest.raises(ValueError, match="compact_positions"):
         PriorSuppression(mode="output", compact_positions=True)
+    with pytest.raises(ValueError, match="every layer"):
+        PriorSuppression(WordIds(), layers=[0], compact_positions=True)
     with pytest.raises(ValueError, match="tokenizer"):
         PriorSuppression(mode="context")
     with pytest.raises(ValueError, match="outside the prompt"), attach(

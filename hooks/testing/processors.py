@@ -32,14 +32,14 @@ _GEMMA_TEMPLATE = (
 # LLaVA-NeXT's (Vicuna) format: "USER: <image>\n... ASSISTANT:"
 _VICUNA_TEMPLATE = (
     "{{- bos_token -}}{%- for message in messages -%}"
-    "{{ message['role'].upper() }}: "
-    "{%- if message['content'] is string -%}{{ message['content'] }}"
+    "{{- message['role'].upper() + ': ' -}}"
+    "{%- if message['content'] is string -%}{{- message['content'] -}}"
     "{%- else -%}{%- for item in message['content'] -%}"
-    "{%- if item['type'] == 'image' -%}<image>\n"
-    "{%- elif item['type'] == 'text' -%}{{ item['text'] }}{%- endif -%}"
-    "{%- endfor -%}{%- endif -%} "
+    "{%- if item['type'] == 'image' -%}{{- '<image>\\n' -}}"
+    "{%- elif item['type'] == 'text' -%}{{- item['text'] -}}{%- endif -%}"
+    "{%- endfor -%}{%- endif -%}{{- ' ' -}}"
     "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}ASSISTANT:{%- endif -%}"
+    "{%- if add_generation_prompt -%}{{- 'ASSISTANT:' -}}{%- endif -%}"
 )
 #: per family: the processor class; special tokens -> the config attribute holding the id
 #: (or an id counted back from the end of the vocabulary); the names the processor reads
@@ -96,7 +96,9 @@ def tiny_tokenizer(model_type: str, config, words: Sequence[str] | None = None):
     if len(set(fixed.values())) != len(fixed) or any(i is None or not 0 <= i < size for i in fixed.values()):
         raise ValueError(f"{model_type}: special token ids {fixed} must be distinct and inside vocab_size {size}")
     free = [i for i in range(size) if i not in set(fixed.values())]
-    words = list(dict.fromkeys(w.lower() for w in (DEFAULT_WORDS if words is None else words)))[: len(free) - 1]
+    taken = set(fixed) | {"<unk>"}  # a word never takes a special token's place
+    words = [w for w in dict.fromkeys(w.lower() for w in (DEFAULT_WORDS if words is None else words)) if w not in taken]
+    words = words[: len(free) - 1]
     vocab = {**fixed, "<unk>": free[0], **{w: i for w, i in zip(words, free[1:])}}
     tok = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
     tok.normalizer = normalizers.Lowercase()
