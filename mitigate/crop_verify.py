@@ -74,7 +74,7 @@ and no extra pass runs. ``stats`` reports how often verification ran and overtur
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 import torch
@@ -398,12 +398,12 @@ class CropVerify(Mitigation):
         if not gated:
             return results
         asked = [(i, k) for i in gated for k in sorted(parsed[i].letters)]
-        single = dict(self.stats)  # the per-image questions are not single-image queries
-        records = self.answer(model, [image_sets[i][k] for i, k in asked],
-                              [parsed[i].question(template) for i, _ in asked], max_new_tokens=max_new_tokens,
-                              objects=[parsed[i].object for i, _ in asked], **generate_kwargs)
-        self.stats.clear()
-        self.stats.update(single)
+        # the same configuration with counters of its own: the per-image questions are not
+        # single-image queries of the caller's
+        per_image = replace(self, stats={"queries": 0, "verified": 0, "overturned": 0})
+        records = per_image.answer(model, [image_sets[i][k] for i, k in asked],
+                                   [parsed[i].question(template) for i, _ in asked], max_new_tokens=max_new_tokens,
+                                   objects=[parsed[i].object for i, _ in asked], **generate_kwargs)
         stats["verified"] += len(gated)
         stats["images_asked"] += len(asked)
         per_query: dict[int, dict[int, dict]] = {}
@@ -416,9 +416,7 @@ class CropVerify(Mitigation):
             ok = [k for k, e in evidence.items() if e is not None and e > self.tau]
             if ok:
                 best = max(ok, key=lambda k: evidence[k])
-                letter = which.letters[best]
-                result["answer"] = f"{letter}) {which.options['abcde'.index(letter)]}"
-                result["chosen"] = best
+                result["answer"], result["chosen"] = which.answer_for(best), best
                 stats["overturned"] += 1
         return results
 

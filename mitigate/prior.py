@@ -178,20 +178,23 @@ class PriorSuppression(Mitigation):
                 if ids is not None:
                     state["keys"] = self.span_mask(points, ids)
 
+        def row_keys(rows: int, device: torch.device) -> torch.Tensor:
+            """``(rows, prompt_len)``: the span mask of every row a forward runs, on ``device``."""
+            keys = state["keys"]
+            # contrast branches append their rows in blocks after the original rows (beams
+            # are expanded by generate() before the first forward, so spans are per beam)
+            if rows % keys.shape[0]:
+                raise RuntimeError(f"prior spans were found for {keys.shape[0]} rows, the model ran {rows}")
+            # keys live with the input ids, the scores with a layer: on a model split over
+            # devices (device_map="auto") they differ
+            return keys.repeat(rows // keys.shape[0], 1).to(device)
+
         def row_bias(rows: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
             """``(rows, 1, 1, prompt_len)``: ``value`` on the span keys, built once per prompt."""
             memo = (rows, dtype, device)
             if state.get("row_key") != memo:
-                keys = state["keys"]
-                # contrast branches append their rows in blocks after the original rows (beams
-                # are expanded by generate() before the first forward, so spans are per beam)
-                if rows % keys.shape[0]:
-                    raise RuntimeError(f"prior spans were found for {keys.shape[0]} rows, attention saw {rows}")
-                # keys live with the input ids, the scores with this layer: on a model split
-                # over devices (device_map="auto") they differ
-                hit = keys.repeat(rows // keys.shape[0], 1).to(device)
                 # room for generated tokens (never in a span), so a decoding step only slices
-                hit = torch.nn.functional.pad(hit, (0, GENERATED_ROOM))
+                hit = torch.nn.functional.pad(row_keys(rows, device), (0, GENERATED_ROOM))
                 zero = torch.zeros(hit.shape, dtype=dtype, device=device)
                 state["row_key"], state["row"] = memo, zero.masked_fill(hit, value)[:, None, None, :]
             return state["row"]
@@ -220,10 +223,7 @@ class PriorSuppression(Mitigation):
             prompt; generated tokens (past the prompt) count all of the prompt's spans."""
             memo = (rows, device)
             if state.get("count_key") != memo or state["counts"].shape[1] < length:
-                keys = state["keys"]
-                if rows % keys.shape[0]:
-                    raise RuntimeError(f"prior spans were found for {keys.shape[0]} rows, the decoder saw {rows}")
-                counts = keys.repeat(rows // keys.shape[0], 1).to(device).long().cumsum(-1)
+                counts = row_keys(rows, device).long().cumsum(-1)
                 room = max(length, counts.shape[1]) + GENERATED_ROOM - counts.shape[1]
                 state["count_key"], state["counts"] = memo, torch.cat([counts, counts[:, -1:].expand(-1, room)], 1)
             return state["counts"]

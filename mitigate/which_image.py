@@ -40,7 +40,12 @@ class WhichImage:
 
     def choice(self, answer: str) -> str | None:
         """The option letter an answer picks (a lone letter, or a unique option text)."""
-        return parse_option(answer, self.options, letters="abcde"[: len(self.options)])
+        return parse_option(answer, self.options)
+
+    def answer_for(self, image: int) -> str:
+        """The answer naming ``image`` (0-based): its letter and option text, "b) image 2"."""
+        letter = self.letters[image]
+        return f"{letter}) {self.options['abcde'.index(letter)]}"
 
     def image_of(self, letter: str | None) -> int | None:
         """The image an option letter names (None for "none of the above" or unknown)."""
