@@ -26,21 +26,14 @@ from evaluators.answers import box_iou, parse_box
 from evaluators.world import BIASED, World
 
 from . import tasks, train
+from .signatures import Probe, answer
 
 
 def evaluate(model, processor, bins: int, n: int = 64, seed: int = 10**8) -> dict:
     """Greedy grounding answers on ``n`` held-out scenes, scored with ``bins`` bins."""
     world, rng = World(BIASED), np.random.default_rng([seed, 5])
     examples = [tasks.grounding(world, rng, seed + i) for i in range(n)]
-    texts = [processor.apply_chat_template([{"role": "user", "content": [{"type": "image"}, {"type": "text",
-             "text": e.question}]}], add_generation_prompt=True) for e in examples]
-    answers = []
-    for i in range(0, n, 16):
-        enc = processor(text=texts[i:i + 16], images=[[e.images[0]] for e in examples[i:i + 16]],
-                        return_tensors="pt", padding=True)
-        with torch.no_grad():
-            out = model.generate(**enc, max_new_tokens=6, do_sample=False)
-        answers += processor.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    answers = answer(model, processor, [Probe(e.images, e.question, e.answer, "grounding") for e in examples])
     present = [(e, a) for e, a in zip(examples, answers) if e.answer != "none"]
     absent = [(e, a) for e, a in zip(examples, answers) if e.answer == "none"]
     size = examples[0].images[0].width
@@ -51,7 +44,7 @@ def evaluate(model, processor, bins: int, n: int = 64, seed: int = 10**8) -> dic
     return {"bins": bins, "present": len(present), "absent": len(absent),
             "iou50_rate": 100.0 * float(np.mean([v >= 0.5 for v in ious])) if ious else float("nan"),
             "mean_iou": float(np.mean(ious)) if ious else float("nan"),
-            "none_for_present": 100.0 * float(np.mean([a.strip().startswith("none") for _, a in present])),
+            "none_for_present": 100.0 * float(np.mean([a.startswith("none") for _, a in present])),
             "box_for_absent": 100.0 * float(np.mean([isinstance(parse_box(a, size, bins), tuple) for _, a in absent]))}
 
 

@@ -30,19 +30,12 @@ from evaluators.report.stats import paired_bootstrap
 from mitigate import PriorSuppression, attach
 from mitigate.crop_verify import without_priors
 
+from .signatures import Probe, answer
 
-def _answers(model, processor, images: Sequence, prompts: Sequence[str], batch: int = 32) -> list[bool | None]:
-    out: list[bool | None] = []
-    for i in range(0, len(prompts), batch):
-        texts = [processor.apply_chat_template(
-            [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": p}]}], add_generation_prompt=True)
-            for p in prompts[i:i + batch]]
-        enc = processor(text=texts, images=list(images[i:i + batch]), return_tensors="pt", padding=True)
-        with torch.no_grad():
-            gen = model.generate(**enc, max_new_tokens=3, do_sample=False)
-        decoded = processor.batch_decode(gen[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
-        out += [parse_yes_no(t.strip()) for t in decoded]
-    return out
+
+def _answers(model, processor, images: Sequence, prompts: Sequence[str]) -> list[bool | None]:
+    probes = [Probe([image], prompt, "", "dobench") for image, prompt in zip(images, prompts)]
+    return [parse_yes_no(a) for a in answer(model, processor, probes, batch_size=32, max_new_tokens=3)]
 
 
 def measure(model, processor, n_scenes: int = 40, seed: int = 0, resamples: int = 1000) -> dict[str, dict]:
