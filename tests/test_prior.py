@@ -180,8 +180,7 @@ def _widen_sliding_window(model, length):
 
 def _compact_masked_deleted(model, inputs, keys, strings):
     """Last-token logits: compact_positions, masking alone, and the span deleted."""
-    shape = inputs["input_ids"].shape
-    deleted = {k: v[:, ~keys[0]] if isinstance(v, torch.Tensor) and v.shape == shape else v for k, v in inputs.items()}
+    deleted = _deleted_rows(inputs, keys, model.config.get_text_config().pad_token_id)
     with torch.no_grad():
         reference = model(**deleted).logits[0, -1]
         with attach(model, PriorSuppression(WordIds(), spans=strings)):
