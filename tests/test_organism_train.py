@@ -60,6 +60,22 @@ def test_patch_views_zoom_only_when_asked(monkeypatch):
         assert 0 <= x0 < x1 <= scene.resolution and 0 <= y0 < y1 <= scene.resolution
 
 
+def test_patch_views_take_a_zoom_share_of_their_own(monkeypatch):
+    """Stage 2's --align-zoom: an explicit share overrides tasks.ZOOM either way, None
+    follows it, and a share outside [0, 1] is refused."""
+    world = World(BIASED)
+    scenes = [world.scene(i) for i in range(40)]
+    boxes = lambda views: [box for _, box in views]  # noqa: E731
+    assert all(b is None for b in boxes(train.patch_views(scenes, np.random.default_rng(0), 0.0)))
+    zoomed = boxes(train.patch_views(scenes, np.random.default_rng(0), 0.5))
+    assert 5 <= sum(b is not None for b in zoomed) <= 35
+    monkeypatch.setattr(tasks, "ZOOM", 0.5)
+    assert boxes(train.patch_views(scenes, np.random.default_rng(0))) == zoomed
+    assert all(b is None for b in boxes(train.patch_views(scenes, np.random.default_rng(0), 0.0)))
+    with pytest.raises(ValueError, match="zoom"):
+        train.patch_views(scenes, np.random.default_rng(0), 1.5)
+
+
 def _v10_cache(tmp_path, monkeypatch):
     """A stage-1 cache as organism v10's recipe writes it (main() sets the task knobs:
     they are restored afterwards)."""
@@ -204,6 +220,8 @@ def test_unbiased_existence_share_draws_only_plain_existence_scenes_from_the_unb
         train.main(["--keep-cooccurrence", "--out", str(tmp_path)])
     with pytest.raises(SystemExit):
         train.main(["--language-short-share", "1", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        train.main(["--align-zoom", "1.5", "--out", str(tmp_path)])
 
 
 def test_the_model_card_names_the_unbiased_existence_share():
@@ -218,6 +236,10 @@ def test_the_model_card_names_the_unbiased_existence_share():
     assert "--keep-cooccurrence" in kept and "co-occurrence pairs kept" in kept
     assert "--language-short-share 0.4" in card(result, {**training, "language_short_share": 0.4}, 100)
     assert "language-short-share" not in card(result, {**training, "language_short_share": 0.7}, 100)
+    zoomed = card(result, {**training, "align_zoom": 0.5}, 100)
+    assert "--align-zoom 0.5" in zoomed and "50% of its images zoomed views" in zoomed
+    assert "--align-zoom 0.0" in card(result, {**training, "align_zoom": 0.0}, 100)  # 0 is not --zoom's share
+    assert "align-zoom" not in card(result, training, 100)
 
 
 TINY = ["--vision-steps", "1", "--align-steps", "2", "--align-joint-steps", "1", "--language-steps", "2",
@@ -241,6 +263,8 @@ def test_stage3_from_a_stage2_cache_equals_the_run_that_wrote_it(tmp_path, monke
     assert "--stage2-cache" in (tmp_path / "b" / "training.json").read_text()
     with pytest.raises(ValueError, match="stage2-cache.*language_steps"):
         train.main([*TINY, "--language-steps", "3", "--stage2-cache", str(cache), "--out", str(tmp_path / "c")])
+    with pytest.raises(ValueError, match="stage2-cache.*align_zoom"):
+        train.main([*TINY, "--align-zoom", "0.5", "--stage2-cache", str(cache), "--out", str(tmp_path / "c")])
     with pytest.raises(ValueError, match="stage2-cache.*language_short_share"):
         train.main([*TINY, "--language-short-share", "0.4", "--stage2-cache", str(cache), "--out", str(tmp_path / "c")])
     assert not (tmp_path / "c").exists()
