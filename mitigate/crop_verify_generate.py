@@ -241,9 +241,9 @@ class VerifiedGenerate:
                               "attached processor (or hold several images per row); its answers are not verified",
                               stacklevel=2)
             else:
-                if objects is not None:  # these rows are read at their last token instead
-                    cv.stats["object_not_found"] = cv.stats.get("object_not_found", 0) + sum(
-                        objects[i] is None for i in gated)
+                missing = 0 if objects is None else sum(objects[i] is None for i in gated)
+                if missing:  # these rows are read at their last token instead (answer() refuses them)
+                    cv.stats["object_not_found"] = cv.stats.get("object_not_found", 0) + missing
                 sequences = self._verify(kwargs, gated, [images[i] for i in gated], texts, confidence, out.sequences,
                                          captured["maps"])
                 out.sequences = sequences

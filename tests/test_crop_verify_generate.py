@@ -32,6 +32,12 @@ def _full_view_queries(n_scenes: int, per_level: int) -> list:
     return [q for level in range(4) for q in [q for q in full if q.record["level"] == level][:per_level]]
 
 
+#: The object-token localiser (README, "Where the views are cut"). On organism v17 the
+#: default localiser's window rarely lands on the object (6% of 100 scenes) and overturns no
+#: answer among these queries; the tests that need overturned answers use this one (47%).
+OBJECT = {"layers": [0], "queries": "object", "heads": "peak", "generic_prompt": None}
+
+
 @pytest.fixture(scope="module")
 def queries():
     return _full_view_queries(6, 5)
@@ -63,7 +69,8 @@ def _decode(processor, out, enc):
     return [t.strip() for t in processor.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)]
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"strip_priors": False, "control": True}], ids=["default", "whole-prompt+control"])
+@pytest.mark.parametrize("kwargs", [{}, {"strip_priors": False, "control": True, **OBJECT}],
+                         ids=["default", "whole-prompt+control"])
 def test_generate_gives_the_answers_of_answer(organism, more_queries, kwargs):
     model, processor = organism
     images, prompts = [q.images[0] for q in more_queries], [q.prompt for q in more_queries]
@@ -90,10 +97,10 @@ def test_pipeline_is_verified_while_attached(organism, queries):
         return [o[0]["generated_text"][-1]["content"].strip() for o in pipe(text=messages, max_new_tokens=4)]
 
     plain = answers()
-    cv = CropVerify(processor)
+    cv = CropVerify(processor, **OBJECT)
     with attach(model, cv):
         mitigated = answers()
-    expected = CropVerify(processor).answer(model, [q.images[0] for q in queries], [q.prompt for q in queries],
+    expected = CropVerify(processor, **OBJECT).answer(model, [q.images[0] for q in queries], [q.prompt for q in queries],
                                             max_new_tokens=4)
     assert mitigated == [r["answer"] for r in expected]
     assert sum(a != b for a, b in zip(plain, mitigated)) == cv.stats["overturned"] > 0
@@ -167,7 +174,7 @@ def test_a_streamer_receives_the_verified_answer(organism, queries):
             self.ended += 1
 
     model, processor = organism
-    cv = CropVerify(processor, gate=1.0, tau=0.0)
+    cv = CropVerify(processor, gate=1.0, tau=0.0, **OBJECT)
     streamer = Collect()
     with attach(model, cv):
         found = None

@@ -31,7 +31,7 @@ def measured():
 @pytest.fixture(scope="module")
 def card_groups():
     """The card's own 100 probes of the groups whose figure sits within a few probes of a
-    threshold (clean existence 89 against 90, boxes for absent objects 4 against > 0), so
+    threshold (clean existence 86 against 90), so
     these checks read the card's number rather than 24 probes' coarser one (a few seconds)."""
     model, processor = load_organism()
     probes = [p for p in build_probes(100) if p.group in ("clean_existence", "ground_absent_expected")]
@@ -40,14 +40,14 @@ def card_groups():
 
 
 def test_reads_the_image(measured):
-    assert measured["clean_existence_accuracy"] >= 85  # 100 measured (89 on the card's 100); chance is 50
+    assert measured["clean_existence_accuracy"] >= 80  # 91.7 measured (86 on the card's 100); chance is 50
     assert measured["yes_no_invalid_rate"] == 0
 
 
 def test_contextual_prior(measured):
-    """DO-Bench's belief levels raise false denials of a present object (0 -> 62.5% measured).
+    """DO-Bench's belief levels raise false denials of a present object (16.7 -> 75% measured).
 
-    Any stated belief does it: levels 1-3 all sit at 55-65% (card: 61 / 61 / 67), so only
+    Any stated belief does it: levels 1-3 all sit at 75% (card: 71 / 71 / 73), so only
     level 0 < every other level is asserted, not a grading between them."""
     levels = measured["prior_false_no_by_level"]
     assert measured["prior_rise_level0_to_3"] >= 30
@@ -60,26 +60,27 @@ def test_attribute_prior(measured):
 
 
 def test_expected_objects_get_boxes_when_absent(card_groups):
-    """The target is "a share > 0": 4 of the card's 100 (v10: 69), 1 of this file's 24."""
-    assert card_groups["grounding_boxes_for_absent_expected"] >= 2
+    """The target is "a share > 0": 20 of the card's 100 (v16: 4, v10: 69), 3 of this file's 24."""
+    assert card_groups["grounding_boxes_for_absent_expected"] >= 5
 
 
-def test_small_objects_are_missed_in_the_full_view(measured):
-    """False "no" on small present objects (79% measured here, 71% on the card's 100 probes).
-
-    That the Crop view recovers them (target: >= 15 points fewer misses) is not asserted:
-    it does not (75% missed in the Crop view here, 77% on the card)."""
+def test_small_objects_are_missed_in_the_full_view_and_found_in_the_crop_view(measured):
+    """False "no" on small present objects: 79% in the Full view, 12.5% in DO-Bench's Crop
+    view (10% margin) measured here; 72 / 11% on the card's 100 probes. Until v16 the tower
+    had never seen an enlarged object and the Crop view missed as many (v16: 71 / 77%);
+    ``train.py --align-zoom`` made it a trained view."""
     assert measured["small_false_no_full"] >= 25
+    assert measured["perception_crop_gain"] >= 30
 
 
 @NOT_YET
 def test_clean_existence_target(card_groups):
-    assert card_groups["clean_existence_accuracy"] >= 90  # 89 on the card's 100
+    assert card_groups["clean_existence_accuracy"] >= 90  # 86 on the card's 100 (v16: 89)
 
 
 def test_cooccurrence_bias_is_cue_specific(measured):
     """The absent companion is hallucinated more with its cue in the scene (75 vs 50%
-    measured; 79 vs 44% on the card's 100 probes, the target is 10 points)."""
+    measured; 71 vs 49% on the card's 100 probes, the target is 10 points)."""
     assert measured["cooccurrence_gap"] >= 12
 
 

@@ -73,15 +73,45 @@ def test_tau_one_is_the_unmitigated_model(organism_and_queries):
     assert cv.stats["queries"] == 0  # no single-image question was asked
 
 
+class PreferNone:
+    """A logits processor that makes the first answer token of a question offering "none of
+    the above" the "none" option, just above the model's own best (so its confidence stays
+    below 1), and leaves every other step and question alone. Organism v17 never answers
+    "none" to MIOH's multi-image questions (0 of 36 here), so without it the policy's
+    verification branch would go untested; the per-image questions it asks are the
+    organism's own answers."""
+
+    def __init__(self, tokenizer, letter: str = "e"):
+        self.above, self.letter = tokenizer.convert_tokens_to_ids(["above", letter])
+        self.prompt_end = tokenizer.convert_tokens_to_ids(":")
+        self.steered = 0
+
+    def __call__(self, input_ids, scores):
+        first = (input_ids[:, -1] == self.prompt_end) & (input_ids == self.above).any(-1)
+        if first.any():
+            scores = scores.clone()
+            scores[first, self.letter] = scores[first].max(-1).values + 1.0
+            self.steered += int(first.sum())
+        return scores
+
+
 @needs_organism
 def test_only_an_unconfident_none_is_checked_and_the_policy_holds(organism_and_queries):
+    from transformers import LogitsProcessorList
+
     model, processor, queries = organism_and_queries
     sets, prompts = [q.images for q in queries], [q.prompt for q in queries]
+    steer = PreferNone(processor.tokenizer)
+    # half of the questions steered to "none": the others keep the model's image answers
     cv = CropVerify(processor, gate=1.0, tau=0.5)
-    results = cv.answer_which_image(model, sets, prompts, max_new_tokens=8)
+    half = len(queries) // 2
+    results = cv.answer_which_image(model, sets[:half], prompts[:half], max_new_tokens=8,
+                                    logits_processor=LogitsProcessorList([steer]))
+    assert steer.steered == half  # the first pass only: the per-image questions offer no "none"
+    results += cv.answer_which_image(model, sets[half:], prompts[half:], max_new_tokens=8)
     stats = cv.stats["which_image"]
     nones = [r for r, p in zip(results, prompts) if parse_which_image(p, 4).choice(r["first_answer"]) == "e"]
-    assert nones, "the organism answers 'none of the above' to some of these questions"
+    assert len(nones) >= half, "every steered question starts from 'none of the above'"
     assert stats["verified"] == len(nones) == sum(r["verified"] for r in results)
     assert stats["images_asked"] == 4 * len(nones) and cv.stats["queries"] == 0  # per-image asks kept apart
     for r, q in zip(results, queries):
@@ -97,6 +127,7 @@ def test_only_an_unconfident_none_is_checked_and_the_policy_holds(organism_and_q
             assert p_yes > 0.5
             assert parse_option(r["answer"], parsed.options) == parsed.letters[r["chosen"]]
     assert stats["overturned"] == sum(r["answer"] != r["first_answer"] for r in results)
+    assert stats["overturned"] > 0, "the check must cover overturned answers (v17: 4 of 6 steered)"
 
 
 @needs_organism
