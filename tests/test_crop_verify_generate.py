@@ -100,8 +100,8 @@ def test_pipeline_is_verified_while_attached(organism, queries):
     cv = CropVerify(processor, **OBJECT)
     with attach(model, cv):
         mitigated = answers()
-    expected = CropVerify(processor, **OBJECT).answer(model, [q.images[0] for q in queries], [q.prompt for q in queries],
-                                            max_new_tokens=4)
+    expected = CropVerify(processor, **OBJECT).answer(model, [q.images[0] for q in queries],
+                                                      [q.prompt for q in queries], max_new_tokens=4)
     assert mitigated == [r["answer"] for r in expected]
     assert sum(a != b for a, b in zip(plain, mitigated)) == cv.stats["overturned"] > 0
     assert answers() == plain  # detached: the pipeline is the plain one again

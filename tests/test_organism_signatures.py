@@ -30,9 +30,9 @@ def measured():
 
 @pytest.fixture(scope="module")
 def card_groups():
-    """The card's own 100 probes of the groups whose figure sits within a few probes of a
-    threshold (clean existence 86 against 90), so
-    these checks read the card's number rather than 24 probes' coarser one (a few seconds)."""
+    """The card's own 100 probes of clean existence (86 against the target's 90) and of
+    boxes for absent expected objects (a count that 24 probes make coarse: 3 of 24), so
+    these checks read the card's number (a few seconds)."""
     model, processor = load_organism()
     probes = [p for p in build_probes(100) if p.group in ("clean_existence", "ground_absent_expected")]
     with torch.no_grad():
