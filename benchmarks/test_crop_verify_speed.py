@@ -8,7 +8,8 @@ Batch 8, two sets: DO-Bench's level-0 Full-view questions (built-in suite, seed 
 about a small out-of-context present object, four about a typical absent one -- the hard
 case crop-and-verify is for) and clean existence questions (large objects, unbiased
 scenes); 8 new tokens (an existence answer is one or two). The gate (first-token confidence < 0.9) decides how many queries pay for
-localisation and the two views; the share is recorded with the timing.
+localisation and the two views; the share is recorded with the timing. ``crop_verify_embedding``
+is ``answer()`` with ``locate="embedding"``, which needs no forward of ViCrop's generic prompt.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def _questions(kind: str):
 
 
 @pytest.mark.parametrize("kind", ["dobench_level0", "clean"])
-@pytest.mark.parametrize("role", ["baseline", "crop_verify", "crop_verify_generate"])
+@pytest.mark.parametrize("role", ["baseline", "crop_verify", "crop_verify_generate", "crop_verify_embedding"])
 def test_crop_verify_speed(benchmark, paired, organism, rounds, role, kind):
     model, processor = organism
     images, prompts = _questions(kind)
@@ -57,7 +58,8 @@ def test_crop_verify_speed(benchmark, paired, organism, rounds, role, kind):
     if role == "baseline":
         benchmark.pedantic(plain, rounds=rounds, warmup_rounds=2)
         return
-    cv = CropVerify(processor)
+    # crop_verify_embedding: answer() with locate="embedding" (no generic-prompt forward)
+    cv = CropVerify(processor, locate="embedding" if role == "crop_verify_embedding" else "attention")
     if role == "crop_verify_generate":  # attach(): the plain call itself, verified
         out = paired(plain, plain, attach=lambda: attach(model, cv))
     else:

@@ -14,12 +14,15 @@ combines them at inference time:
    run only when they can change the answer (:meth:`CropVerify.gate_rows`);
    all gated queries of a call are localised together and re-asked in one ``generate()``;
 3. **localise** the queried object: a box from the caller's ``localizer`` (any detector
-   callable) or from attention (:mod:`mitigate.localize`: ViCrop's last-token map by
-   default; ``queries="object"`` reads the tokens naming the object, ``heads="peak"`` the
-   most concentrated head, ``generic_prompt=None`` drops ViCrop's normalising row). The
-   query's attention is captured at step 1's own prefill (:mod:`hooks.capture`: scores
-   recomputed from the chosen layers' queries and keys, the answer untouched), so the only
-   localisation pass is one forward of the generic prompt over the gated images;
+   callable), from attention (``locate="attention"``, the default; :mod:`mitigate.localize`:
+   ViCrop's last-token map; ``queries="object"`` reads the tokens naming the object,
+   ``heads="peak"`` the most concentrated head, ``generic_prompt=None`` drops ViCrop's
+   normalising row) or from the embeddings (``locate="embedding"``,
+   :mod:`mitigate.localize_embedding`: the image tokens nearest the object's name in the
+   decoder's input space). Either is captured at step 1's own prefill (attention:
+   :mod:`hooks.capture`, scores recomputed from the chosen layers' queries and keys; the
+   answer untouched), so the only localisation pass is ViCrop's one forward of the generic
+   prompt over the gated images, and ``locate="embedding"`` needs none;
 4. **views**: Cluster / Crop cut from the *original* image (not the resized model input)
    with DO-Bench's margin rule, the same geometry the evaluators use
    (:mod:`evaluators.world.views`);
@@ -91,6 +94,7 @@ from .localize import (
     GENERIC_PROMPT, HEADS, QUERIES, attention_boxes, boxes_from_maps, capture_first_pass, generic_queries,
     image_attention_maps, object_in_question, object_token_mask,
 )
+from .localize_embedding import capture_embeddings, embedding_maps
 from .spans import find_prior_spans
 from .which_image import EXISTENCE_TEMPLATE, parse_which_image
 
@@ -98,6 +102,10 @@ from .which_image import EXISTENCE_TEMPLATE, parse_which_image
 #: original and its Crop view as two images of one prompt (issue 6's [original, crop], for
 #: models that take several images; the crop adds resolution without losing the context).
 VIEWS = ("crop", "cluster", "pair")
+
+#: How the object is found without a ``localizer``: the model's attention (ViCrop,
+#: :mod:`mitigate.localize`) or its input embeddings (:mod:`mitigate.localize_embedding`).
+LOCATE = ("attention", "embedding")
 
 
 def control_box(box: tuple, width: int, height: int) -> tuple[float, float, float, float]:
@@ -160,10 +168,13 @@ class CropVerify(Mitigation):
     ``which_image``: let the evaluators send multi-image "in which image is there ...?"
     questions to :meth:`answer_which_image` (off by default).
 
-    Localisation: ``layers`` (default: ViCrop's middle layers), ``queries`` (``"last"``,
-    ``"question"`` or ``"object"``), ``heads`` (``"mean"`` or ``"peak"``), ``generic_prompt``
-    (ViCrop's normalising prompt; None reads the raw map and skips that row) -- see
-    :mod:`mitigate.localize`. ``localizer`` replaces all of them with a detector callable.
+    Localisation: ``locate`` (:data:`LOCATE`): ``"attention"`` (default) reads ``layers``
+    (default: ViCrop's middle layers), ``queries`` (``"last"``, ``"question"`` or
+    ``"object"``), ``heads`` (``"mean"`` or ``"peak"``) and ``generic_prompt`` (ViCrop's
+    normalising prompt; None reads the raw map and skips that row) -- see
+    :mod:`mitigate.localize`; ``"embedding"`` ignores those four and needs each prompt to name
+    its object (:mod:`mitigate.localize_embedding`). ``localizer`` replaces both with a
+    detector callable.
     """
 
     processor: Any
@@ -176,6 +187,7 @@ class CropVerify(Mitigation):
     queries: str = "last"  # "question": the text after the image; "object": the object's tokens
     heads: str = "mean"  # "peak": per query, the most concentrated head (see localize)
     generic_prompt: str | None = GENERIC_PROMPT
+    locate: str = "attention"  # "embedding": the image tokens nearest the object's name (localize_embedding)
     strip_priors: bool = True  # re-ask the views without the prompt's belief / assertion sentences
     # route multi-image "in which image is there ...?" questions to answer_which_image where a
     # caller dispatches by query (evaluators.model.HFModel); off by default, because on the
@@ -203,6 +215,8 @@ class CropVerify(Mitigation):
             raise ValueError(f"queries must be one of {QUERIES}, got {self.queries!r}")
         if self.heads not in HEADS:
             raise ValueError(f"heads must be one of {HEADS}, got {self.heads!r}")
+        if self.locate not in LOCATE:
+            raise ValueError(f"locate must be one of {LOCATE}, got {self.locate!r}")
         if not isinstance(self.which_image, bool):
             raise ValueError(f"which_image must be True or False, got {self.which_image!r}")
         if not isinstance(self.strip_priors, bool):
@@ -243,7 +257,7 @@ class CropVerify(Mitigation):
                   capture_objects: Sequence[str | None] | None = None):
         """Texts and first-step probabilities; with ``capture_objects`` (one object or None
         per prompt) also the encoded inputs and each row's localisation maps, captured at
-        the prefill of this very ``generate()`` (:func:`capture_first_pass`)."""
+        the prefill of this very ``generate()`` (:meth:`capture`)."""
         enc = self._inputs(images, prompts, model)
         kwargs = dict(max_new_tokens=max_new_tokens, output_scores=True, return_dict_in_generate=True,
                       **{"do_sample": False, **generate_kwargs})
@@ -251,8 +265,7 @@ class CropVerify(Mitigation):
         if capture_objects is None:
             out = model.generate(**enc, **kwargs)
         else:
-            with capture_first_pass(model, enc, layers=self.layers, queries=self.queries, objects=capture_objects,
-                                    tokenizer=self.processor.tokenizer) as captured:
+            with self.capture(model, enc, capture_objects) as captured:
                 out = model.generate(**enc, **kwargs)
             maps = captured["maps"]
         texts = [t.strip() for t in self.processor.batch_decode(out.sequences[:, enc["input_ids"].shape[1]:],
@@ -295,9 +308,13 @@ class CropVerify(Mitigation):
     def boxes(self, model, images: list[Image.Image], prompts: list[str],
               objects: Sequence[str | None] | None = None) -> list[tuple[float, float, float, float]]:
         """:meth:`box` for several queries, localised in one batched forward (each query's
-        row beside its generic-prompt row, when there is a generic prompt)."""
+        row beside its generic-prompt row, when attention is read with a generic prompt)."""
         if self.localizer is not None:
             return self.detector_boxes(images, prompts)
+        if self.locate == "embedding":
+            enc = dict(self._inputs(images, prompts, model))
+            maps = embedding_maps(model, enc, self._object_mask(model, enc, self._objects(prompts, objects)))
+            return self.boxes_from_capture(model, enc, maps, list(range(len(images))), images)
         per = 1 if self.generic_prompt is None else 2
         rows_images = [im for im in images for _ in range(per)]
         rows_prompts = [q for p in prompts for q in (p, self.generic_prompt)[:per]]
@@ -326,7 +343,7 @@ class CropVerify(Mitigation):
         self.check_view_size(images)
         localise = self.localizer is None and self.tau < 1.0
         named = None
-        if localise:  # the object each prompt names (None: its last token is read) for queries="object"
+        if localise:  # the object each prompt names (None: queries="object" reads its last token)
             named = list(objects) if objects is not None else [object_in_question(p) for p in prompts]
         first = self._generate(model, images, prompts, max_new_tokens, generate_kwargs, capture_objects=named)
         texts, probs = first[:2]
@@ -421,16 +438,46 @@ class CropVerify(Mitigation):
         return results
 
     def _captured_boxes(self, model, enc, maps, rows, images, prompts, named) -> list[tuple]:
-        """Boxes for ``rows`` of the first pass, from the maps captured at its prefill; the
-        generic prompt's maps (ViCrop's ratio) take one forward over those rows' images."""
-        if self.queries == "object":
-            self._objects([p for p, o in zip(prompts, named) if o is None], None)  # a clear error if unnamed
+        """Boxes for ``rows`` of the first pass, from the maps captured at its prefill (a
+        clear error first if a row's prompt names no object and localisation needs one)."""
+        if self.needs_objects():
+            self._objects([p for p, o in zip(prompts, named) if o is None], None)
+        return self.boxes_from_capture(model, enc, maps, rows, images)
+
+    def needs_objects(self) -> bool:
+        """Whether localisation reads the prompt tokens that name each query's object."""
+        return self.locate == "embedding" or self.queries == "object"
+
+    def capture(self, model, inputs: dict, objects: Sequence[str | None] | None):
+        """A context manager that captures each row's localisation map at the prefill of
+        whatever runs the model inside it (the first answer's own ``generate()``, left
+        unchanged) and fills the ``"maps"`` of the dict it yields on exit: attention
+        (:func:`mitigate.localize.capture_first_pass`) or, under ``locate="embedding"``, the
+        similarity to the object's name (:func:`mitigate.localize_embedding.capture_embeddings`;
+        ``objects`` names one object or None per row)."""
+        if self.locate == "embedding":
+            return capture_embeddings(model, inputs, self._object_mask(model, inputs, objects))
+        return capture_first_pass(model, inputs, layers=self.layers, queries=self.queries, objects=objects,
+                                  tokenizer=self.processor.tokenizer)
+
+    def _object_mask(self, model, inputs: dict, objects: Sequence[str | None]) -> torch.Tensor:
+        return object_token_mask(self.processor.tokenizer, resolve(model), inputs["input_ids"], objects)
+
+    def boxes_from_capture(self, model, inputs: dict, maps: Sequence, rows: Sequence[int],
+                           images: Sequence[Image.Image]) -> list[tuple]:
+        """Boxes for ``rows`` of ``inputs`` from the maps :meth:`capture` took of them
+        (``images``: those rows' originals). Attention with ViCrop's generic prompt takes one
+        forward of it over the images, for the ratio; the embedding maps need none. A row
+        without a map (nothing in its prompt names the object) is a ``ValueError``."""
+        missing = [r for r in rows if maps[r] is None]
+        if missing:
+            raise ValueError(f"locate='embedding': the prompt of row {missing[0]} names no object to look for")
         generic = None
-        if self.generic_prompt is not None:
-            generic_enc = dict(self._inputs(images, [self.generic_prompt] * len(images), model))
+        if self.locate == "attention" and self.generic_prompt is not None:
+            generic_enc = dict(self._inputs(list(images), [self.generic_prompt] * len(images), model))
             generic = image_attention_maps(model, generic_enc, self.layers, generic_queries(self.queries))
-        return boxes_from_maps(resolve(model), [maps[i] for i in rows], enc, rows, [im.size for im in images],
-                               heads=self.heads, generic_maps=generic)
+        return boxes_from_maps(resolve(model), [maps[r] for r in rows], inputs, list(rows), [im.size for im in images],
+                               heads=self.heads if self.locate == "attention" else "mean", generic_maps=generic)
 
     def _verify(self, images, prompts, results, model, max_new_tokens, generate_kwargs, boxes) -> None:
         view_images, view_prompts, built_all = [], [], []

@@ -8,12 +8,13 @@ restored exactly on ``detach()``, :meth:`hooks.HookGroup.patch_attribute`):
   by the pixels it returned (:class:`OriginalImages`) -- ``generate()`` only ever sees the
   resized pixels, and the views must be cut from the *original* image;
 * ``model.generate`` runs the caller's generation with the first step's scores and, at
-  its prefill, captures the chosen layers' attention maps of every row
-  (:func:`mitigate.localize.capture_first_pass`; the generation itself is unchanged),
+  its prefill, captures every row's localisation map -- the chosen layers' attention
+  (:func:`mitigate.localize.capture_first_pass`) or the embeddings' similarity to the
+  object's name (``locate="embedding"``); the generation itself is unchanged --,
   gates each row as :meth:`CropVerify.answer` does (:meth:`CropVerify.gate_rows`:
   first-token confidence below ``gate``, not "yes", not a box or free text), localises
-  the gated rows' objects from those maps (plus one forward of the generic prompt, for
-  ViCrop's ratio), and re-asks every view of every gated row in one more ``generate()``.
+  the gated rows' objects from those maps (plus, for attention, one forward of the generic
+  prompt, ViCrop's ratio), and re-asks every view of every gated row in one more ``generate()``.
 
 The views are re-asked with the caller's own prompt tokens: each view is resized to its
 original's size, so the family's processor gives it exactly as many image tokens as the
@@ -55,7 +56,7 @@ from PIL import Image
 from hooks import HookGroup, ModelPoints
 
 from .crop_verify import view_image
-from .localize import boxes_from_maps, capture_first_pass, generic_queries, image_attention_maps, object_in_question
+from .localize import object_in_question
 
 
 def _flat_images(images: Any) -> list[Image.Image | None]:
@@ -222,9 +223,8 @@ class VerifiedGenerate:
         captured, objects = {"maps": None}, None
         prompts = [tok.decode(row, skip_special_tokens=True) for row in ids]
         if cv.localizer is None:  # the gated rows' maps, captured at this very call's prefill
-            objects = [object_in_question(p) for p in prompts] if cv.queries == "object" else None
-            with capture_first_pass(self.model, kwargs, layers=cv.layers, queries=cv.queries, objects=objects,
-                                    tokenizer=tok) as captured:
+            objects = [object_in_question(p) for p in prompts] if cv.needs_objects() else None
+            with cv.capture(self.model, kwargs, objects) as captured:
                 out = self.generate(**first)
         else:
             out = self.generate(**first)
@@ -234,19 +234,21 @@ class VerifiedGenerate:
         confidence = probs.max(-1).values
         cv.stats["queries"] += rows
         gated = cv.gate_rows(texts, confidence, prompts)
+        if gated and (images is None or len(images) != rows or any(images[i] is None for i in gated)):
+            cv.stats["no_original"] = cv.stats.get("no_original", 0) + len(gated)
+            warnings.warn("crop_verify: the original images of this generate() call were not preprocessed by the "
+                          "attached processor (or hold several images per row); its answers are not verified",
+                          stacklevel=2)
+            gated = []
+        missing = [i for i in gated if objects is not None and objects[i] is None]
+        if missing:  # answer() refuses them; here queries="object" reads their last token instead,
+            # and under locate="embedding" nothing names what to look for: those rows stay unverified
+            cv.stats["object_not_found"] = cv.stats.get("object_not_found", 0) + len(missing)
+            if cv.locate == "embedding":
+                gated = [i for i in gated if i not in missing]
         if gated:
-            if images is None or len(images) != rows or any(images[i] is None for i in gated):
-                cv.stats["no_original"] = cv.stats.get("no_original", 0) + len(gated)
-                warnings.warn("crop_verify: the original images of this generate() call were not preprocessed by the "
-                              "attached processor (or hold several images per row); its answers are not verified",
-                              stacklevel=2)
-            else:
-                missing = 0 if objects is None else sum(objects[i] is None for i in gated)
-                if missing:  # these rows are read at their last token instead (answer() refuses them)
-                    cv.stats["object_not_found"] = cv.stats.get("object_not_found", 0) + missing
-                sequences = self._verify(kwargs, gated, [images[i] for i in gated], texts, confidence, out.sequences,
+            out.sequences = self._verify(kwargs, gated, [images[i] for i in gated], texts, confidence, out.sequences,
                                          captured["maps"])
-                out.sequences = sequences
         if streamer is not None:
             _replay(streamer, out.sequences, start)
         return out if want_dict else out.sequences
@@ -290,16 +292,10 @@ class VerifiedGenerate:
 
     def _boxes(self, kwargs: dict, maps, gated: list[int], images: list[Image.Image], prompts: list[str]) -> list[tuple]:
         """The gated rows' boxes: the caller's detector, or the maps captured at the first
-        pass's prefill (with the generic prompt's maps from one forward, for ViCrop's ratio)."""
-        cv, model = self.cv, self.model
-        if cv.localizer is not None:
-            return cv.detector_boxes(images, prompts)
-        generic = None
-        if cv.generic_prompt is not None:
-            generic_inputs = dict(cv._inputs(images, [cv.generic_prompt] * len(images), model))
-            generic = image_attention_maps(model, generic_inputs, cv.layers, generic_queries(cv.queries))
-        return boxes_from_maps(self.points, [maps[i] for i in gated], kwargs, gated, [im.size for im in images],
-                               heads=cv.heads, generic_maps=generic)
+        pass's prefill (:meth:`mitigate.CropVerify.boxes_from_capture`)."""
+        if self.cv.localizer is not None:
+            return self.cv.detector_boxes(images, prompts)
+        return self.cv.boxes_from_capture(self.model, kwargs, maps, gated, images)
 
 
 def attach_verified_generate(cv, points: ModelPoints, group: HookGroup) -> None:

@@ -4,6 +4,7 @@
     python -m evaluators.organism.crop_policy --scenes 40 --seed 1     # other scenes
     python -m evaluators.organism.crop_policy --settings views         # pair view, control window
     python -m evaluators.organism.crop_policy --settings gate          # gate (cost) x tau (effect)
+    python -m evaluators.organism.crop_policy --settings locate        # attention vs embedding localiser
 
 Issue 6 asks that the Full-view false "no" on present objects fall while the false "yes"
 on absent ones (DO-Bench's B-series) rises by at most 3 points. Both depend on ``tau`` (a
@@ -47,6 +48,13 @@ SETTINGS = {
     },
     # session 7: the confidence gate (cost) against the overturn threshold (effect)
     "gate": {"ViCrop (default), every first answer but yes verified": {"gate": 1.0}},
+    "gate-embedding": {"embedding localiser, every first answer but yes verified": {"gate": 1.0, "locate": "embedding"}},
+    # session 17: where the views are cut -- attention (ViCrop) or the object's name in embedding space
+    "locate": {
+        "ViCrop (default)": {},
+        "embedding (locate='embedding')": {"locate": "embedding"},
+        "object tokens, peak head, layer 0": _OBJECT,
+    },
 }
 GATES = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
@@ -135,12 +143,13 @@ def main(argv=None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--settings", choices=sorted(SETTINGS), default="policy",
                         help="policy: localiser x view prompt (session 6); views: pair view and control window; "
-                             "gate: the confidence gate's share of verified queries against its effect")
+                             "gate, gate-embedding: the confidence gate's share of verified queries against its effect; "
+                             "locate: attention against embedding localisation (session 17)")
     args = parser.parse_args(argv)
     torch.set_num_threads(2)
     model, processor = load_organism(args.path)
     data = collect(model, processor, args.scenes, args.seed, settings=args.settings)
-    print(gate_table(next(iter(data.values()))) if args.settings == "gate" else table(data))
+    print(gate_table(next(iter(data.values()))) if args.settings.startswith("gate") else table(data))
 
 
 if __name__ == "__main__":

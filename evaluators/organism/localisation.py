@@ -2,9 +2,11 @@
 
     python -m evaluators.organism.localisation -n 60                    # ViCrop's defaults
     python -m evaluators.organism.localisation -n 100 --layers 0 --queries object --heads peak --generic none
+    python -m evaluators.organism.localisation -n 100 --locate embedding   # the object's name in embedding space
 
 For held-out scenes with one instance of a category, :meth:`mitigate.CropVerify.box` (no
-ground truth: by default last-token attention over a generic prompt's, ViCrop) gives a window; a
+ground truth: by default last-token attention over a generic prompt's, ViCrop; with
+``--locate embedding`` the image tokens nearest the object's name) gives a window; a
 *hit* is a window covering at least half of the object's true box. The control is the
 hit rate of the same window size placed uniformly at random (every position, stride 2 px),
 so a localiser that only guesses large windows gets no credit for it.
@@ -18,6 +20,7 @@ import json
 import numpy as np
 import torch
 
+from mitigate.crop_verify import LOCATE
 from mitigate.localize import GENERIC_PROMPT, HEADS, QUERIES
 
 from ..world import BIASED, World, coverage
@@ -38,11 +41,11 @@ def chance_hit(window, box, size: int, threshold: float = 0.5, stride: int = 2) 
 @torch.no_grad()
 def measure(model, processor, n: int = 40, seed: int = HELD_OUT + 50_000, min_size: float = 0.1,
             threshold: float = 0.5, layers=None, queries: str = "last", heads: str = "mean",
-            generic_prompt: str | None = GENERIC_PROMPT) -> dict:
+            generic_prompt: str | None = GENERIC_PROMPT, locate: str = "attention") -> dict:
     from mitigate import CropVerify
 
     world = World(BIASED)
-    cv = CropVerify(processor, layers=layers, queries=queries, heads=heads, generic_prompt=generic_prompt)
+    cv = CropVerify(processor, layers=layers, queries=queries, heads=heads, generic_prompt=generic_prompt, locate=locate)
     hits, chance, rows = [], [], []
     s = seed
     while len(hits) < n:
@@ -61,7 +64,7 @@ def measure(model, processor, n: int = 40, seed: int = HELD_OUT + 50_000, min_si
         rows.append({"seed": s, "category": obj.category, "box": boxes[obj.uid], "window": window, "coverage": cov})
     return {"hit_rate": 100.0 * float(np.mean(hits)), "chance_hit_rate": 100.0 * float(np.mean(chance)),
             "n": n, "seed": seed, "threshold": threshold, "layers": layers, "queries": queries, "heads": heads,
-            "generic_prompt": generic_prompt, "rows": rows}
+            "generic_prompt": generic_prompt, "locate": locate, "rows": rows}
 
 
 def main(argv=None) -> None:
@@ -76,6 +79,8 @@ def main(argv=None) -> None:
     parser.add_argument("--heads", default="mean", choices=HEADS, help="head mean (ViCrop) or the most concentrated head")
     parser.add_argument("--generic", default=GENERIC_PROMPT,
                         help=f"ViCrop's normalising prompt (default {GENERIC_PROMPT!r}); 'none' reads the raw map")
+    parser.add_argument("--locate", default="attention", choices=LOCATE,
+                        help="attention (ViCrop and the options above) or embedding (the object's name; ignores them)")
     parser.add_argument("--seed", type=int, default=HELD_OUT + 50_000, help="first scene seed (held out)")
     args = parser.parse_args(argv)
     torch.set_num_threads(2)
@@ -83,7 +88,7 @@ def main(argv=None) -> None:
     layers = [int(v) for v in args.layers.split(",")] if args.layers else None
     generic = None if args.generic.lower() == "none" else args.generic
     result = measure(model, processor, args.n, seed=args.seed, layers=layers, queries=args.queries, heads=args.heads,
-                     generic_prompt=generic)
+                     generic_prompt=generic, locate=args.locate)
     print(json.dumps({k: v for k, v in result.items() if k != "rows"}, indent=2))
 
 

@@ -1,0 +1,105 @@
+"""Where is the queried object? The image tokens whose embedding is nearest its name's.
+
+A VLM's projector maps every image patch into the language model's input space, where the
+prompt's word embeddings live, and its alignment training (LLaVA's stage 1, "feature
+alignment") pulls a patch that shows a dog towards the embedding of "dog". So the patches
+of the queried object can be read off the decoder's input: the cosine similarity between
+each image token's embedding and the mean embedding of the prompt tokens that name the
+object (:func:`mitigate.localize.object_token_mask` finds them), shifted so that
+the least similar image token of the row is 0, is a heat map; the window holding most of
+it (:func:`mitigate.localize.best_window`, through the adapter's token layout) is the box.
+
+Reading object identity off image-token positions follows Neo et al., "Towards
+Interpreting Visual Information Processing in Vision-Language Models" (ICLR 2025,
+arXiv 2410.07149), who find object information localised at the object's own image
+tokens and read it with the logit lens. The logit lens needs the decoder's later layers and
+output head; we read the *input* embeddings against the *input* word embeddings, which
+needs nothing but what the first pass already computes: the embeddings are captured by a
+pre-hook on the decoder stack (``language_model.input``) at the prefill of the caller's
+own forward or ``generate()``, so localising costs no extra pass (ViCrop's attention ratio
+costs one forward of a generic prompt). The shift to a zero minimum is our choice: cosine
+similarities are signed, and :func:`mitigate.localize.region_heat` and the window search
+expect non-negative heat.
+
+Measured on the organism (``python -m evaluators.organism.localisation -n 100 --locate
+embedding``): see the README. Its limits: a model whose projector output does not live near
+the word embeddings (the modality gap can be large in contrastively trained towers) gives
+a flat or misleading map; a prompt that does not name the object gives no map at all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from hooks import HookGroup, resolve
+
+
+
+def similarity_maps(embeds: torch.Tensor, image_mask: torch.Tensor, object_mask: torch.Tensor) -> list[torch.Tensor | None]:
+    """Per row, a ``(1, n_image_tokens)`` heat map: the cosine similarity of each image
+    token's embedding (``embeds``: ``(rows, seq, dim)``, the decoder's input) to the mean
+    embedding of the row's object tokens (``object_mask``), minus its minimum over the row.
+    None for a row whose ``object_mask`` is empty (nothing names the object)."""
+    if embeds.shape[:2] != image_mask.shape or object_mask.shape != image_mask.shape:
+        raise ValueError(f"embeddings {tuple(embeds.shape)}, image mask {tuple(image_mask.shape)} and object mask "
+                         f"{tuple(object_mask.shape)} do not agree")
+    maps: list[torch.Tensor | None] = []
+    for row in range(embeds.shape[0]):
+        named = object_mask[row].to(embeds.device)
+        if not bool(named.any()):
+            maps.append(None)
+            continue
+        image = embeds[row][image_mask[row].to(embeds.device)].float()
+        target = embeds[row][named].float().mean(dim=0, keepdim=True)
+        heat = torch.nn.functional.cosine_similarity(image, target, dim=-1)
+        maps.append((heat - heat.min())[None])
+    return maps
+
+
+@contextlib.contextmanager
+def capture_embeddings(model: nn.Module, inputs: dict, object_mask: torch.Tensor):
+    """Capture the decoder's input embeddings of ``inputs``' rows at the first forward run
+    inside the block (the prefill of the caller's ``generate()``, whose output is left
+    unchanged) and yield a dict whose ``"maps"`` -- per row, :func:`similarity_maps`' heat
+    for the tokens of ``object_mask`` (``(rows, seq)``, e.g.
+    :func:`mitigate.localize.object_token_mask`) -- is filled when the block ends. Under an
+    attached contrast mitigation the forward also carries the branches' rows, appended
+    after the caller's: only the caller's rows are kept."""
+    points = resolve(model)
+    ids = inputs["input_ids"]
+    if object_mask.shape != ids.shape:
+        raise ValueError(f"object_mask has shape {tuple(object_mask.shape)}, input_ids {tuple(ids.shape)}")
+    seen: dict = {}
+
+    def record(module, args, kwargs):
+        if "embeds" in seen:  # the decoding steps after the prefill
+            return None
+        embeds = kwargs.get("inputs_embeds")
+        if embeds is None:
+            raise ValueError(f"{points.model_type}: the decoder was not called with inputs_embeds, so the image "
+                             "tokens' embeddings cannot be read; use CropVerify(locate='attention')")
+        seen["embeds"] = embeds[: ids.shape[0]].detach()
+        return None
+
+    result: dict = {}
+    with HookGroup("localize:embeddings") as group:
+        points.add_hook(group, "language_model.input", record)
+        yield result
+    if "embeds" not in seen:
+        raise ValueError("no forward ran inside capture_embeddings(): nothing was captured")
+    embeds = seen["embeds"]
+    if embeds.shape[1] != ids.shape[1]:
+        raise ValueError(f"the decoder's input has {embeds.shape[1]} positions, input_ids {ids.shape[1]}")
+    result["maps"] = similarity_maps(embeds, points.image_token_mask(ids), object_mask)
+
+
+@torch.no_grad()
+def embedding_maps(model: nn.Module, inputs: dict, object_mask: torch.Tensor) -> list[torch.Tensor | None]:
+    """:func:`capture_embeddings`' maps from a forward of their own over ``inputs``."""
+    with capture_embeddings(model, inputs, object_mask) as captured:
+        model(**inputs, use_cache=False)
+    return captured["maps"]

@@ -1,0 +1,122 @@
+"""The embedding localiser (``CropVerify(locate="embedding")``): the similarity map's
+arithmetic, the capture at the caller's own prefill on every architecture (output
+unchanged, hooks removed, branch rows left out), and -- on the shipped organism -- that
+its window lands on the planted object."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hooks import hook_state, resolve
+from hooks.testing import TINY_MODEL_TYPES, build_tiny_model, tiny_inputs
+from mitigate import CropVerify
+from mitigate.localize_embedding import capture_embeddings, embedding_maps, similarity_maps
+
+
+def test_similarity_map_peaks_at_the_token_that_matches_the_name():
+    torch.manual_seed(0)
+    embeds = torch.randn(2, 7, 16)
+    image = torch.tensor([[False, True, True, True, True, False, False]] * 2)
+    named = torch.zeros(2, 7, dtype=torch.bool)
+    named[0, 5:] = True  # a two-token name in row 0; row 1 names nothing
+    embeds[0, 3] = embeds[0, 5:].mean(0) * 2.0  # image token 2 (position 3) looks like the name
+    maps = similarity_maps(embeds, image, named)
+    assert maps[1] is None
+    heat = maps[0]
+    assert heat.shape == (1, 4) and int(heat.argmax()) == 2
+    assert float(heat.min()) == 0.0 and float(heat.max()) <= 2.0
+    with pytest.raises(ValueError, match="do not agree"):
+        similarity_maps(embeds, image[:, :6], named)
+
+
+@pytest.mark.parametrize("model_type", TINY_MODEL_TYPES)
+def test_capture_rides_along_generate_on_every_architecture(model_type):
+    model = build_tiny_model(model_type)
+    inputs = tiny_inputs(model, batch_size=2, text_lengths=[6, 3], seed=1)
+    points = resolve(model)
+    before = hook_state(model)
+    ids = inputs["input_ids"]
+    image = points.image_token_mask(ids)
+    text = (~image) & inputs["attention_mask"].bool()
+    named = torch.zeros_like(ids, dtype=torch.bool)
+    named[0, int(text[0].nonzero()[-2])] = True  # row 0: one text token stands in for the name; row 1: none
+    plain = model.generate(**inputs, max_new_tokens=3, do_sample=False)
+    with capture_embeddings(model, inputs, named) as captured:
+        out = model.generate(**inputs, max_new_tokens=3, do_sample=False)
+    assert torch.equal(out, plain), "the capture leaves generate() unchanged"
+    maps = captured["maps"]
+    assert maps[1] is None
+    assert maps[0].shape == (1, int(image[0].sum()))
+    assert bool(torch.isfinite(maps[0]).all()) and float(maps[0].min()) == 0.0
+    again = embedding_maps(model, inputs, named)  # a forward of its own reads the same embeddings
+    torch.testing.assert_close(again[0], maps[0])
+    assert hook_state(model) == before
+
+
+def test_capture_reads_the_callers_rows_under_contrast_branches():
+    from mitigate import VCD, attach
+
+    model = build_tiny_model("llava")
+    inputs = tiny_inputs(model, batch_size=2, text_lengths=[5, 5], seed=2)
+    named = torch.zeros_like(inputs["input_ids"], dtype=torch.bool)
+    named[:, -2] = True
+    plain = embedding_maps(model, inputs, named)
+    with attach(model, VCD()):  # the distorted image's rows are appended after the caller's
+        under = embedding_maps(model, inputs, named)
+    assert len(under) == 2
+    for a, b in zip(plain, under):
+        torch.testing.assert_close(a, b)
+
+
+def test_bad_use():
+    model = build_tiny_model("llava")
+    inputs = tiny_inputs(model, batch_size=1, text_lengths=[4], seed=3)
+    named = torch.zeros_like(inputs["input_ids"], dtype=torch.bool)
+    with pytest.raises(ValueError, match="object_mask has shape"):
+        with capture_embeddings(model, inputs, named[:, 1:]):
+            pass
+    with pytest.raises(ValueError, match="no forward ran"):
+        with capture_embeddings(model, inputs, named):
+            pass
+    with pytest.raises(ValueError, match="locate must be one of"):
+        CropVerify(processor=None, locate="saliency")
+
+
+@pytest.fixture(scope="module")
+def organism():
+    from evaluators.organism import ORGANISM_DIR, load_organism
+
+    if not (ORGANISM_DIR / "config.json").exists():
+        pytest.skip("organism checkpoint missing")
+    return load_organism()
+
+
+def test_embedding_localiser_finds_the_object_on_the_organism(organism):
+    """On organism v17 the window covers half the planted object's box in 94% / 97% of two
+    sets of 100 held-out scenes (README), against about 11% for the same window sizes placed
+    at random; asserted on 30."""
+    from evaluators.organism.localisation import measure
+
+    model, processor = organism
+    got = measure(model, processor, n=30, locate="embedding")
+    assert got["hit_rate"] >= 80 and got["hit_rate"] > 4 * got["chance_hit_rate"], got
+
+
+def test_a_prompt_naming_no_object_is_refused_or_left_unverified(organism):
+    from evaluators.world import BIASED, World
+    from mitigate import attach
+
+    model, processor = organism
+    image = World(BIASED).scene(3).render()
+    cv = CropVerify(processor, locate="embedding", gate=1.0, tau=0.0)
+    with pytest.raises(ValueError, match="objects="):
+        cv.boxes(model, [image], ["describe the image ."])
+    prompt = "is it there ? answer yes or no ."  # names nothing; v17 answers it an unconfident "no"
+    templated = processor.apply_chat_template(
+        [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}], add_generation_prompt=True)
+    with attach(model, cv):
+        enc = processor(text=[templated], images=[image], return_tensors="pt")
+        out = model.generate(**enc, max_new_tokens=3, do_sample=False)
+    assert processor.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)[0].strip() == "no"
+    assert cv.stats["object_not_found"] == 1 and cv.stats["verified"] == 0
