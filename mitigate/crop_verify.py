@@ -356,6 +356,8 @@ class CropVerify(Mitigation):
         # only answers a view can change are re-asked (a first "yes", a box, free text are
         # final, so their views would be wasted passes)
         gated = self.gate_rows(texts, confidence, prompts)
+        if gated and localise and self.locate == "embedding":
+            gated = self.located(gated, first[3])
         if gated:  # the extra passes, batched over every query that needs them
             if localise:
                 boxes = self._captured_boxes(model, first[2], first[3], gated, [images[i] for i in gated],
@@ -440,7 +442,7 @@ class CropVerify(Mitigation):
     def _captured_boxes(self, model, enc, maps, rows, images, prompts, named) -> list[tuple]:
         """Boxes for ``rows`` of the first pass, from the maps captured at its prefill (a
         clear error first if a row's prompt names no object and localisation needs one)."""
-        if self.needs_objects():
+        if self.queries == "object" and self.locate == "attention":
             self._objects([p for p, o in zip(prompts, named) if o is None], None)
         return self.boxes_from_capture(model, enc, maps, rows, images)
 
@@ -455,13 +457,24 @@ class CropVerify(Mitigation):
         (:func:`mitigate.localize.capture_first_pass`) or, under ``locate="embedding"``, the
         similarity to the object's name (:func:`mitigate.localize_embedding.capture_embeddings`;
         ``objects`` names one object or None per row)."""
+        # lenient: one row whose object's words the tokenizer does not know must not stop the
+        # batch (it gets no map under "embedding", its last token under queries="object")
         if self.locate == "embedding":
-            return capture_embeddings(model, inputs, self._object_mask(model, inputs, objects))
+            return capture_embeddings(model, inputs, self._object_mask(model, inputs, objects, strict=False))
         return capture_first_pass(model, inputs, layers=self.layers, queries=self.queries, objects=objects,
-                                  tokenizer=self.processor.tokenizer)
+                                  tokenizer=self.processor.tokenizer, strict=False)
 
-    def _object_mask(self, model, inputs: dict, objects: Sequence[str | None]) -> torch.Tensor:
-        return object_token_mask(self.processor.tokenizer, resolve(model), inputs["input_ids"], objects)
+    def _object_mask(self, model, inputs: dict, objects: Sequence[str | None], strict: bool = True) -> torch.Tensor:
+        return object_token_mask(self.processor.tokenizer, resolve(model), inputs["input_ids"], objects, strict)
+
+    def located(self, rows: Sequence[int], maps: Sequence) -> list[int]:
+        """The ``rows`` :meth:`capture` took a map of. Under ``locate="embedding"`` a row whose
+        prompt names no object (or names it in words the tokenizer does not know) has none:
+        it is left unverified and counted in ``stats["object_not_found"]``."""
+        missing = [r for r in rows if maps[r] is None]
+        if missing:
+            self.stats["object_not_found"] = self.stats.get("object_not_found", 0) + len(missing)
+        return [r for r in rows if maps[r] is not None]
 
     def boxes_from_capture(self, model, inputs: dict, maps: Sequence, rows: Sequence[int],
                            images: Sequence[Image.Image]) -> list[tuple]:

@@ -240,12 +240,12 @@ class VerifiedGenerate:
                           "attached processor (or hold several images per row); its answers are not verified",
                           stacklevel=2)
             gated = []
-        missing = [i for i in gated if objects is not None and objects[i] is None]
-        if missing:  # answer() refuses them; here queries="object" reads their last token instead,
-            # and under locate="embedding" nothing names what to look for: those rows stay unverified
-            cv.stats["object_not_found"] = cv.stats.get("object_not_found", 0) + len(missing)
-            if cv.locate == "embedding":
-                gated = [i for i in gated if i not in missing]
+        if gated and cv.localizer is None and cv.locate == "embedding":
+            gated = cv.located(gated, captured["maps"])  # nothing named, nothing to compare: unverified, counted
+        elif objects is not None and any(objects[i] is None for i in gated):
+            # answer() refuses them; here queries="object" reads their last token instead
+            missing = sum(objects[i] is None for i in gated)
+            cv.stats["object_not_found"] = cv.stats.get("object_not_found", 0) + missing
         if gated:
             out.sequences = self._verify(kwargs, gated, [images[i] for i in gated], texts, confidence, out.sequences,
                                          captured["maps"])

@@ -109,11 +109,13 @@ def object_in_question(prompt: str) -> str | None:
 
 
 def object_token_mask(tokenizer, points: ModelPoints, input_ids: torch.Tensor,
-                      objects: Sequence[str | None]) -> torch.Tensor:
+                      objects: Sequence[str | None], strict: bool = True) -> torch.Tensor:
     """``(batch, seq)`` mask of the tokens of each row's object phrase, at its last
     occurrence in the row's text (case-insensitive, whole words). A row whose object is None
     gets an all-False row (its last token is read instead). A phrase that is not in its
-    row's text is a ``ValueError`` naming it."""
+    row's text is a ``ValueError`` naming it -- or, with ``strict=False`` (phrases read from
+    the questions of a whole batch, where a tokenizer may have turned a word into an
+    unknown token), an all-False row too."""
     from .spans import Span, decode_with_offsets, spans_to_mask
 
     if len(objects) != input_ids.shape[0]:
@@ -128,6 +130,8 @@ def object_token_mask(tokenizer, points: ModelPoints, input_ids: torch.Tensor,
             raise ValueError(f"objects: row {row} has {phrase!r}; expected a non-empty string or None")
         text, offsets = decode_with_offsets(tokenizer, input_ids[row].tolist(), skip)
         found = list(re.finditer(r"(?<!\w)" + re.escape(phrase.strip()) + r"(?!\w)", text, re.I))
+        if not found and not strict:
+            continue
         if not found:
             raise ValueError(f"objects: {phrase!r} does not occur in the prompt of row {row}: {text!r}")
         last = found[-1]
@@ -198,19 +202,20 @@ def arm(capture: AttentionCapture, inputs: dict, queries: str = "last",
 
 @contextlib.contextmanager
 def capture_first_pass(model: nn.Module, inputs: dict, *, layers: Sequence[int] | None = None, queries: str = "last",
-                       objects: Sequence[str | None] | None = None, tokenizer=None):
+                       objects: Sequence[str | None] | None = None, tokenizer=None, strict: bool = True):
     """Capture the localisation maps of ``inputs``' rows at the prefill of whatever runs the
     model inside the block -- typically the caller's own ``generate()``, whose output the
     capture leaves unchanged. Yields a dict whose ``"maps"`` (per row, ``(layers * heads,
     n_image_tokens)``, as :func:`image_attention_maps`) is filled when the block ends.
-    ``queries="object"`` needs ``objects`` (one phrase or None per row) and the ``tokenizer``."""
+    ``queries="object"`` needs ``objects`` (one phrase or None per row) and the ``tokenizer``;
+    ``strict`` is :func:`object_token_mask`'s."""
     points = resolve(model)
     capture = AttentionCapture(points, layers if layers is not None else default_layers(points))
     object_mask = None
     if queries == "object":
         if objects is None or tokenizer is None:
             raise ValueError("queries='object' needs objects (one per row) and the tokenizer")
-        object_mask = object_token_mask(tokenizer, points, inputs["input_ids"], objects)
+        object_mask = object_token_mask(tokenizer, points, inputs["input_ids"], objects, strict)
     result: dict = {}
     with HookGroup("localize:first-pass") as group:
         capture.attach(group)

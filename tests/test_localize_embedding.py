@@ -103,6 +103,19 @@ def test_embedding_localiser_finds_the_object_on_the_organism(organism):
     assert got["hit_rate"] >= 80 and got["hit_rate"] > 4 * got["chance_hit_rate"], got
 
 
+def test_localisation_probe_on_dobench_targets(organism):
+    from evaluators.organism.localisation import measure
+
+    model, processor = organism
+    got = measure(model, processor, n=3, probe="dobench", locate="embedding")
+    assert len(got["rows"]) == 3 and got["probe"] == "dobench"
+    for row in got["rows"]:
+        x0, y0, x1, y1 = row["box"]
+        assert x1 - x0 <= 12, "DO-Bench's A-objects are small"
+    with pytest.raises(ValueError, match="probe must be one of"):
+        measure(model, processor, n=1, probe="coco")
+
+
 def test_a_prompt_naming_no_object_is_refused_or_left_unverified(organism):
     from evaluators.world import BIASED, World
     from mitigate import attach
@@ -120,3 +133,11 @@ def test_a_prompt_naming_no_object_is_refused_or_left_unverified(organism):
         out = model.generate(**enc, max_new_tokens=3, do_sample=False)
     assert processor.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)[0].strip() == "no"
     assert cv.stats["object_not_found"] == 1 and cv.stats["verified"] == 0
+    # answer() alike; and an object named in words the tokenizer does not know (HalluSegBench's
+    # reasoning queries) leaves its row unverified instead of stopping the batch
+    cv = CropVerify(processor, locate="embedding", gate=1.0, tau=0.0)
+    unknown = "is there an animal that barks in the image ? answer yes or no ."
+    records = cv.answer(model, [image] * 3, [prompt, unknown, "is there a dog in the image ? answer yes or no ."])
+    gated = [r["first_answer"] != "yes" for r in records]
+    assert gated[:2] == [True, True], records
+    assert cv.stats["object_not_found"] == 2 and [r["verified"] for r in records] == [False, False, gated[2]]

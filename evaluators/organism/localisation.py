@@ -3,6 +3,7 @@
     python -m evaluators.organism.localisation -n 60                    # ViCrop's defaults
     python -m evaluators.organism.localisation -n 100 --layers 0 --queries object --heads peak --generic none
     python -m evaluators.organism.localisation -n 100 --locate embedding   # the object's name in embedding space
+    python -m evaluators.organism.localisation -n 40 --probe dobench --locate embedding   # DO-Bench's small A-objects
 
 For held-out scenes with one instance of a category, :meth:`mitigate.CropVerify.box` (no
 ground truth: by default last-token attention over a generic prompt's, ViCrop; with
@@ -27,6 +28,8 @@ from ..world import BIASED, World, coverage
 from .signatures import HELD_OUT
 
 QUESTION = "is there a {object} in the image ? answer yes or no ."
+#: What is localised: held-out scenes' single objects, or DO-Bench's small A-objects.
+PROBES = ("scenes", "dobench")
 
 
 def chance_hit(window, box, size: int, threshold: float = 0.5, stride: int = 2) -> float:
@@ -38,33 +41,61 @@ def chance_hit(window, box, size: int, threshold: float = 0.5, stride: int = 2) 
     return float(np.mean(hits)) if hits else 0.0
 
 
-@torch.no_grad()
-def measure(model, processor, n: int = 40, seed: int = HELD_OUT + 50_000, min_size: float = 0.1,
-            threshold: float = 0.5, layers=None, queries: str = "last", heads: str = "mean",
-            generic_prompt: str | None = GENERIC_PROMPT, locate: str = "attention") -> dict:
-    from mitigate import CropVerify
-
+def _single_objects(n: int, seed: int, min_size: float):
+    """(scene seed, image, category, box) of held-out scenes' first single-instance object
+    at least ``min_size`` of the image side."""
     world = World(BIASED)
-    cv = CropVerify(processor, layers=layers, queries=queries, heads=heads, generic_prompt=generic_prompt, locate=locate)
-    hits, chance, rows = [], [], []
-    s = seed
-    while len(hits) < n:
+    s, found = seed, 0
+    while found < n:
         s += 1
         scene = world.scene(s)
         boxes = scene.boxes()
         singles = [o for o in scene.objects if scene.count(o.category) == 1 and o.uid in boxes
                    and o.size >= min_size * scene.resolution]
-        if not singles:
-            continue
-        obj = singles[0]
-        window = cv.box(model, scene.render(), QUESTION.format(object=obj.category))
-        cov = coverage(window, boxes[obj.uid])
+        if singles:
+            found += 1
+            yield s, scene.render(), singles[0].category, boxes[singles[0].uid]
+
+
+def _dobench_targets(n: int, seed: int):
+    """(scene seed, image, category, box) of DO-Bench's A-objects (small, out of context,
+    next to other objects; :func:`evaluators.benchmarks.dobench.suite.build`'s scene groups
+    for ``seed``): what crop-and-verify has to find on that benchmark."""
+    from ..benchmarks.dobench.suite import _scene_group
+
+    world = World(BIASED)
+    s, found = seed * 1_000_003 + 2_000_000_000, 0
+    while found < n:
+        s += 1
+        group = _scene_group(world, s)
+        if group is not None:
+            found += 1
+            scene, uid, category, _ = group
+            yield s, scene.render(), category, scene.boxes()[uid]
+
+
+@torch.no_grad()
+def measure(model, processor, n: int = 40, seed: int = HELD_OUT + 50_000, min_size: float = 0.1,
+            threshold: float = 0.5, layers=None, queries: str = "last", heads: str = "mean",
+            generic_prompt: str | None = GENERIC_PROMPT, locate: str = "attention", probe: str = "scenes") -> dict:
+    """``probe="scenes"``: held-out scenes from ``seed``; ``"dobench"``: DO-Bench's A-objects
+    of the suite built with ``seed`` (0 is the report's)."""
+    from mitigate import CropVerify
+
+    if probe not in PROBES:
+        raise ValueError(f"probe must be one of {PROBES}, got {probe!r}")
+    cv = CropVerify(processor, layers=layers, queries=queries, heads=heads, generic_prompt=generic_prompt, locate=locate)
+    targets = _single_objects(n, seed, min_size) if probe == "scenes" else _dobench_targets(n, seed)
+    hits, chance, rows = [], [], []
+    for s, image, category, box in targets:
+        window = cv.box(model, image, QUESTION.format(object=category))
+        cov = coverage(window, box)
         hits.append(cov >= threshold)
-        chance.append(chance_hit(window, boxes[obj.uid], scene.resolution, threshold))
-        rows.append({"seed": s, "category": obj.category, "box": boxes[obj.uid], "window": window, "coverage": cov})
+        chance.append(chance_hit(window, box, image.width, threshold))
+        rows.append({"seed": s, "category": category, "box": box, "window": window, "coverage": cov})
     return {"hit_rate": 100.0 * float(np.mean(hits)), "chance_hit_rate": 100.0 * float(np.mean(chance)),
-            "n": n, "seed": seed, "threshold": threshold, "layers": layers, "queries": queries, "heads": heads,
-            "generic_prompt": generic_prompt, "locate": locate, "rows": rows}
+            "n": n, "seed": seed, "probe": probe, "threshold": threshold, "layers": layers, "queries": queries,
+            "heads": heads, "generic_prompt": generic_prompt, "locate": locate, "rows": rows}
 
 
 def main(argv=None) -> None:
@@ -81,13 +112,18 @@ def main(argv=None) -> None:
                         help=f"ViCrop's normalising prompt (default {GENERIC_PROMPT!r}); 'none' reads the raw map")
     parser.add_argument("--locate", default="attention", choices=LOCATE,
                         help="attention (ViCrop and the options above) or embedding (the object's name; ignores them)")
-    parser.add_argument("--seed", type=int, default=HELD_OUT + 50_000, help="first scene seed (held out)")
+    parser.add_argument("--seed", type=int, default=None,
+                        help=f"first scene seed (default {HELD_OUT + 50_000}, held out); the suite's seed for --probe dobench "
+                             "(default 0, the report's)")
+    parser.add_argument("--probe", default="scenes", choices=PROBES,
+                        help="held-out scenes' single objects >= 10%% of the image, or DO-Bench's small A-objects")
     args = parser.parse_args(argv)
     torch.set_num_threads(2)
     model, processor = load_organism(args.path)
     layers = [int(v) for v in args.layers.split(",")] if args.layers else None
     generic = None if args.generic.lower() == "none" else args.generic
-    result = measure(model, processor, args.n, seed=args.seed, layers=layers, queries=args.queries, heads=args.heads,
+    seed = args.seed if args.seed is not None else (HELD_OUT + 50_000 if args.probe == "scenes" else 0)
+    result = measure(model, processor, args.n, seed=seed, probe=args.probe, layers=layers, queries=args.queries, heads=args.heads,
                      generic_prompt=generic, locate=args.locate)
     print(json.dumps({k: v for k, v in result.items() if k != "rows"}, indent=2))
 
