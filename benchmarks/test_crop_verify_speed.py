@@ -9,7 +9,8 @@ about a small out-of-context present object, four about a typical absent one -- 
 case crop-and-verify is for) and clean existence questions (large objects, unbiased
 scenes); 8 new tokens (an existence answer is one or two). The gate (first-token confidence < 0.9) decides how many queries pay for
 localisation and the two views; the share is recorded with the timing. ``crop_verify_embedding``
-is ``answer()`` with ``locate="embedding"``, which needs no forward of ViCrop's generic prompt.
+is ``answer()`` with ``locate="embedding"``, which needs no forward of ViCrop's generic prompt;
+``crop_verify_embedding_crop`` also asks the Crop view alone.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ def _questions(kind: str):
 
 
 @pytest.mark.parametrize("kind", ["dobench_level0", "clean"])
-@pytest.mark.parametrize("role", ["baseline", "crop_verify", "crop_verify_generate", "crop_verify_embedding"])
+@pytest.mark.parametrize("role", ["baseline", "crop_verify", "crop_verify_generate", "crop_verify_embedding",
+                                  "crop_verify_embedding_crop"])
 def test_crop_verify_speed(benchmark, paired, organism, rounds, role, kind):
     model, processor = organism
     images, prompts = _questions(kind)
@@ -58,8 +60,11 @@ def test_crop_verify_speed(benchmark, paired, organism, rounds, role, kind):
     if role == "baseline":
         benchmark.pedantic(plain, rounds=rounds, warmup_rounds=2)
         return
-    # crop_verify_embedding: answer() with locate="embedding" (no generic-prompt forward)
-    cv = CropVerify(processor, locate="embedding" if role == "crop_verify_embedding" else "attention")
+    # crop_verify_embedding: answer() with locate="embedding" (no generic-prompt forward);
+    # _crop: and the Crop view alone (half the views' rows)
+    settings = {"crop_verify_embedding": {"locate": "embedding"},
+                "crop_verify_embedding_crop": {"locate": "embedding", "views": ("crop",)}}
+    cv = CropVerify(processor, **settings.get(role, {}))
     if role == "crop_verify_generate":  # attach(): the plain call itself, verified
         out = paired(plain, plain, attach=lambda: attach(model, cv))
     else:
