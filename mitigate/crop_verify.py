@@ -17,12 +17,14 @@ combines them at inference time:
    callable), from attention (``locate="attention"``, the default; :mod:`mitigate.localize`:
    ViCrop's last-token map; ``queries="object"`` reads the tokens naming the object,
    ``heads="peak"`` the most concentrated head, ``generic_prompt=None`` drops ViCrop's
-   normalising row) or from the embeddings (``locate="embedding"``,
-   :mod:`mitigate.localize_embedding`: the image tokens nearest the object's name in the
-   decoder's input space). Either is captured at step 1's own prefill (attention:
+   normalising row) or from the embeddings (:mod:`mitigate.localize_embedding`:
+   ``locate="embedding"``, the image tokens nearest the object's name in the decoder's
+   input space; ``locate="zoom"``, the same read on tiles of the image, for objects smaller
+   than a patch). Attention and embeddings are captured at step 1's own prefill (attention:
    :mod:`hooks.capture`, scores recomputed from the chosen layers' queries and keys; the
    answer untouched), so the only localisation pass is ViCrop's one forward of the generic
-   prompt over the gated images, and ``locate="embedding"`` needs none;
+   prompt over the gated images, and ``locate="embedding"`` needs none; ``locate="zoom"``
+   runs the vision tower and projector on the gated images' tiles (the decoder does not run);
 4. **views**: Cluster / Crop cut from the *original* image (not the resized model input)
    with DO-Bench's margin rule, the same geometry the evaluators use
    (:mod:`evaluators.world.views`);
@@ -77,6 +79,7 @@ and no extra pass runs. ``stats`` reports how often verification ran and overtur
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
@@ -94,7 +97,7 @@ from .localize import (
     GENERIC_PROMPT, HEADS, QUERIES, attention_boxes, boxes_from_maps, capture_first_pass, generic_queries,
     image_attention_maps, object_in_question, object_token_mask,
 )
-from .localize_embedding import capture_embeddings, embedding_maps
+from .localize_embedding import capture_embeddings, embedding_maps, peak_box, tile_boxes
 from .spans import find_prior_spans
 from .which_image import EXISTENCE_TEMPLATE, parse_which_image
 
@@ -104,8 +107,10 @@ from .which_image import EXISTENCE_TEMPLATE, parse_which_image
 VIEWS = ("crop", "cluster", "pair")
 
 #: How the object is found without a ``localizer``: the model's attention (ViCrop,
-#: :mod:`mitigate.localize`) or its input embeddings (:mod:`mitigate.localize_embedding`).
-LOCATE = ("attention", "embedding")
+#: :mod:`mitigate.localize`), its input embeddings over the whole image, or the same
+#: embeddings read on ``zoom_grid`` x ``zoom_grid`` tiles, each at the model's input
+#: resolution (:mod:`mitigate.localize_embedding`).
+LOCATE = ("attention", "embedding", "zoom")
 
 
 def control_box(box: tuple, width: int, height: int) -> tuple[float, float, float, float]:
@@ -172,9 +177,10 @@ class CropVerify(Mitigation):
     (default: ViCrop's middle layers), ``queries`` (``"last"``, ``"question"`` or
     ``"object"``), ``heads`` (``"mean"`` or ``"peak"``) and ``generic_prompt`` (ViCrop's
     normalising prompt; None reads the raw map and skips that row) -- see
-    :mod:`mitigate.localize`; ``"embedding"`` ignores those four and needs each prompt to name
-    its object (:mod:`mitigate.localize_embedding`). ``localizer`` replaces both with a
-    detector callable.
+    :mod:`mitigate.localize`; ``"embedding"`` and ``"zoom"`` (with ``zoom_grid``, the tiles per
+    side) ignore those four and need each prompt to name its object
+    (:mod:`mitigate.localize_embedding`). ``localizer`` replaces all three with a detector
+    callable.
     """
 
     processor: Any
@@ -187,7 +193,8 @@ class CropVerify(Mitigation):
     queries: str = "last"  # "question": the text after the image; "object": the object's tokens
     heads: str = "mean"  # "peak": per query, the most concentrated head (see localize)
     generic_prompt: str | None = GENERIC_PROMPT
-    locate: str = "attention"  # "embedding": the image tokens nearest the object's name (localize_embedding)
+    locate: str = "attention"  # "embedding" / "zoom": the image tokens nearest the object's name (localize_embedding)
+    zoom_grid: int = 2  # locate="zoom": the image is searched in zoom_grid x zoom_grid tiles
     strip_priors: bool = True  # re-ask the views without the prompt's belief / assertion sentences
     # route multi-image "in which image is there ...?" questions to answer_which_image where a
     # caller dispatches by query (evaluators.model.HFModel); off by default, because on the
@@ -217,6 +224,7 @@ class CropVerify(Mitigation):
             raise ValueError(f"heads must be one of {HEADS}, got {self.heads!r}")
         if self.locate not in LOCATE:
             raise ValueError(f"locate must be one of {LOCATE}, got {self.locate!r}")
+        tile_boxes(1, 1, self.zoom_grid)  # a clear error for a bad zoom_grid
         if not isinstance(self.which_image, bool):
             raise ValueError(f"which_image must be True or False, got {self.which_image!r}")
         if not isinstance(self.strip_priors, bool):
@@ -227,6 +235,8 @@ class CropVerify(Mitigation):
             self.layers = [self.layers]
         if self.localizer is not None and not callable(self.localizer):
             raise ValueError("localizer must be callable: localizer(image, prompt) -> (x0, y0, x1, y1)")
+        if self.localizer is not None and self.locate != "attention":
+            raise ValueError(f"localizer and locate={self.locate!r} both say where to cut the views: give one")
 
     # -- attach(): plain generate() and pipelines ---------------------------------------------
     def validate(self, points) -> None:
@@ -254,7 +264,7 @@ class CropVerify(Mitigation):
         return self.processor(text=texts, images=groups, return_tensors="pt", padding=True).to(model.device)
 
     def _generate(self, model, images, prompts, max_new_tokens: int, generate_kwargs: dict,
-                  capture_objects: Sequence[str | None] | None = None):
+                  capture_objects: Sequence[str | None] | None = None, strict: bool = False):
         """Texts and first-step probabilities; with ``capture_objects`` (one object or None
         per prompt) also the encoded inputs and each row's localisation maps, captured at
         the prefill of this very ``generate()`` (:meth:`capture`)."""
@@ -265,7 +275,7 @@ class CropVerify(Mitigation):
         if capture_objects is None:
             out = model.generate(**enc, **kwargs)
         else:
-            with self.capture(model, enc, capture_objects) as captured:
+            with self.capture(model, enc, capture_objects, strict=strict) as captured:
                 out = model.generate(**enc, **kwargs)
             maps = captured["maps"]
         texts = [t.strip() for t in self.processor.batch_decode(out.sequences[:, enc["input_ids"].shape[1]:],
@@ -298,8 +308,9 @@ class CropVerify(Mitigation):
             objects = [object_in_question(p) for p in prompts]
             missing = [p for p, o in zip(prompts, objects) if o is None]
             if missing:
+                setting = f"locate={self.locate!r}" if self.locate != "attention" else "queries='object'"
                 raise ValueError(
-                    f"queries='object' needs the object each prompt asks about; none found in {missing[0]!r}: "
+                    f"{setting} needs the object each prompt asks about; none found in {missing[0]!r}: "
                     "pass objects=[...] (one per prompt)")
         elif len(objects) != len(prompts):
             raise ValueError(f"objects: {len(objects)} given for {len(prompts)} prompts")
@@ -311,6 +322,11 @@ class CropVerify(Mitigation):
         row beside its generic-prompt row, when attention is read with a generic prompt)."""
         if self.localizer is not None:
             return self.detector_boxes(images, prompts)
+        if self.locate == "zoom":
+            boxes = self.zoom_boxes(model, images, prompts, self._objects(prompts, objects), strict=objects is not None)
+            if any(b is None for b in boxes):
+                raise ValueError(f"locate='zoom': the object of prompt {boxes.index(None)} is not among its tokens")
+            return boxes
         if self.locate == "embedding":
             enc = dict(self._inputs(images, prompts, model))
             maps = embedding_maps(model, enc, self._object_mask(model, enc, self._objects(prompts, objects)))
@@ -341,11 +357,21 @@ class CropVerify(Mitigation):
         if not images or any(not isinstance(im, Image.Image) for im in images):
             raise ValueError("crop-and-verify needs one PIL image per prompt (the original, full-resolution image)")
         self.check_view_size(images)
+        for key in ("num_beams", "num_return_sequences"):  # one answer per row is verified
+            if (generate_kwargs.get(key) or 1) > 1:
+                raise ValueError(f"crop-and-verify verifies one answer per row; {key}={generate_kwargs[key]} "
+                                 "is not supported")
         localise = self.localizer is None and self.tau < 1.0
+        if localise and objects is not None:  # names the caller gave must be in their prompts, gated or not
+            for row, (obj, prompt) in enumerate(zip(objects, prompts)):
+                if obj is not None and not re.search(r"(?<!\w)" + re.escape(str(obj).strip()) + r"(?!\w)", prompt, re.I):
+                    raise ValueError(f"objects: {obj!r} does not occur in the prompt of row {row}: {prompt!r}")
+        capture = localise and self.locate != "zoom"  # zoom searches tiles after the gate instead
         named = None
         if localise:  # the object each prompt names (None: queries="object" reads its last token)
             named = list(objects) if objects is not None else [object_in_question(p) for p in prompts]
-        first = self._generate(model, images, prompts, max_new_tokens, generate_kwargs, capture_objects=named)
+        first = self._generate(model, images, prompts, max_new_tokens, generate_kwargs,
+                               capture_objects=named if capture else None, strict=objects is not None)
         texts, probs = first[:2]
         confidence = probs.max(-1).values
         results = []
@@ -356,13 +382,18 @@ class CropVerify(Mitigation):
         # only answers a view can change are re-asked (a first "yes", a box, free text are
         # final, so their views would be wasted passes)
         gated = self.gate_rows(texts, confidence, prompts)
-        if gated and localise and self.locate == "embedding":
+        if gated and capture and self.locate == "embedding":
             gated = self.located(gated, first[3])
+        boxes = []
+        if gated and localise and self.locate == "zoom":  # rows whose object is not found stay unverified
+            searched = self.zoom_boxes(model, [images[i] for i in gated], [prompts[i] for i in gated],
+                                       [named[i] for i in gated], strict=objects is not None)
+            gated, boxes = self.located_boxes(gated, searched)
         if gated:  # the extra passes, batched over every query that needs them
-            if localise:
+            if capture:
                 boxes = self._captured_boxes(model, first[2], first[3], gated, [images[i] for i in gated],
                                              [prompts[i] for i in gated], [named[i] for i in gated])
-            else:
+            elif not localise:
                 boxes = self.detector_boxes([images[i] for i in gated], [prompts[i] for i in gated])
             self._verify([images[i] for i in gated], [prompts[i] for i in gated], [results[i] for i in gated],
                          model, max_new_tokens, generate_kwargs, boxes)
@@ -448,21 +479,22 @@ class CropVerify(Mitigation):
 
     def needs_objects(self) -> bool:
         """Whether localisation reads the prompt tokens that name each query's object."""
-        return self.locate == "embedding" or self.queries == "object"
+        return self.locate in ("embedding", "zoom") or self.queries == "object"
 
-    def capture(self, model, inputs: dict, objects: Sequence[str | None] | None):
+    def capture(self, model, inputs: dict, objects: Sequence[str | None] | None, strict: bool = False):
         """A context manager that captures each row's localisation map at the prefill of
         whatever runs the model inside it (the first answer's own ``generate()``, left
         unchanged) and fills the ``"maps"`` of the dict it yields on exit: attention
         (:func:`mitigate.localize.capture_first_pass`) or, under ``locate="embedding"``, the
         similarity to the object's name (:func:`mitigate.localize_embedding.capture_embeddings`;
-        ``objects`` names one object or None per row)."""
-        # lenient: one row whose object's words the tokenizer does not know must not stop the
-        # batch (it gets no map under "embedding", its last token under queries="object")
+        ``objects`` names one object or None per row). Objects read from the questions are
+        matched leniently: a row whose object's words the tokenizer does not know must not
+        stop the batch (it gets no map under "embedding", its last token under
+        queries="object"); ``strict=True`` (objects the caller named) makes it an error."""
         if self.locate == "embedding":
-            return capture_embeddings(model, inputs, self._object_mask(model, inputs, objects, strict=False))
+            return capture_embeddings(model, inputs, self._object_mask(model, inputs, objects, strict=strict))
         return capture_first_pass(model, inputs, layers=self.layers, queries=self.queries, objects=objects,
-                                  tokenizer=self.processor.tokenizer, strict=False)
+                                  tokenizer=self.processor.tokenizer, strict=strict)
 
     def _object_mask(self, model, inputs: dict, objects: Sequence[str | None], strict: bool = True) -> torch.Tensor:
         return object_token_mask(self.processor.tokenizer, resolve(model), inputs["input_ids"], objects, strict)
@@ -475,6 +507,45 @@ class CropVerify(Mitigation):
         if missing:
             self.stats["object_not_found"] = self.stats.get("object_not_found", 0) + len(missing)
         return [r for r in rows if maps[r] is not None]
+
+    def located_boxes(self, rows: Sequence[int], boxes: Sequence) -> tuple[list[int], list[tuple]]:
+        """``rows`` and their boxes, without the rows the zoomed search found no object for
+        (counted in ``stats["object_not_found"]``, left unverified)."""
+        missing = sum(b is None for b in boxes)
+        if missing:
+            self.stats["object_not_found"] = self.stats.get("object_not_found", 0) + missing
+        kept = [(r, b) for r, b in zip(rows, boxes) if b is not None]
+        return [r for r, _ in kept], [b for _, b in kept]
+
+    def zoom_boxes(self, model, images: Sequence[Image.Image], prompts: Sequence[str],
+                   objects: Sequence[str | None], strict: bool = False, tile_inputs: Callable | None = None) -> list:
+        """``locate="zoom"``: each image is cut into ``zoom_grid`` x ``zoom_grid`` tiles, each
+        resized to the image's size as a view is (:func:`view_image`), and asked with its
+        prompt in one batch that stops at the decoder's input
+        (:func:`mitigate.localize_embedding.embedding_maps`); the box is a square around the
+        image token most similar to the object's name over all tiles
+        (:func:`mitigate.localize_embedding.peak_box`). One box per query, or None where the
+        prompt names no object the tokenizer knows. ``tile_inputs(rows, tile_images)``
+        builds the model inputs for tile rows (default: the prompts through the processor;
+        the ``generate()`` route reuses the caller's prompt ids)."""
+        tiles = [tile_boxes(im.width, im.height, self.zoom_grid) for im in images]
+        per = len(tiles[0]) if tiles else 0
+        tile_images = [view_image(im, t) for im, ts in zip(images, tiles) for t in ts]
+        rows = [q for q in range(len(images)) for _ in range(per)]
+        if tile_inputs is None:
+            enc = dict(self._inputs(tile_images, [prompts[q] for q in rows], model))
+        else:
+            enc = tile_inputs(rows, tile_images)
+        mask = self._object_mask(model, enc, [objects[q] for q in rows], strict=strict)
+        maps = embedding_maps(model, enc, mask, shift=False)
+        points, boxes = resolve(model), []
+        for q, image in enumerate(images):
+            mine = list(range(q * per, (q + 1) * per))
+            if any(maps[r] is None for r in mine):
+                boxes.append(None)
+            else:
+                boxes.append(peak_box(points, [maps[r] for r in mine], enc, mine, tiles[q], image.size))
+        return boxes
 
     def boxes_from_capture(self, model, inputs: dict, maps: Sequence, rows: Sequence[int],
                            images: Sequence[Image.Image]) -> list[tuple]:

@@ -222,8 +222,9 @@ class VerifiedGenerate:
         first = {**kwargs, "output_scores": True, "return_dict_in_generate": True}
         captured, objects = {"maps": None}, None
         prompts = [tok.decode(row, skip_special_tokens=True) for row in ids]
-        if cv.localizer is None:  # the gated rows' maps, captured at this very call's prefill
+        if cv.localizer is None:
             objects = [object_in_question(p) for p in prompts] if cv.needs_objects() else None
+        if cv.localizer is None and cv.locate != "zoom":  # the rows' maps, captured at this very call's prefill
             with cv.capture(self.model, kwargs, objects) as captured:
                 out = self.generate(**first)
         else:
@@ -240,27 +241,33 @@ class VerifiedGenerate:
                           "attached processor (or hold several images per row); its answers are not verified",
                           stacklevel=2)
             gated = []
+        boxes = None
         if gated and cv.localizer is None and cv.locate == "embedding":
             gated = cv.located(gated, captured["maps"])  # nothing named, nothing to compare: unverified, counted
+        elif gated and cv.localizer is None and cv.locate == "zoom":
+            gated, boxes = cv.located_boxes(gated, self._zoom_boxes(kwargs, gated, [images[i] for i in gated],
+                                                                    [prompts[i] for i in gated],
+                                                                    [objects[i] for i in gated]))
         elif objects is not None and any(objects[i] is None for i in gated):
             # answer() refuses them; here queries="object" reads their last token instead
             missing = sum(objects[i] is None for i in gated)
             cv.stats["object_not_found"] = cv.stats.get("object_not_found", 0) + missing
         if gated:
             out.sequences = self._verify(kwargs, gated, [images[i] for i in gated], texts, confidence, out.sequences,
-                                         captured["maps"])
+                                         captured["maps"], boxes)
         if streamer is not None:
             _replay(streamer, out.sequences, start)
         return out if want_dict else out.sequences
 
-    def _verify(self, kwargs, gated, images, texts, confidence, sequences, maps) -> torch.Tensor:
+    def _verify(self, kwargs, gated, images, texts, confidence, sequences, maps, boxes=None) -> torch.Tensor:
         cv, model, tok = self.cv, self.model, self.cv.processor.tokenizer
         device = kwargs["input_ids"].device
         image_processor = cv.processor.image_processor
         self.originals.paused = True
         try:
             prompts = [tok.decode(kwargs["input_ids"][i], skip_special_tokens=True) for i in gated]
-            boxes = self._boxes(kwargs, maps, gated, images, prompts)
+            if boxes is None:
+                boxes = self._boxes(kwargs, maps, gated, images, prompts)
             asked = cv.asked_views()
             built_all = [cv.view_boxes(image, box) for image, box in zip(images, boxes)]
             # resized to the original's size: the same number of image tokens, the same prompt ids
@@ -289,6 +296,22 @@ class VerifiedGenerate:
         pad = getattr(model.generation_config, "pad_token_id", None)
         pad = tok.pad_token_id if pad is None else pad
         return _pad_cat([r.to(sequences.device) for r in rows], int(pad if pad is not None else 0))
+
+    def _zoom_boxes(self, kwargs: dict, gated: list[int], images: list[Image.Image], prompts: list[str],
+                    objects: list[str | None]) -> list:
+        """``locate="zoom"``'s boxes for the gated rows, the tiles asked with the caller's own
+        prompt ids (as the views are); None where no object is named."""
+        cv = self.cv
+        device = kwargs["input_ids"].device
+
+        def tile_inputs(rows, tile_images):
+            return _row_inputs(kwargs, [gated[r] for r in rows], tile_images, cv.processor.image_processor, device)
+
+        self.originals.paused = True
+        try:
+            return cv.zoom_boxes(self.model, images, prompts, objects, tile_inputs=tile_inputs)
+        finally:
+            self.originals.paused = False
 
     def _boxes(self, kwargs: dict, maps, gated: list[int], images: list[Image.Image], prompts: list[str]) -> list[tuple]:
         """The gated rows' boxes: the caller's detector, or the maps captured at the first

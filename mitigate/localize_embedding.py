@@ -35,15 +35,27 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from hooks import HookGroup, resolve
+from hooks import HookGroup, ModelPoints, resolve
+
+from .localize import region_heat
+
+#: The zoomed search's window side, as a fraction of the image's short side (our choice: the
+#: smallest of :func:`mitigate.localize.best_window`'s sizes; DO-Bench's small objects are
+#: 3-10 px of a 128 px image, so a 32 px window with the Crop view's margin holds them).
+ZOOM_SIDE = 0.25
 
 
+class _Stop(Exception):
+    """Raised by the capture hook to end a forward at the decoder's input."""
 
-def similarity_maps(embeds: torch.Tensor, image_mask: torch.Tensor, object_mask: torch.Tensor) -> list[torch.Tensor | None]:
+
+def similarity_maps(embeds: torch.Tensor, image_mask: torch.Tensor, object_mask: torch.Tensor,
+                    shift: bool = True) -> list[torch.Tensor | None]:
     """Per row, a ``(1, n_image_tokens)`` heat map: the cosine similarity of each image
     token's embedding (``embeds``: ``(rows, seq, dim)``, the decoder's input) to the mean
-    embedding of the row's object tokens (``object_mask``), minus its minimum over the row.
-    None for a row whose ``object_mask`` is empty (nothing names the object)."""
+    embedding of the row's object tokens (``object_mask``), minus its minimum over the row
+    (``shift=False``: the similarities themselves, comparable across rows). None for a row
+    whose ``object_mask`` is empty (nothing names the object)."""
     if embeds.shape[:2] != image_mask.shape or object_mask.shape != image_mask.shape:
         raise ValueError(f"embeddings {tuple(embeds.shape)}, image mask {tuple(image_mask.shape)} and object mask "
                          f"{tuple(object_mask.shape)} do not agree")
@@ -54,21 +66,27 @@ def similarity_maps(embeds: torch.Tensor, image_mask: torch.Tensor, object_mask:
             maps.append(None)
             continue
         image = embeds[row][image_mask[row].to(embeds.device)].float()
+        if image.shape[0] == 0:  # a text-only row of a mixed batch
+            maps.append(None)
+            continue
         target = embeds[row][named].float().mean(dim=0, keepdim=True)
         heat = torch.nn.functional.cosine_similarity(image, target, dim=-1)
-        maps.append((heat - heat.min())[None])
+        maps.append((heat - heat.min() if shift else heat)[None])
     return maps
 
 
 @contextlib.contextmanager
-def capture_embeddings(model: nn.Module, inputs: dict, object_mask: torch.Tensor):
+def capture_embeddings(model: nn.Module, inputs: dict, object_mask: torch.Tensor, *, shift: bool = True,
+                       stop: bool = False):
     """Capture the decoder's input embeddings of ``inputs``' rows at the first forward run
     inside the block (the prefill of the caller's ``generate()``, whose output is left
     unchanged) and yield a dict whose ``"maps"`` -- per row, :func:`similarity_maps`' heat
     for the tokens of ``object_mask`` (``(rows, seq)``, e.g.
     :func:`mitigate.localize.object_token_mask`) -- is filled when the block ends. Under an
     attached contrast mitigation the forward also carries the branches' rows, appended
-    after the caller's: only the caller's rows are kept."""
+    after the caller's: only the caller's rows are kept. ``shift``: :func:`similarity_maps`'.
+    ``stop=True`` ends the forward once the embeddings are read -- the decoder layers never
+    run -- for a forward that is only there to localise."""
     points = resolve(model)
     ids = inputs["input_ids"]
     if object_mask.shape != ids.shape:
@@ -83,23 +101,69 @@ def capture_embeddings(model: nn.Module, inputs: dict, object_mask: torch.Tensor
             raise ValueError(f"{points.model_type}: the decoder was not called with inputs_embeds, so the image "
                              "tokens' embeddings cannot be read; use CropVerify(locate='attention')")
         seen["embeds"] = embeds[: ids.shape[0]].detach()
+        if stop:
+            raise _Stop
         return None
 
     result: dict = {}
     with HookGroup("localize:embeddings") as group:
         points.add_hook(group, "language_model.input", record)
-        yield result
+        try:
+            yield result
+        except _Stop:
+            pass
     if "embeds" not in seen:
         raise ValueError("no forward ran inside capture_embeddings(): nothing was captured")
     embeds = seen["embeds"]
     if embeds.shape[1] != ids.shape[1]:
         raise ValueError(f"the decoder's input has {embeds.shape[1]} positions, input_ids {ids.shape[1]}")
-    result["maps"] = similarity_maps(embeds, points.image_token_mask(ids), object_mask)
+    result["maps"] = similarity_maps(embeds, points.image_token_mask(ids), object_mask, shift)
 
 
 @torch.no_grad()
-def embedding_maps(model: nn.Module, inputs: dict, object_mask: torch.Tensor) -> list[torch.Tensor | None]:
-    """:func:`capture_embeddings`' maps from a forward of their own over ``inputs``."""
-    with capture_embeddings(model, inputs, object_mask) as captured:
+def embedding_maps(model: nn.Module, inputs: dict, object_mask: torch.Tensor, shift: bool = True) -> list[torch.Tensor | None]:
+    """:func:`capture_embeddings`' maps from a forward of their own over ``inputs``, ended at
+    the decoder's input (the vision tower and projector run, the decoder does not)."""
+    with capture_embeddings(model, inputs, object_mask, shift=shift, stop=True) as captured:
         model(**inputs, use_cache=False)
     return captured["maps"]
+
+
+def tile_boxes(width: int, height: int, grid: int) -> list[tuple[float, float, float, float]]:
+    """The ``grid`` x ``grid`` tiles of a ``width`` x ``height`` image, row by row."""
+    if not isinstance(grid, int) or grid < 1:
+        raise ValueError(f"zoom_grid must be a positive integer, got {grid!r}")
+    return [(j * width / grid, i * height / grid, (j + 1) * width / grid, (i + 1) * height / grid)
+            for i in range(grid) for j in range(grid)]
+
+
+def peak_box(points: ModelPoints, maps: Sequence[torch.Tensor], inputs: dict, rows: Sequence[int],
+             tiles: Sequence[tuple], size: tuple[int, int], side: float = ZOOM_SIDE) -> tuple[float, float, float, float]:
+    """The zoomed search's box in an image of ``size``: ``maps[i]`` is the unshifted
+    similarity map (:func:`similarity_maps`, ``shift=False``) of the view of tile
+    ``tiles[i]`` (cut from the image and resized to ``size``, as the views are), which is
+    row ``rows[i]`` of ``inputs`` (for its token layout). Each map is painted onto its view
+    through the layout (:func:`mitigate.localize.region_heat`, on similarity + 1 so the heat
+    is positive); the most similar place over all tiles -- the centre of the pixels holding
+    the largest value -- is the centre of a square of ``side`` times the short side, moved
+    inside the image. A peak, not :func:`best_window`'s densest window: an object smaller
+    than a patch lights one token, which a window's mean dilutes among its neighbours."""
+    width, height = size
+    best = None
+    for heat, row, (x0, y0, x1, y1) in zip(maps, rows, tiles):
+        regions = points.token_regions(heat.shape[-1], inputs, row, size)
+        canvas = region_heat(heat[0].float() + 1.0, None, regions, width, height)
+        top = float(canvas.max())
+        if best is not None and top <= best[0]:
+            continue
+        ys, xs = (canvas == top).nonzero(as_tuple=True)
+        rows_, cols = canvas.shape
+        cx = x0 + (float(xs.float().mean()) + 0.5) / cols * (x1 - x0)
+        cy = y0 + (float(ys.float().mean()) + 0.5) / rows_ * (y1 - y0)
+        best = (top, cx, cy)
+    if best is None:
+        raise ValueError("peak_box: no tile maps")
+    length = side * min(width, height)
+    left = min(max(0.0, best[1] - length / 2), width - length)
+    upper = min(max(0.0, best[2] - length / 2), height - length)
+    return (float(left), float(upper), float(left + length), float(upper + length))

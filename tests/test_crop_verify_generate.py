@@ -69,8 +69,8 @@ def _decode(processor, out, enc):
     return [t.strip() for t in processor.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)]
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"strip_priors": False, "control": True, **OBJECT}, {"locate": "embedding"}],
-                         ids=["default", "whole-prompt+control", "embedding"])
+@pytest.mark.parametrize("kwargs", [{}, {"strip_priors": False, "control": True, **OBJECT}, {"locate": "embedding"},
+                                    {"locate": "zoom"}], ids=["default", "whole-prompt+control", "embedding", "zoom"])
 def test_generate_gives_the_answers_of_answer(organism, more_queries, kwargs):
     model, processor = organism
     images, prompts = [q.images[0] for q in more_queries], [q.prompt for q in more_queries]

@@ -11,7 +11,7 @@ import torch
 from hooks import hook_state, resolve
 from hooks.testing import TINY_MODEL_TYPES, build_tiny_model, tiny_inputs
 from mitigate import CropVerify
-from mitigate.localize_embedding import capture_embeddings, embedding_maps, similarity_maps
+from mitigate.localize_embedding import capture_embeddings, embedding_maps, similarity_maps, tile_boxes
 
 
 def test_similarity_map_peaks_at_the_token_that_matches_the_name():
@@ -24,10 +24,23 @@ def test_similarity_map_peaks_at_the_token_that_matches_the_name():
     maps = similarity_maps(embeds, image, named)
     assert maps[1] is None
     heat = maps[0]
-    assert heat.shape == (1, 4) and int(heat.argmax()) == 2
-    assert float(heat.min()) == 0.0 and float(heat.max()) <= 2.0
+    assert heat.shape == (1, 4) and int(heat.argmax()) == 2 and float(heat.min()) == 0.0
+    raw = similarity_maps(embeds, image, named, shift=False)[0]
+    torch.testing.assert_close(raw - raw.min(), heat)
+    assert float(raw.max()) == pytest.approx(1.0, abs=1e-5)  # token 2 is the name's embedding, scaled
+    no_image = similarity_maps(embeds, torch.zeros_like(image), named)  # a text-only row of a mixed batch
+    assert no_image == [None, None]
     with pytest.raises(ValueError, match="do not agree"):
         similarity_maps(embeds, image[:, :6], named)
+
+
+def test_tiles():
+    assert tile_boxes(128, 96, 2) == [(0, 0, 64, 48), (64, 0, 128, 48), (0, 48, 64, 96), (64, 48, 128, 96)]
+    assert tile_boxes(30, 30, 1) == [(0, 0, 30, 30)]
+    assert len(tile_boxes(90, 60, 3)) == 9 and tile_boxes(90, 60, 3)[4] == (30, 20, 60, 40)
+    for bad in (0, 1.5, "2"):
+        with pytest.raises(ValueError, match="zoom_grid"):
+            tile_boxes(10, 10, bad)
 
 
 @pytest.mark.parametrize("model_type", TINY_MODEL_TYPES)
@@ -48,9 +61,15 @@ def test_capture_rides_along_generate_on_every_architecture(model_type):
     maps = captured["maps"]
     assert maps[1] is None
     assert maps[0].shape == (1, int(image[0].sum()))
-    assert bool(torch.isfinite(maps[0]).all()) and float(maps[0].min()) == 0.0
-    again = embedding_maps(model, inputs, named)  # a forward of its own reads the same embeddings
+    assert bool(torch.isfinite(maps[0]).all()) and float(maps[0].min()) == 0.0 and float(maps[0].max()) > 0.0
+    calls = []
+    handle = points.decoder_layers[0].register_forward_hook(lambda *a: calls.append(1))
+    try:  # a forward of its own reads the same embeddings and stops before the decoder
+        again = embedding_maps(model, inputs, named)
+    finally:
+        handle.remove()
     torch.testing.assert_close(again[0], maps[0])
+    assert calls == [], "embedding_maps ends the forward at the decoder's input"
     assert hook_state(model) == before
 
 
@@ -81,6 +100,10 @@ def test_bad_use():
             pass
     with pytest.raises(ValueError, match="locate must be one of"):
         CropVerify(processor=None, locate="saliency")
+    with pytest.raises(ValueError, match="zoom_grid"):
+        CropVerify(processor=None, locate="zoom", zoom_grid=0)
+    with pytest.raises(ValueError, match="give one"):
+        CropVerify(processor=None, locate="embedding", localizer=lambda image, prompt: (0, 0, 1, 1))
 
 
 @pytest.fixture(scope="module")
@@ -108,12 +131,41 @@ def test_localisation_probe_on_dobench_targets(organism):
 
     model, processor = organism
     got = measure(model, processor, n=3, probe="dobench", locate="embedding")
-    assert len(got["rows"]) == 3 and got["probe"] == "dobench"
+    assert len(got["rows"]) == 3 and got["probe"] == "dobench" and got["seed"] == 0  # the report's suite
     for row in got["rows"]:
         x0, y0, x1, y1 = row["box"]
         assert x1 - x0 <= 12, "DO-Bench's A-objects are small"
+        w0, v0, w1, v1 = row["window"]
+        assert 0 <= w0 < w1 <= 128 and 0 <= v0 < v1 <= 128
     with pytest.raises(ValueError, match="probe must be one of"):
         measure(model, processor, n=1, probe="coco")
+
+
+def test_zoomed_search_finds_dobench_small_objects(organism):
+    """DO-Bench's A-objects (3-10 px of 128, under one patch of the 64 px input): on v17 the
+    zoomed search (2x2 tiles) finds 75% of the report's 40, the whole-image embedding map
+    37.5% and ViCrop's attention none (README); asserted on its first 12."""
+    from evaluators.organism.localisation import measure
+
+    model, processor = organism
+    zoom = measure(model, processor, n=12, probe="dobench", locate="zoom")
+    whole = measure(model, processor, n=12, probe="dobench", locate="embedding")
+    assert zoom["hit_rate"] >= 50 and zoom["hit_rate"] > whole["hit_rate"], (zoom["hit_rate"], whole["hit_rate"])
+
+
+def test_bad_use_of_answer(organism):
+    from evaluators.world import BIASED, World
+
+    model, processor = organism
+    image = World(BIASED).scene(3).render()
+    prompt = "is there a dog in the image ? answer yes or no ."
+    for kwargs in ({"num_beams": 2}, {"num_return_sequences": 2, "do_sample": True}):
+        with pytest.raises(ValueError, match=next(iter(kwargs))):
+            CropVerify(processor).answer(model, [image], [prompt], **kwargs)
+    for locate, extra in (("embedding", {}), ("zoom", {}), ("attention", {"queries": "object"})):
+        with pytest.raises(ValueError, match="does not occur in the prompt"):  # a name the caller gave is checked
+            CropVerify(processor, locate=locate, gate=1.0, tau=0.0, **extra).answer(model, [image], [prompt],
+                                                                                    objects=["zebra"])
 
 
 def test_a_prompt_naming_no_object_is_refused_or_left_unverified(organism):

@@ -49,10 +49,13 @@ SETTINGS = {
     # session 7: the confidence gate (cost) against the overturn threshold (effect)
     "gate": {"ViCrop (default), every first answer but yes verified": {"gate": 1.0}},
     "gate-embedding": {"embedding localiser, every first answer but yes verified": {"gate": 1.0, "locate": "embedding"}},
+    "gate-zoom": {"zoomed embedding search, every first answer but yes verified": {"gate": 1.0, "locate": "zoom"}},
     # session 17: where the views are cut -- attention (ViCrop) or the object's name in embedding space
     "locate": {
         "ViCrop (default)": {},
         "embedding (locate='embedding')": {"locate": "embedding"},
+        "zoomed embedding search, 2x2 tiles (locate='zoom')": {"locate": "zoom"},
+        "zoomed embedding search, 3x3 tiles": {"locate": "zoom", "zoom_grid": 3},
         "object tokens, peak head, layer 0": _OBJECT,
     },
 }

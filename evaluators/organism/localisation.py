@@ -61,10 +61,10 @@ def _dobench_targets(n: int, seed: int):
     """(scene seed, image, category, box) of DO-Bench's A-objects (small, out of context,
     next to other objects; :func:`evaluators.benchmarks.dobench.suite.build`'s scene groups
     for ``seed``): what crop-and-verify has to find on that benchmark."""
-    from ..benchmarks.dobench.suite import _scene_group
+    from ..benchmarks.dobench.suite import _scene_group, first_scene_seed
 
     world = World(BIASED)
-    s, found = seed * 1_000_003 + 2_000_000_000, 0
+    s, found = first_scene_seed(seed), 0
     while found < n:
         s += 1
         group = _scene_group(world, s)
@@ -75,15 +75,18 @@ def _dobench_targets(n: int, seed: int):
 
 
 @torch.no_grad()
-def measure(model, processor, n: int = 40, seed: int = HELD_OUT + 50_000, min_size: float = 0.1,
+def measure(model, processor, n: int = 40, seed: int | None = None, min_size: float = 0.1,
             threshold: float = 0.5, layers=None, queries: str = "last", heads: str = "mean",
             generic_prompt: str | None = GENERIC_PROMPT, locate: str = "attention", probe: str = "scenes") -> dict:
-    """``probe="scenes"``: held-out scenes from ``seed``; ``"dobench"``: DO-Bench's A-objects
-    of the suite built with ``seed`` (0 is the report's)."""
+    """``probe="scenes"``: held-out scenes from ``seed`` (default ``HELD_OUT + 50_000``);
+    ``"dobench"``: DO-Bench's A-objects of the suite built with ``seed`` (default 0, the
+    report's)."""
     from mitigate import CropVerify
 
     if probe not in PROBES:
         raise ValueError(f"probe must be one of {PROBES}, got {probe!r}")
+    if seed is None:
+        seed = HELD_OUT + 50_000 if probe == "scenes" else 0
     cv = CropVerify(processor, layers=layers, queries=queries, heads=heads, generic_prompt=generic_prompt, locate=locate)
     targets = _single_objects(n, seed, min_size) if probe == "scenes" else _dobench_targets(n, seed)
     hits, chance, rows = [], [], []
@@ -122,8 +125,7 @@ def main(argv=None) -> None:
     model, processor = load_organism(args.path)
     layers = [int(v) for v in args.layers.split(",")] if args.layers else None
     generic = None if args.generic.lower() == "none" else args.generic
-    seed = args.seed if args.seed is not None else (HELD_OUT + 50_000 if args.probe == "scenes" else 0)
-    result = measure(model, processor, args.n, seed=seed, probe=args.probe, layers=layers, queries=args.queries, heads=args.heads,
+    result = measure(model, processor, args.n, seed=args.seed, probe=args.probe, layers=layers, queries=args.queries, heads=args.heads,
                      generic_prompt=generic, locate=args.locate)
     print(json.dumps({k: v for k, v in result.items() if k != "rows"}, indent=2))
 

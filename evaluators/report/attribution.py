@@ -81,6 +81,8 @@ def optional_arms() -> list[Arm]:
         # attention points (mitigate/localize_embedding.py; docs/results/crop_verify_locate.md)
         Arm("crop-and-verify, embedding localiser", lambda p: [CropVerify(p, locate="embedding")], {},
             "baseline (greedy)"),
+        # the same read on 2x2 tiles of the image, for objects smaller than a patch
+        Arm("crop-and-verify, zoomed search", lambda p: [CropVerify(p, locate="zoom")], {}, "baseline (greedy)"),
     ]
 
 

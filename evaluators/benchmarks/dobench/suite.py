@@ -54,14 +54,19 @@ def _scene_group(world: World, seed: int):
     return None
 
 
+def first_scene_seed(seed: int) -> int:
+    """The world seed before the first scene group of the suite built with ``seed`` (its
+    groups are tried at the seeds after it, skipping those :func:`_scene_group` rejects)."""
+    return check_seed(seed) * 1_000_003 + 2_000_000_000
+
+
 def build(n_scenes: int = 20, seed: int = 0, margin: float = 0.1, world: World | None = None) -> list[Query]:
     """``10 * n_scenes`` queries (scene groups that cannot be built are skipped and replaced)."""
-    seed = check_seed(seed)
     check_margin(margin)
     check_count(n_scenes, "n_scenes")
     world = world or World(BIASED)
     queries: list[Query] = []
-    s, built = seed * 1_000_003 + 2_000_000_000, 0
+    s, built = first_scene_seed(seed), 0
     while built < n_scenes:
         s += 1
         group = _scene_group(world, s)
