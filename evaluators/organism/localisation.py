@@ -77,7 +77,8 @@ def _dobench_targets(n: int, seed: int):
 @torch.no_grad()
 def measure(model, processor, n: int = 40, seed: int | None = None, min_size: float = 0.1,
             threshold: float = 0.5, layers=None, queries: str = "last", heads: str = "mean",
-            generic_prompt: str | None = GENERIC_PROMPT, locate: str = "attention", probe: str = "scenes") -> dict:
+            generic_prompt: str | None = GENERIC_PROMPT, locate: str = "attention", probe: str = "scenes",
+            zoom_grid: int = 2) -> dict:
     """``probe="scenes"``: held-out scenes from ``seed`` (default ``HELD_OUT + 50_000``);
     ``"dobench"``: DO-Bench's A-objects of the suite built with ``seed`` (default 0, the
     report's)."""
@@ -87,7 +88,8 @@ def measure(model, processor, n: int = 40, seed: int | None = None, min_size: fl
         raise ValueError(f"probe must be one of {PROBES}, got {probe!r}")
     if seed is None:
         seed = HELD_OUT + 50_000 if probe == "scenes" else 0
-    cv = CropVerify(processor, layers=layers, queries=queries, heads=heads, generic_prompt=generic_prompt, locate=locate)
+    cv = CropVerify(processor, layers=layers, queries=queries, heads=heads, generic_prompt=generic_prompt, locate=locate,
+                    zoom_grid=zoom_grid)
     targets = _single_objects(n, seed, min_size) if probe == "scenes" else _dobench_targets(n, seed)
     hits, chance, rows = [], [], []
     for s, image, category, box in targets:
@@ -98,7 +100,7 @@ def measure(model, processor, n: int = 40, seed: int | None = None, min_size: fl
         rows.append({"seed": s, "category": category, "box": box, "window": window, "coverage": cov})
     return {"hit_rate": 100.0 * float(np.mean(hits)), "chance_hit_rate": 100.0 * float(np.mean(chance)),
             "n": n, "seed": seed, "probe": probe, "threshold": threshold, "layers": layers, "queries": queries,
-            "heads": heads, "generic_prompt": generic_prompt, "locate": locate, "rows": rows}
+            "heads": heads, "generic_prompt": generic_prompt, "locate": locate, "zoom_grid": zoom_grid, "rows": rows}
 
 
 def main(argv=None) -> None:
@@ -114,10 +116,12 @@ def main(argv=None) -> None:
     parser.add_argument("--generic", default=GENERIC_PROMPT,
                         help=f"ViCrop's normalising prompt (default {GENERIC_PROMPT!r}); 'none' reads the raw map")
     parser.add_argument("--locate", default="attention", choices=LOCATE,
-                        help="attention (ViCrop and the options above) or embedding (the object's name; ignores them)")
+                        help="attention (ViCrop and the options above), embedding (the object's name) or zoom "
+                             "(the same on tiles); the last two ignore the attention options")
     parser.add_argument("--seed", type=int, default=None,
                         help=f"first scene seed (default {HELD_OUT + 50_000}, held out); the suite's seed for --probe dobench "
                              "(default 0, the report's)")
+    parser.add_argument("--zoom-grid", type=int, default=2, help="tiles per side for --locate zoom")
     parser.add_argument("--probe", default="scenes", choices=PROBES,
                         help="held-out scenes' single objects >= 10%% of the image, or DO-Bench's small A-objects")
     args = parser.parse_args(argv)
@@ -126,7 +130,7 @@ def main(argv=None) -> None:
     layers = [int(v) for v in args.layers.split(",")] if args.layers else None
     generic = None if args.generic.lower() == "none" else args.generic
     result = measure(model, processor, args.n, seed=args.seed, probe=args.probe, layers=layers, queries=args.queries, heads=args.heads,
-                     generic_prompt=generic, locate=args.locate)
+                     generic_prompt=generic, locate=args.locate, zoom_grid=args.zoom_grid)
     print(json.dumps({k: v for k, v in result.items() if k != "rows"}, indent=2))
 
 
