@@ -2,10 +2,13 @@
 from the original image where the model's own attention points.
 
     python examples/crop_verify.py                # the shipped organism, no download
+    python examples/crop_verify.py --locate zoom  # find the object on 2x2 tiles by its name
     python examples/crop_verify.py --model <hf id or path>
 
-No ground truth is used at inference: the box comes from last-token attention normalised
-by a generic prompt (ViCrop); pass ``localizer=`` to plug in a detector instead.
+No ground truth is used at inference: by default the box comes from last-token attention
+normalised by a generic prompt (ViCrop); ``--locate embedding`` / ``zoom`` read where the
+image tokens look like the object's name (README, "Where the views are cut"); pass
+``localizer=`` to plug in a detector instead.
 
 Two ways to use it, with the same answers: ``CropVerify.answer(model, images, prompts)``,
 which reports what each view said, and ``attach(model, CropVerify(processor))``, under
@@ -23,6 +26,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--model", default="organism")
 parser.add_argument("-n", type=int, default=6)
 parser.add_argument("--question", default="is there a {object} in the image ? answer yes or no .")
+parser.add_argument("--locate", default="attention", choices=["attention", "embedding", "zoom"])
 args = parser.parse_args()
 
 model, processor = load_hf(args.model)
@@ -37,14 +41,14 @@ for seed in range(10**9, 10**9 + 400):  # scenes with a small object that is the
     if len(images) == args.n:
         break
 
-cv = CropVerify(processor, tau=0.5, gate=0.9, margin=0.1)
+cv = CropVerify(processor, tau=0.5, gate=0.9, margin=0.1, locate=args.locate)
 for prompt, result in zip(prompts, cv.answer(model, images, prompts, max_new_tokens=3)):
     views = ", ".join(f"{v}: {r['answer']} (p_yes {r['p_yes']:.2f})" for v, r in result["views"].items())
     print(f"{prompt!r}: {result['first_answer']} -> {result['answer']}" + (f"   [{views}]" if views else ""))
 print(f"stats: {cv.stats}  (truth: every object asked about is present)")
 
 # the same through plain generate(): preprocess while attached, so the originals are known
-verified = CropVerify(processor, tau=0.5, gate=0.9, margin=0.1)
+verified = CropVerify(processor, tau=0.5, gate=0.9, margin=0.1, locate=args.locate)
 with attach(model, verified):
     texts = [processor.apply_chat_template([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": p}]}],
                                            add_generation_prompt=True) for p in prompts]
