@@ -183,7 +183,7 @@ class CropVerify(Mitigation):
     callable.
     """
 
-    processor: Any
+    processor: Any = field(repr=False)  # results.json records the config, not the processor (its repr holds paths)
     tau: float = 0.5
     gate: float = 0.9
     margin: float = 0.1
