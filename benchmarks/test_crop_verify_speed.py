@@ -11,7 +11,7 @@ scenes); 8 new tokens (an existence answer is one or two). The gate (first-token
 localisation and the two views; the share is recorded with the timing. ``crop_verify_embedding``
 is ``answer()`` with ``locate="embedding"``, which needs no forward of ViCrop's generic prompt;
 ``crop_verify_embedding_crop`` also asks the Crop view alone; ``crop_verify_zoom`` searches 2x2
-tiles (vision tower and projector only) instead.
+tiles (vision tower and projector only) instead, ``crop_verify_zoom_crop`` with the Crop view alone.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def _questions(kind: str):
 
 @pytest.mark.parametrize("kind", ["dobench_level0", "clean"])
 @pytest.mark.parametrize("role", ["baseline", "crop_verify", "crop_verify_generate", "crop_verify_embedding",
-                                  "crop_verify_embedding_crop", "crop_verify_zoom"])
+                                  "crop_verify_embedding_crop", "crop_verify_zoom", "crop_verify_zoom_crop"])
 def test_crop_verify_speed(benchmark, paired, organism, rounds, role, kind):
     model, processor = organism
     images, prompts = _questions(kind)
@@ -65,7 +65,8 @@ def test_crop_verify_speed(benchmark, paired, organism, rounds, role, kind):
     # _crop: and the Crop view alone (half the views' rows)
     settings = {"crop_verify_embedding": {"locate": "embedding"},
                 "crop_verify_embedding_crop": {"locate": "embedding", "views": ("crop",)},
-                "crop_verify_zoom": {"locate": "zoom"}}
+                "crop_verify_zoom": {"locate": "zoom"},
+                "crop_verify_zoom_crop": {"locate": "zoom", "views": ("crop",)}}
     cv = CropVerify(processor, **settings.get(role, {}))
     if role == "crop_verify_generate":  # attach(): the plain call itself, verified
         out = paired(plain, plain, attach=lambda: attach(model, cv))
