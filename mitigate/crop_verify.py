@@ -266,8 +266,8 @@ class CropVerify(Mitigation):
     def _generate(self, model, images, prompts, max_new_tokens: int, generate_kwargs: dict,
                   capture_objects: Sequence[str | None] | None = None, strict: bool = False):
         """Texts and first-step probabilities; with ``capture_objects`` (one object or None
-        per prompt) also the encoded inputs and each row's localisation maps, captured at
-        the prefill of this very ``generate()`` (:meth:`capture`)."""
+        per prompt) also the encoded inputs and what :meth:`capture` took at the prefill of
+        this very ``generate()`` (``"maps"``: each row's localisation map)."""
         enc = self._inputs(images, prompts, model)
         kwargs = dict(max_new_tokens=max_new_tokens, output_scores=True, return_dict_in_generate=True,
                       **{"do_sample": False, **generate_kwargs})
@@ -277,7 +277,7 @@ class CropVerify(Mitigation):
         else:
             with self.capture(model, enc, capture_objects, strict=strict) as captured:
                 out = model.generate(**enc, **kwargs)
-            maps = captured["maps"]
+            maps = captured
         texts = [t.strip() for t in self.processor.batch_decode(out.sequences[:, enc["input_ids"].shape[1]:],
                                                                 skip_special_tokens=True)]
         probs = torch.softmax(out.scores[0].float(), dim=-1)
@@ -383,7 +383,9 @@ class CropVerify(Mitigation):
         # final, so their views would be wasted passes)
         gated = self.gate_rows(texts, confidence, prompts)
         if gated and capture and self.locate == "embedding":
-            gated = self.located(gated, first[3])
+            gated = self.located(gated, first[3]["maps"])
+        elif gated and capture:
+            self.count_unnamed(gated, first[3])
         boxes = []
         if gated and localise and self.locate == "zoom":  # rows whose object is not found stay unverified
             searched = self.zoom_boxes(model, [images[i] for i in gated], [prompts[i] for i in gated],
@@ -391,7 +393,7 @@ class CropVerify(Mitigation):
             gated, boxes = self.located_boxes(gated, searched)
         if gated:  # the extra passes, batched over every query that needs them
             if capture:
-                boxes = self._captured_boxes(model, first[2], first[3], gated, [images[i] for i in gated],
+                boxes = self._captured_boxes(model, first[2], first[3]["maps"], gated, [images[i] for i in gated],
                                              [prompts[i] for i in gated], [named[i] for i in gated])
             elif not localise:
                 boxes = self.detector_boxes([images[i] for i in gated], [prompts[i] for i in gated])
@@ -507,6 +509,14 @@ class CropVerify(Mitigation):
         if missing:
             self.stats["object_not_found"] = self.stats.get("object_not_found", 0) + len(missing)
         return [r for r in rows if maps[r] is not None]
+
+    def count_unnamed(self, rows: Sequence[int], captured: dict) -> None:
+        """Under ``queries="object"``: count in ``stats["object_not_found"]`` the ``rows`` whose
+        object was named by the question in words the tokenizer does not know (their
+        attention is read at the last token instead)."""
+        unnamed = set(captured.get("unnamed", ())) & set(rows)
+        if unnamed:
+            self.stats["object_not_found"] = self.stats.get("object_not_found", 0) + len(unnamed)
 
     def located_boxes(self, rows: Sequence[int], boxes: Sequence) -> tuple[list[int], list[tuple]]:
         """``rows`` and their boxes, without the rows the zoomed search found no object for

@@ -248,10 +248,13 @@ class VerifiedGenerate:
             gated, boxes = cv.located_boxes(gated, self._zoom_boxes(kwargs, gated, [images[i] for i in gated],
                                                                     [prompts[i] for i in gated],
                                                                     [objects[i] for i in gated]))
-        elif objects is not None and any(objects[i] is None for i in gated):
-            # answer() refuses them; here queries="object" reads their last token instead
+        elif gated and objects is not None:
+            # named by no question (answer() refuses them) or in words the tokenizer does not
+            # know: queries="object" reads their last token instead; counted
             missing = sum(objects[i] is None for i in gated)
-            cv.stats["object_not_found"] = cv.stats.get("object_not_found", 0) + missing
+            if missing:
+                cv.stats["object_not_found"] = cv.stats.get("object_not_found", 0) + missing
+            cv.count_unnamed(gated, captured)
         if gated:
             out.sequences = self._verify(kwargs, gated, [images[i] for i in gated], texts, confidence, out.sequences,
                                          captured["maps"], boxes)

@@ -95,6 +95,10 @@ _OBJECT_PATTERNS = tuple(re.compile(p, re.I) for p in (
 ))
 
 
+#: Words the patterns above can take for a name when the name itself is missing.
+_NOT_OBJECTS = frozenset({"a", "an", "the", "any", "some", "one", "two", "three"})
+
+
 def object_in_question(prompt: str) -> str | None:
     """The object a question asks about ("Is there a dog in the image?" -> "dog"), or None.
 
@@ -103,6 +107,8 @@ def object_in_question(prompt: str) -> str | None:
     best = None
     for pattern in _OBJECT_PATTERNS:
         for match in pattern.finditer(prompt):
+            if match.group("object").strip().lower() in _NOT_OBJECTS:
+                continue  # "is there an in the image": the name was lost (a tokenizer's unknown word)
             if best is None or match.start() > best.start():
                 best = match
     return best.group("object").strip() if best else None
@@ -208,7 +214,8 @@ def capture_first_pass(model: nn.Module, inputs: dict, *, layers: Sequence[int] 
     capture leaves unchanged. Yields a dict whose ``"maps"`` (per row, ``(layers * heads,
     n_image_tokens)``, as :func:`image_attention_maps`) is filled when the block ends.
     ``queries="object"`` needs ``objects`` (one phrase or None per row) and the ``tokenizer``;
-    ``strict`` is :func:`object_token_mask`'s."""
+    ``strict`` is :func:`object_token_mask`'s. ``"unnamed"`` lists the rows whose phrase was
+    not found among their tokens (read at their last token, as a row without a phrase)."""
     points = resolve(model)
     capture = AttentionCapture(points, layers if layers is not None else default_layers(points))
     object_mask = None
@@ -216,7 +223,8 @@ def capture_first_pass(model: nn.Module, inputs: dict, *, layers: Sequence[int] 
         if objects is None or tokenizer is None:
             raise ValueError("queries='object' needs objects (one per row) and the tokenizer")
         object_mask = object_token_mask(tokenizer, points, inputs["input_ids"], objects, strict)
-    result: dict = {}
+    result: dict = {"unnamed": [] if object_mask is None else
+                    [row for row, o in enumerate(objects) if o is not None and not bool(object_mask[row].any())]}
     with HookGroup("localize:first-pass") as group:
         capture.attach(group)
         arm(capture, inputs, queries, object_mask)

@@ -193,3 +193,27 @@ def test_a_prompt_naming_no_object_is_refused_or_left_unverified(organism):
     gated = [r["first_answer"] != "yes" for r in records]
     assert gated[:2] == [True, True], records
     assert cv.stats["object_not_found"] == 2 and [r["verified"] for r in records] == [False, False, gated[2]]
+
+
+def test_a_name_the_tokenizer_does_not_know_is_counted_under_object_attention(organism):
+    """queries="object" reads such a row at its last token (it is still verified) and counts
+    it in ``object_not_found``, through answer() and through generate() alike (there the
+    decoded prompt has lost the name: "is there an in the image", which names nothing)."""
+    from evaluators.world import BIASED, World
+    from mitigate import attach
+
+    model, processor = organism
+    image = World(BIASED).scene(3).render()
+    unknown = "is there an animal that barks in the image ? answer yes or no ."  # all <unk> to the organism
+    settings = {"layers": [0], "queries": "object", "heads": "peak", "generic_prompt": None, "gate": 1.0, "tau": 0.0}
+    cv = CropVerify(processor, **settings)
+    record = cv.answer(model, [image], [unknown])[0]
+    assert record["first_answer"] != "yes" and record["verified"]
+    assert cv.stats["object_not_found"] == 1
+    attached = CropVerify(processor, **settings)
+    templated = processor.apply_chat_template(
+        [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": unknown}]}], add_generation_prompt=True)
+    with attach(model, attached):
+        enc = processor(text=[templated], images=[image], return_tensors="pt")
+        model.generate(**enc, max_new_tokens=3, do_sample=False)
+    assert attached.stats == cv.stats
