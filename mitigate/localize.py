@@ -320,7 +320,7 @@ def best_window(heat: torch.Tensor, width: int, height: int, sizes: Sequence[flo
 
 
 def region_heat(query: torch.Tensor, generic: torch.Tensor | None, regions: Sequence[Region], width: int,
-                height: int, eps: float = 1e-6, max_side: int = 512) -> torch.Tensor:
+                height: int, eps: float = 1e-6, max_side: int = 512, normalise: bool = True) -> torch.Tensor:
     """ViCrop's ratio map -- ``query / generic`` attention per image token, or ``query``
     alone without a generic map -- painted onto the image through the layout's regions
     (:mod:`hooks.layout`), on a canvas of the image's aspect ratio (long side at most
@@ -332,7 +332,9 @@ def region_heat(query: torch.Tensor, generic: torch.Tensor | None, regions: Sequ
     normalisation is our choice so that a region's weight does not depend on how many
     tokens it has or how much attention its tokens share (the thumbnail's few tokens each
     draw more attention than one of many tiles' tokens). A one-region layout is painted as
-    it is (the division would change no window, but could flip a near-tie by rounding)."""
+    it is (the division would change no window, but could flip a near-tie by rounding).
+    ``normalise=False`` paints every region as it is (values that are comparable across
+    regions and images, such as cosine similarities)."""
     scale = min(1.0, max_side / max(width, height))
     canvas_w, canvas_h = max(1, round(width * scale)), max(1, round(height * scale))
     total = torch.zeros(canvas_h, canvas_w)
@@ -342,7 +344,7 @@ def region_heat(query: torch.Tensor, generic: torch.Tensor | None, regions: Sequ
         values = query[idx].float()
         if generic is not None:
             values = values / (generic[idx].float() + eps)
-        if len(regions) > 1:
+        if len(regions) > 1 and normalise:
             values = values / values.mean().clamp(min=eps)
         values = values.cpu()
         x0, y0, x1, y1 = region.box

@@ -157,7 +157,9 @@ def peak_box(points: ModelPoints, maps: Sequence[torch.Tensor], inputs: dict, ro
     ``tiles[i]`` (cut from the image and resized to ``size``, as the views are), which is
     row ``rows[i]`` of ``inputs`` (for its token layout). Each map is painted onto its view
     through the layout (:func:`mitigate.localize.region_heat`, on similarity + 1 so the heat
-    is positive); the most similar place over all tiles -- the centre of the pixels holding
+    is positive, not normalised per region, so that tiles compare by similarity; where a
+    layout's regions overlap -- a thumbnail under tiles -- they are averaged); the most
+    similar place over all tiles -- the centre of the pixels holding
     the largest value -- is the centre of a square of ``side`` times the short side, moved
     inside the image. A peak, not :func:`best_window`'s densest window: an object smaller
     than a patch lights one token, which a window's mean dilutes among its neighbours."""
@@ -165,7 +167,7 @@ def peak_box(points: ModelPoints, maps: Sequence[torch.Tensor], inputs: dict, ro
     best = None
     for heat, row, (x0, y0, x1, y1) in zip(maps, rows, tiles):
         regions = points.token_regions(heat.shape[-1], inputs, row, size)
-        canvas = region_heat(heat[0].float() + 1.0, None, regions, width, height)
+        canvas = region_heat(heat[0].float() + 1.0, None, regions, width, height, normalise=False)
         top = float(canvas.max())
         if best is not None and top <= best[0]:
             continue

@@ -217,3 +217,65 @@ def test_a_name_the_tokenizer_does_not_know_is_counted_under_object_attention(or
         enc = processor(text=[templated], images=[image], return_tensors="pt")
         model.generate(**enc, max_new_tokens=3, do_sample=False)
     assert attached.stats == cv.stats
+
+
+@pytest.mark.parametrize("model_type", sorted(__import__("hooks.testing", fromlist=["x"]).TINY_PROCESSOR_TYPES))
+def test_crop_verify_localises_by_embedding_on_every_family(model_type):
+    """``CropVerify(locate="embedding" | "zoom").boxes`` end to end on each family's own
+    processor (tiles, AnyRes, dynamic resolution) for a landscape and a portrait image: a box
+    inside each image; the zoomed search's is a square of a quarter of the short side."""
+    from PIL import Image
+
+    from hooks.testing import tiny_processor
+    from hooks.testing.processors import DEFAULT_WORDS
+    from mitigate.localize_embedding import ZOOM_SIDE
+
+    model = build_tiny_model(model_type)
+    processor = tiny_processor(model_type, model.config, words=(*DEFAULT_WORDS, "dog"))
+    images = [Image.new("RGB", (96, 64), (90, 120, 200)), Image.new("RGB", (64, 96), (200, 40, 40))]
+    prompts = ["is there a dog in the image ?"] * 2
+    cv = CropVerify(processor)
+    with torch.no_grad():  # transformers installs its output-capturing hooks once, at a first forward
+        model(**cv._inputs(images, prompts, model))
+    before = hook_state(model)  # the zoomed search ends its forward early: nothing may be left behind
+    for locate in ("embedding", "zoom"):
+        boxes = CropVerify(processor, locate=locate).boxes(model, images, prompts)
+        for (x0, y0, x1, y1), image in zip(boxes, images):
+            assert 0 <= x0 < x1 <= image.width and 0 <= y0 < y1 <= image.height, (locate, boxes)
+            if locate == "zoom":
+                assert x1 - x0 == pytest.approx(ZOOM_SIDE * min(image.size)) == y1 - y0
+    assert hook_state(model) == before
+
+
+@pytest.mark.parametrize("model_type", TINY_MODEL_TYPES)
+def test_zoomed_search_maps_tiles_back_on_every_architecture(model_type):
+    """The zoomed search's geometry on every family's real preprocessing: the tiles of a
+    landscape image, each resized to the image's size (as ``CropVerify`` cuts them), read
+    by a forward that stops at the decoder's input, give a box of ``ZOOM_SIDE`` of the short
+    side inside the image, and the peak lands in the tile whose map holds the largest value."""
+    from PIL import Image
+
+    from mitigate.crop_verify import view_image
+    from mitigate.localize_embedding import ZOOM_SIDE, peak_box
+
+    model = build_tiny_model(model_type)
+    points = resolve(model)
+    image = Image.new("RGB", (96, 64), (90, 120, 200))
+    tiles = tile_boxes(*image.size, 2)
+    inputs = tiny_inputs(model, images=[view_image(image, t) for t in tiles], text_lengths=[5] * 4, seed=4)
+    text = (~points.image_token_mask(inputs["input_ids"])) & inputs["attention_mask"].bool()
+    named = torch.zeros_like(inputs["input_ids"], dtype=torch.bool)
+    for row in range(4):
+        named[row, int(text[row].nonzero()[-2])] = True
+    maps = embedding_maps(model, inputs, named, shift=False)
+    assert all(m is not None and m.shape[0] == 1 for m in maps)
+    x0, y0, x1, y1 = peak_box(points, maps, inputs, list(range(4)), tiles, image.size)
+    assert 0 <= x0 < x1 <= 96 and 0 <= y0 < y1 <= 64
+    assert x1 - x0 == pytest.approx(ZOOM_SIDE * 64) == y1 - y0
+    if len(points.token_regions(maps[0].shape[-1], inputs, 0, image.size)) > 1:
+        return  # overlapping regions (a thumbnail under tiles) are averaged: the raw maximum need not win
+    best = max(range(4), key=lambda t: float(maps[t].max()))
+    tx0, ty0, tx1, ty1 = tiles[best]
+    cx, cy = (x0 + x1) / 2, (y0 + y1) / 2  # the window is centred on the peak unless moved inside the image
+    side = ZOOM_SIDE * 64
+    assert tx0 - side / 2 <= cx <= tx1 + side / 2 and ty0 - side / 2 <= cy <= ty1 + side / 2
