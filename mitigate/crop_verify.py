@@ -79,7 +79,6 @@ and no extra pass runs. ``stats`` reports how often verification ran and overtur
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
@@ -95,7 +94,7 @@ from .answer_kinds import answer_kind, count_value
 from .base import Mitigation, register
 from .localize import (
     GENERIC_PROMPT, HEADS, QUERIES, attention_boxes, boxes_from_maps, capture_first_pass, generic_queries,
-    image_attention_maps, object_in_question, object_token_mask,
+    image_attention_maps, name_matches, object_in_question, object_token_mask,
 )
 from .localize_embedding import capture_embeddings, embedding_maps, peak_box, tile_boxes
 from .spans import find_prior_spans
@@ -277,13 +276,12 @@ class CropVerify(Mitigation):
         else:
             with self.capture(model, enc, capture_objects, strict=strict) as captured:
                 out = model.generate(**enc, **kwargs)
-            maps = captured
         texts = [t.strip() for t in self.processor.batch_decode(out.sequences[:, enc["input_ids"].shape[1]:],
                                                                 skip_special_tokens=True)]
         probs = torch.softmax(out.scores[0].float(), dim=-1)
         if capture_objects is None:
             return texts, probs
-        return texts, probs, enc, maps
+        return texts, probs, enc, captured
 
     def _word_ids(self, word: str) -> list[int]:
         tok = self.processor.tokenizer
@@ -364,7 +362,7 @@ class CropVerify(Mitigation):
         localise = self.localizer is None and self.tau < 1.0
         if localise and objects is not None:  # names the caller gave must be in their prompts, gated or not
             for row, (obj, prompt) in enumerate(zip(objects, prompts)):
-                if obj is not None and not re.search(r"(?<!\w)" + re.escape(str(obj).strip()) + r"(?!\w)", prompt, re.I):
+                if obj is not None and not name_matches(str(obj), prompt):
                     raise ValueError(f"objects: {obj!r} does not occur in the prompt of row {row}: {prompt!r}")
         capture = localise and self.locate != "zoom"  # zoom searches tiles after the gate instead
         named = None
@@ -383,14 +381,14 @@ class CropVerify(Mitigation):
         # final, so their views would be wasted passes)
         gated = self.gate_rows(texts, confidence, prompts)
         if gated and capture and self.locate == "embedding":
-            gated = self.located(gated, first[3]["maps"])
+            gated, _ = self.located(gated, [first[3]["maps"][i] for i in gated])
         elif gated and capture:
             self.count_unnamed(gated, first[3])
         boxes = []
         if gated and localise and self.locate == "zoom":  # rows whose object is not found stay unverified
             searched = self.zoom_boxes(model, [images[i] for i in gated], [prompts[i] for i in gated],
                                        [named[i] for i in gated], strict=objects is not None)
-            gated, boxes = self.located_boxes(gated, searched)
+            gated, boxes = self.located(gated, searched)
         if gated:  # the extra passes, batched over every query that needs them
             if capture:
                 boxes = self._captured_boxes(model, first[2], first[3]["maps"], gated, [images[i] for i in gated],
@@ -501,31 +499,25 @@ class CropVerify(Mitigation):
     def _object_mask(self, model, inputs: dict, objects: Sequence[str | None], strict: bool = True) -> torch.Tensor:
         return object_token_mask(self.processor.tokenizer, resolve(model), inputs["input_ids"], objects, strict)
 
-    def located(self, rows: Sequence[int], maps: Sequence) -> list[int]:
-        """The ``rows`` :meth:`capture` took a map of. Under ``locate="embedding"`` a row whose
-        prompt names no object (or names it in words the tokenizer does not know) has none:
-        it is left unverified and counted in ``stats["object_not_found"]``."""
-        missing = [r for r in rows if maps[r] is None]
-        if missing:
-            self.stats["object_not_found"] = self.stats.get("object_not_found", 0) + len(missing)
-        return [r for r in rows if maps[r] is not None]
+    def not_found(self, count: int) -> None:
+        """Count ``count`` queries whose object localisation could not find by name."""
+        if count:
+            self.stats["object_not_found"] = self.stats.get("object_not_found", 0) + count
+
+    def located(self, rows: Sequence[int], found: Sequence) -> tuple[list[int], list]:
+        """``rows`` and what localisation ``found`` for each (a map, a box), without the rows
+        it found nothing for -- under ``locate="embedding"`` / ``"zoom"``, a prompt that names
+        no object, or names it in words the tokenizer does not know: those are left
+        unverified and counted in ``stats["object_not_found"]``."""
+        kept = [(r, f) for r, f in zip(rows, found) if f is not None]
+        self.not_found(len(rows) - len(kept))
+        return [r for r, _ in kept], [f for _, f in kept]
 
     def count_unnamed(self, rows: Sequence[int], captured: dict) -> None:
-        """Under ``queries="object"``: count in ``stats["object_not_found"]`` the ``rows`` whose
-        object was named by the question in words the tokenizer does not know (their
-        attention is read at the last token instead)."""
-        unnamed = set(captured.get("unnamed", ())) & set(rows)
-        if unnamed:
-            self.stats["object_not_found"] = self.stats.get("object_not_found", 0) + len(unnamed)
-
-    def located_boxes(self, rows: Sequence[int], boxes: Sequence) -> tuple[list[int], list[tuple]]:
-        """``rows`` and their boxes, without the rows the zoomed search found no object for
-        (counted in ``stats["object_not_found"]``, left unverified)."""
-        missing = sum(b is None for b in boxes)
-        if missing:
-            self.stats["object_not_found"] = self.stats.get("object_not_found", 0) + missing
-        kept = [(r, b) for r, b in zip(rows, boxes) if b is not None]
-        return [r for r, _ in kept], [b for _, b in kept]
+        """Under ``queries="object"``: count the ``rows`` whose object was named by the
+        question in words the tokenizer does not know (their attention is read at the last
+        token instead)."""
+        self.not_found(len(set(captured.get("unnamed", ())) & set(rows)))
 
     def zoom_boxes(self, model, images: Sequence[Image.Image], prompts: Sequence[str],
                    objects: Sequence[str | None], strict: bool = False, tile_inputs: Callable | None = None) -> list:

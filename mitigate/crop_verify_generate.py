@@ -243,17 +243,15 @@ class VerifiedGenerate:
             gated = []
         boxes = None
         if gated and cv.localizer is None and cv.locate == "embedding":
-            gated = cv.located(gated, captured["maps"])  # nothing named, nothing to compare: unverified, counted
+            gated, _ = cv.located(gated, [captured["maps"][i] for i in gated])  # nothing named: unverified, counted
         elif gated and cv.localizer is None and cv.locate == "zoom":
-            gated, boxes = cv.located_boxes(gated, self._zoom_boxes(kwargs, gated, [images[i] for i in gated],
+            gated, boxes = cv.located(gated, self._zoom_boxes(kwargs, gated, [images[i] for i in gated],
                                                                     [prompts[i] for i in gated],
                                                                     [objects[i] for i in gated]))
         elif gated and objects is not None:
             # named by no question (answer() refuses them) or in words the tokenizer does not
             # know: queries="object" reads their last token instead; counted
-            missing = sum(objects[i] is None for i in gated)
-            if missing:
-                cv.stats["object_not_found"] = cv.stats.get("object_not_found", 0) + missing
+            cv.not_found(sum(objects[i] is None for i in gated))
             cv.count_unnamed(gated, captured)
         if gated:
             out.sequences = self._verify(kwargs, gated, [images[i] for i in gated], texts, confidence, out.sequences,

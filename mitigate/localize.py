@@ -114,6 +114,11 @@ def object_in_question(prompt: str) -> str | None:
     return best.group("object").strip() if best else None
 
 
+def name_matches(phrase: str, text: str) -> list[re.Match]:
+    """Where ``phrase`` occurs in ``text`` as whole words (case-insensitive)."""
+    return list(re.finditer(r"(?<!\w)" + re.escape(phrase.strip()) + r"(?!\w)", text, re.I))
+
+
 def object_token_mask(tokenizer, points: ModelPoints, input_ids: torch.Tensor,
                       objects: Sequence[str | None], strict: bool = True) -> torch.Tensor:
     """``(batch, seq)`` mask of the tokens of each row's object phrase, at its last
@@ -135,7 +140,7 @@ def object_token_mask(tokenizer, points: ModelPoints, input_ids: torch.Tensor,
         if not isinstance(phrase, str) or not phrase.strip():
             raise ValueError(f"objects: row {row} has {phrase!r}; expected a non-empty string or None")
         text, offsets = decode_with_offsets(tokenizer, input_ids[row].tolist(), skip)
-        found = list(re.finditer(r"(?<!\w)" + re.escape(phrase.strip()) + r"(?!\w)", text, re.I))
+        found = name_matches(phrase, text)
         if not found and not strict:
             continue
         if not found:

@@ -61,17 +61,10 @@ def _dobench_targets(n: int, seed: int):
     """(scene seed, image, category, box) of DO-Bench's A-objects (small, out of context,
     next to other objects; :func:`evaluators.benchmarks.dobench.suite.build`'s scene groups
     for ``seed``): what crop-and-verify has to find on that benchmark."""
-    from ..benchmarks.dobench.suite import _scene_group, first_scene_seed
+    from ..benchmarks.dobench.suite import scene_groups
 
-    world = World(BIASED)
-    s, found = first_scene_seed(seed), 0
-    while found < n:
-        s += 1
-        group = _scene_group(world, s)
-        if group is not None:
-            found += 1
-            scene, uid, category, _ = group
-            yield s, scene.render(), category, scene.boxes()[uid]
+    for _, (s, (scene, uid, category, _)) in zip(range(n), scene_groups(seed, World(BIASED))):
+        yield s, scene.render(), category, scene.boxes()[uid]
 
 
 @torch.no_grad()

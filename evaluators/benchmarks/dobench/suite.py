@@ -54,24 +54,27 @@ def _scene_group(world: World, seed: int):
     return None
 
 
-def first_scene_seed(seed: int) -> int:
-    """The world seed before the first scene group of the suite built with ``seed`` (its
-    groups are tried at the seeds after it, skipping those :func:`_scene_group` rejects)."""
-    return check_seed(seed) * 1_000_003 + 2_000_000_000
+def scene_groups(seed: int, world: World):
+    """The scene groups of the suite built with ``seed``, in order, as ``(world seed,
+    (scene, A uid, A category, B category))``: tried at consecutive world seeds from a base
+    the suite seed fixes, skipping those :func:`_scene_group` rejects. Endless: take what
+    you need."""
+    s = check_seed(seed) * 1_000_003 + 2_000_000_000
+    while True:
+        s += 1
+        group = _scene_group(world, s)
+        if group is not None:
+            yield s, group
 
 
 def build(n_scenes: int = 20, seed: int = 0, margin: float = 0.1, world: World | None = None) -> list[Query]:
     """``10 * n_scenes`` queries (scene groups that cannot be built are skipped and replaced)."""
+    seed = check_seed(seed)
     check_margin(margin)
     check_count(n_scenes, "n_scenes")
     world = world or World(BIASED)
     queries: list[Query] = []
-    s, built = first_scene_seed(seed), 0
-    while built < n_scenes:
-        s += 1
-        group = _scene_group(world, s)
-        if group is None:
-            continue
+    for built, (_, group) in zip(range(n_scenes), scene_groups(seed, world)):
         scene, a_uid, a_cat, b_cat = group
         views = do_views(scene, a_uid, margin)
         sid = f"dobench-{seed}-{built}"
@@ -86,5 +89,4 @@ def build(n_scenes: int = 20, seed: int = 0, margin: float = 0.1, world: World |
             queries.append(Query(f"{sid}-A0-{view}", "dobench", [image], existence_question(a_cat), "yes_no", "yes",
                                  {"scene_id": sid, "series": "A", "level": 0, "view": view, "object": a_cat,
                                   "margin": margin}))
-        built += 1
     return queries
