@@ -44,6 +44,37 @@ def test_render_is_4x_the_model_input_and_masks_are_exact(world):
         assert (xs.min(), ys.min(), xs.max() + 1, ys.max() + 1) == (x0, y0, x1, y1)
 
 
+def _full_canvas_render(scene: Scene) -> np.ndarray:
+    """The renderer as first written: every object's colour and texture painted over the
+    whole canvas. ``Scene.render`` paints each object inside its window only."""
+    from evaluators.world import COLOURS
+    from evaluators.world.scene import _pattern
+    from evaluators.world.vocab import CONTEXTS, PATTERNS
+
+    r = scene.resolution
+    img = np.empty((r, r, 3), dtype=np.float32)
+    img[:] = CONTEXTS[scene.context]
+    for obj in scene.objects:
+        mask = scene.masks()[obj.uid]
+        colour = np.array(COLOURS[obj.colour], dtype=np.float32)
+        img[mask] = colour
+        img[mask & _pattern(PATTERNS[obj.category], r, obj)] = colour * 0.45 + 20
+    img += np.random.default_rng(scene.seed).normal(0.0, NOISE_STD, size=img.shape)
+    return np.clip(img, 0, 255).astype(np.uint8)
+
+
+def test_windowed_render_equals_the_full_canvas_render():
+    scenes = [World(cfg).scene(900 + i) for cfg in (BIASED, UNBIASED) for i in range(40)]
+    scenes += [World(BIASED).dense_scene(950 + i, c, 6) for i, c in enumerate(list(CATEGORIES)[:6])]
+    # every category's texture, at fractional sizes, half off each border of the canvas
+    edge = [Obj(i, c, "red", cx, cy, 17.3 + i % 5)
+            for i, (c, (cx, cy)) in enumerate(zip(CATEGORIES, [(0.4, 60), (127.7, 30), (70, 0.2), (40, 127.9),
+                                                                (0, 0), (128, 128)] * 10))]
+    scenes += [Scene("kitchen", tuple(edge[k:k + 4]), 7 + k, 128) for k in range(0, len(edge), 4)]
+    for scene in scenes:
+        assert np.array_equal(np.asarray(scene.render()), _full_canvas_render(scene)), scene
+
+
 def test_remove_shows_the_background_and_changes_nothing_else(world):
     scene = world.scene(11)
     obj = scene.objects[0]

@@ -136,17 +136,24 @@ class Scene:
         return out
 
     def render(self) -> Image.Image:
-        """The RGB image at source resolution."""
+        """The RGB image at source resolution.
+
+        Each object is painted inside its own window (:func:`_window`) rather than over the
+        whole canvas: its mask and texture are zero outside it, so the pixels are the same
+        as a full-canvas pass (``tests/test_world.py`` checks this against one), at about
+        half the cost -- rendering was 40% of a vision-pretraining step."""
         if "image" not in self._cache:
             rng = np.random.default_rng(self.seed)
             img = np.empty((self.resolution, self.resolution, 3), dtype=np.float32)
             img[:] = CONTEXTS[self.context]
+            masks = self.masks()
             for obj in self.objects:
-                mask = self.masks()[obj.uid]
+                win = _window(obj, self.resolution)
+                mask = masks[obj.uid][win]
                 colour = np.array(COLOURS[obj.colour], dtype=np.float32)
-                img[mask] = colour
-                dark = mask & _pattern(PATTERNS[obj.category], self.resolution, obj)
-                img[dark] = colour * 0.45 + 20
+                canvas = img[win]
+                canvas[mask] = colour
+                canvas[mask & _pattern(PATTERNS[obj.category], self.resolution, obj, win)] = colour * 0.45 + 20
             img += rng.normal(0.0, NOISE_STD, size=img.shape)
             self._cache["image"] = Image.fromarray(np.clip(img, 0, 255).astype(np.uint8))
         return self._cache["image"].copy()
@@ -177,13 +184,25 @@ def _grid(resolution: int) -> tuple[np.ndarray, np.ndarray]:
     return y, x
 
 
-def _pattern(name: str, resolution: int, obj: Obj) -> np.ndarray:
-    """Boolean texture over the image, anchored at the object's box corner (period ~6 px)."""
+def _window(obj: Obj, resolution: int) -> tuple[slice, slice]:
+    """Rows and columns of the canvas that can hold ``obj``'s pixels: its box, widened by a
+    pixel for PIL's rounding of fractional corners and clipped to the canvas."""
+    x0, y0, x1, y1 = obj.box
+    rows = slice(max(0, int(np.floor(y0)) - 1), min(resolution, int(np.ceil(y1)) + 1))
+    cols = slice(max(0, int(np.floor(x0)) - 1), min(resolution, int(np.ceil(x1)) + 1))
+    return rows, cols
+
+
+def _pattern(name: str, resolution: int, obj: Obj, window: tuple[slice, slice] | None = None) -> np.ndarray:
+    """Boolean texture over the image (or over ``window`` of it), anchored at the object's
+    box corner (period ~6 px)."""
     x0, y0 = obj.box[0], obj.box[1]
     y, x = _grid(resolution)
+    if window is not None:
+        y, x = y[window], x[window]
     u, v = x - x0, y - y0
     if name == "solid":
-        return np.zeros((resolution, resolution), dtype=bool)
+        return np.zeros(x.shape, dtype=bool)
     if name == "hstripes":
         return (v // 3) % 2 == 0
     if name == "vstripes":
