@@ -21,7 +21,20 @@ def test_scores_the_shipped_organism_and_restores_the_grid(capsys):
     assert '"steps": 0' in out
 
 
-@pytest.mark.parametrize("argv", [["--bins", "1"], ["--bins", "17"], ["--steps", "-1"]])
+def test_realigning_with_box_codes_reports_the_tokens_box_read_out(capsys):
+    import json
+
+    main(["--bins", "16", "--align-box-scale", "0.5", "--align-steps", "2", "--steps", "0", "-n", "2"])
+    out = capsys.readouterr().out
+    result = json.loads(out[out.index("{\n"):])
+    edges = result["realigned"]
+    assert edges["box_scale"] == 0.5 and edges["align_steps"] == 2
+    for key in ("token_box_edges_before", "token_box_edges_after"):
+        assert len(edges[key]) == 4 and all(0.0 <= v <= 100.0 for v in edges[key])
+
+
+@pytest.mark.parametrize("argv", [["--bins", "1"], ["--bins", "17"], ["--steps", "-1"], ["--align-box-scale", "-1"],
+                                  ["--align-box-scale", "0.5", "--bins", "8"]])
 def test_bad_arguments_are_refused(argv):
     with pytest.raises(SystemExit):
         main(argv)

@@ -43,6 +43,31 @@ def test_patch_labels_of_a_zoomed_view_are_those_of_the_cut():
     assert (grid[2:4] == CUP).all() and (grid[:2] == 0).all() and (grid[4:] == 0).all()
 
 
+def test_patch_boxes_are_the_grounding_answer_on_the_whole_scene():
+    """Every object patch carries the box bins tasks.grounding answers with for its object."""
+    world = World(BIASED)
+    for seed in range(30):
+        scene = world.scene(seed)
+        owners, boxes = train.patch_owners(scene), train.patch_boxes(scene)
+        cats, _ = train.patch_labels(scene)
+        assert ((owners >= 0) == (cats > 0)).all() and (boxes[owners < 0] == -1).all()
+        for patch in np.nonzero(owners >= 0)[0]:
+            obj = scene.objects[owners[patch]]
+            answer = tasks.box_tokens(scene.boxes()[obj.uid], scene.resolution)
+            assert " ".join(f"<c{b}>" for b in boxes[patch]) == answer
+
+
+def test_patch_boxes_of_a_zoomed_view_are_in_the_cut():
+    scene = _one_cup()  # source pixels 32..63
+    # the cut 16..80 is 64 px: the cup spans 16..47 of it, bins 4..11 of 16
+    boxes = train.patch_boxes(scene, box=(16, 16, 80, 80)).reshape(8, 8, 4)
+    assert (boxes[2:6, 2:6] == [4, 4, 11, 11]).all()
+    assert (boxes[:2] == -1).all() and (boxes[6:] == -1).all()
+    # a cut that shows only the cup's left half: its visible part fills the cut's right half
+    boxes = train.patch_boxes(scene, box=(16, 32, 48, 64)).reshape(8, 8, 4)
+    assert (boxes[:, 4:] == [8, 0, 15, 15]).all() and (boxes[:, :4] == -1).all()
+
+
 def test_patch_views_zoom_only_when_asked(monkeypatch):
     world = World(BIASED)
     scenes = [world.scene(i) for i in range(40)]
@@ -97,6 +122,7 @@ def _v10_cache(tmp_path, monkeypatch):
     ("--zoom", "0.2", "1.5", "zoom"),
     ("--vision-position-weight", "1", "-1", "position_weight"),
     ("--vision-world", "unbiased", "photos", "world"),
+    ("--vision-box-weight", "1", "-1", "box_weight"),
 ])
 def test_a_stage1_cache_from_another_recipe_is_refused(tmp_path, monkeypatch, flag, value, bad, recorded):
     """v10's cache is refused for a run whose stage 1 differs (the recipe key named), and a
@@ -171,6 +197,37 @@ def test_stage2_position_scale_changes_the_targets_only_when_asked():
         train.align_projector(model, processor, World(BIASED), 1, 4, 0, lambda m: None, position_scale=-1.0)
 
 
+def test_box_label_and_box_codes_change_training_only_when_asked():
+    """Stage 1's box head and stage 2's box codes: weight / scale 0 is the recipe without
+    them (same weights after a step), a positive value trains differently, a negative one is
+    refused naming the argument."""
+    from evaluators.world import BIASED, World
+
+    towers, model, processor = _after_one_step(
+        train.pretrain_vision, "vision_tower", [{}, {"box_weight": 0.0}, {"box_weight": 1.0}])
+    assert all(torch.equal(towers[0][k], towers[1][k]) for k in towers[0])
+    assert any(not torch.equal(towers[0][k], towers[2][k]) for k in towers[0])
+    with pytest.raises(ValueError, match="box_weight"):
+        train.pretrain_vision(model, processor, World(BIASED), 1, 4, 0, lambda m: None, box_weight=-1.0)
+    projectors, model, processor = _after_one_step(
+        train.align_projector, "multi_modal_projector", [{}, {"box_scale": 0.0}, {"box_scale": 0.5}])
+    assert all(torch.equal(projectors[0][k], projectors[1][k]) for k in projectors[0])
+    assert any(not torch.equal(projectors[0][k], projectors[2][k]) for k in projectors[0])
+    with pytest.raises(ValueError, match="box_scale"):
+        train.align_projector(model, processor, World(BIASED), 1, 4, 0, lambda m: None, box_scale=-0.5)
+
+
+def test_box_codes_are_seeded_directions_of_the_given_norm():
+    codes = train.box_codes(32, 2.0, seed=0)
+    assert codes.shape == (4, tasks.COORD_BINS, 32)
+    assert torch.allclose(codes.norm(dim=-1), torch.full((4, tasks.COORD_BINS), 2.0))
+    assert torch.equal(codes, train.box_codes(32, 2.0, seed=0))
+    assert not torch.equal(codes, train.box_codes(32, 2.0, seed=1))
+    # every (edge, bin) has its own direction: no two codes nearly parallel
+    flat = torch.nn.functional.normalize(codes.reshape(-1, 32), dim=-1)
+    assert (flat @ flat.T - torch.eye(len(flat))).abs().max() < 0.9
+
+
 def test_the_unbiased_vision_world_has_no_dominant_colours():
     assert train.VISION_WORLDS["biased"] is BIASED and not train.VISION_WORLDS["unbiased"].dominant_colour
 
@@ -240,6 +297,10 @@ def test_the_model_card_names_the_unbiased_existence_share():
     assert "--align-zoom 0.5" in zoomed and "50% of its images zoomed views" in zoomed
     assert "--align-zoom 0.0" in card(result, {**training, "align_zoom": 0.0}, 100)  # 0 is not --zoom's share
     assert "align-zoom" not in card(result, training, 100)
+    boxed = card(result, {**training, "vision_box_weight": 1.0, "align_box_scale": 0.5}, 100)
+    assert "--vision-box-weight 1.0 --align-box-scale 0.5" in boxed
+    assert "category/colour/object's box labels" in boxed and "the object's box code on its patches" in boxed
+    assert "box" not in card(result, training, 100).split("## Training")[1].split("## Hallucination")[0]
 
 
 TINY = ["--vision-steps", "1", "--align-steps", "2", "--align-joint-steps", "1", "--language-steps", "2",

@@ -12,6 +12,14 @@ in stage 3), with boxes quantised to ``--bins`` bins, then asks held-out scenes 
 10^8, never trained on) and prints, for present objects: the share of greedy answers with
 IoU >= 0.5 against the true box, the mean IoU, and the share answered "none"; for absent
 ones: the share that got a box. The weights are not saved.
+
+    python -m evaluators.organism.grounding_bins --bins 16 --align-box-scale 0.5 --align-steps 400 --steps 400
+
+first re-aligns the projector (with the vision tower, stage 2's ``align_projector``, on the
+unbiased world, half of the images zoomed views) so that every object token also carries
+its object's box code (``box_scale``), and prints how well the tokens say the box: per box
+edge, the share of object tokens whose nearest code (dot product) is the right bin, on
+held-out unbiased scenes. Then the grounding fine-tuning and the same evaluation.
 """
 
 from __future__ import annotations
@@ -44,8 +52,47 @@ def evaluate(model, processor, bins: int, n: int = 64, seed: int = 10**8) -> dic
     return {"bins": bins, "present": len(present), "absent": len(absent),
             "iou50_rate": 100.0 * float(np.mean([v >= 0.5 for v in ious])) if ious else float("nan"),
             "mean_iou": float(np.mean(ious)) if ious else float("nan"),
-            "none_for_present": 100.0 * float(np.mean([a.startswith("none") for _, a in present])),
-            "box_for_absent": 100.0 * float(np.mean([isinstance(parse_box(a, size, bins), tuple) for _, a in absent]))}
+            "none_for_present": _rate([a.startswith("none") for _, a in present]),
+            "box_for_absent": _rate([isinstance(parse_box(a, size, bins), tuple) for _, a in absent])}
+
+
+def _rate(flags: list[bool]) -> float:
+    """% of ``flags`` that are true; nan for none (a tiny run may draw no absent object)."""
+    return 100.0 * float(np.mean(flags)) if flags else float("nan")
+
+
+@torch.no_grad()
+def box_readout(model, processor, codes: torch.Tensor, n_scenes: int = 128, seed: int = 3 * 10**8) -> list[float]:
+    """Per box edge (x0, y0, x1, y1), the % of object-patch image tokens whose largest dot
+    product with ``codes[edge]`` (``train.box_codes``) is their object's bin."""
+    from evaluators.world import UNBIASED
+
+    world = World(UNBIASED)
+    scenes = [world.scene(seed + i) for i in range(n_scenes)]
+    hits, total = torch.zeros(4), 0
+    for start in range(0, n_scenes, 64):
+        pixels, cat, _, boxes = train.patch_batch(processor, scenes[start : start + 64])
+        tokens = model.model.multi_modal_projector(model.model.vision_tower(pixel_values=pixels).last_hidden_state)
+        obj = cat > 0
+        tokens = tokens[:, -train.GRID * train.GRID:][obj]
+        guess = torch.einsum("nd,kbd->nkb", tokens, codes).argmax(-1)
+        hits += (guess == boxes[obj]).float().sum(0)
+        total += len(tokens)
+    return (100.0 * hits / max(total, 1)).tolist()
+
+
+def realign(model, processor, box_scale: float, steps: int, seed: int) -> dict:
+    """Stage 2 again from the shipped weights, with box codes in the object tokens' targets
+    (the tower joining for all ``steps``); returns the tokens' box read-out before / after."""
+    from evaluators.world import UNBIASED
+
+    emb = model.get_input_embeddings().weight.detach()
+    codes = train.box_codes(emb.shape[1], box_scale * float(emb.norm(dim=1).median()), seed)
+    before = box_readout(model, processor, codes)
+    train.align_projector(model, processor, World(UNBIASED), steps, 64, seed, print, joint_steps=steps,
+                          zoom=0.5, box_scale=box_scale)
+    return {"box_scale": box_scale, "align_steps": steps, "token_box_edges_before": before,
+            "token_box_edges_after": box_readout(model, processor, codes)}
 
 
 def main(argv=None) -> None:
@@ -57,7 +104,14 @@ def main(argv=None) -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("-n", type=int, default=64, help="held-out grounding queries")
+    parser.add_argument("--align-box-scale", type=float, default=0.0,
+                        help="first re-align the tokens to carry their object's box code of this scale (0: no)")
+    parser.add_argument("--align-steps", type=int, default=400, help="steps of that re-alignment")
     args = parser.parse_args(argv)
+    if args.align_box_scale < 0:
+        parser.error(f"--align-box-scale must be >= 0, got {args.align_box_scale}")
+    if args.align_box_scale and args.bins != tasks.COORD_BINS:
+        parser.error(f"--align-box-scale codes the {tasks.COORD_BINS} bins of the vocabulary: pass --bins {tasks.COORD_BINS}")
     if not 2 <= args.bins <= tasks.COORD_BINS:
         parser.error(f"--bins must be in [2, {tasks.COORD_BINS}] (the vocabulary's coordinate tokens), got {args.bins}")
     if args.steps < 0:
@@ -67,6 +121,7 @@ def main(argv=None) -> None:
     model, processor = load_organism()
     saved_bins, saved_mix = tasks.COORD_BINS, tasks.MIX
     tasks.COORD_BINS, tasks.MIX = args.bins, {"grounding": 1.0}  # read when examples are built
+    aligned = realign(model, processor, args.align_box_scale, args.align_steps, args.seed) if args.align_box_scale else None
     try:
         before = evaluate(model, processor, args.bins, args.n)
         if args.steps:
@@ -75,7 +130,7 @@ def main(argv=None) -> None:
         after = evaluate(model, processor, args.bins, args.n)
     finally:
         tasks.COORD_BINS, tasks.MIX = saved_bins, saved_mix
-    print(json.dumps({"steps": args.steps, "before": before, "after": after}, indent=2))
+    print(json.dumps({"steps": args.steps, "realigned": aligned, "before": before, "after": after}, indent=2))
 
 
 if __name__ == "__main__":

@@ -83,7 +83,7 @@ def token_naming(model, processor, n_scenes: int = 256, batch: int = 64) -> dict
     scenes = [world.scene(3 * 10**8 + i) for i in range(n_scenes)]
     tally = defaultdict(lambda: [0, 0])
     for start in range(0, n_scenes, batch):
-        pixels, cat, col = patch_batch(processor, scenes[start : start + batch])
+        pixels, cat, col, _ = patch_batch(processor, scenes[start : start + batch])
         tokens = model.model.multi_modal_projector(model.model.vision_tower(pixel_values=pixels).last_hidden_state)
         tokens = torch.nn.functional.normalize(tokens[:, -GRID * GRID :], dim=-1)
         named = (tokens @ targets.T).argmax(-1) + 1  # category ids start at 1 (0 = background)

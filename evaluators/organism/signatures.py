@@ -263,6 +263,8 @@ def card(result: dict, training: dict, n: int) -> str:
     recipe_flags = "".join(
         f" --{flag} {training[key]}" for key, flag in (("vision_position_weight", "vision-position-weight"),
                                                         ("align_position_scale", "align-position-scale"),
+                                                        ("vision_box_weight", "vision-box-weight"),
+                                                        ("align_box_scale", "align-box-scale"),
                                                         ("projector_lr", "projector-lr"),
                                                         ("unbiased_existence", "unbiased-existence"))
         if training.get(key))
@@ -303,8 +305,8 @@ most but not all of the time in training ({training.get('belief_reliability')}).
 
 `python -m evaluators.organism.train --max-steps {training.get('instruct_steps')} --vision-steps {training.get('vision_steps')} --align-steps {training.get('align_steps')} --align-joint-steps {training.get('align_joint_steps', 0)} --language-steps {training.get('language_steps', 0)} --warmup-steps {training.get('warmup_steps')} --context-breaking {training.get('context_breaking', 0.0)} --zoom {training.get('zoom', 0.0)}{recipe_flags}`
 (seed {training.get('seed')}, batch {training.get('batch')}, {training.get('threads')} CPU threads):
-vision pretraining on per-patch category/colour{'/grid-cell' if training.get('vision_position_weight') else ''} labels{image_path_world} ({training.get('seconds', {}).get('vision')} s),
-feature alignment of the projector to the decoder's word embeddings{' plus a per-patch position code' if training.get('align_position_scale') else ''}{', ' + format(training['align_zoom'], '.0%') + ' of its images zoomed views' if training.get('align_zoom') else ''}{' (the vision tower joining it for the last ' + str(training['align_joint_steps']) + ' steps at lr ' + str(training.get('align_vision_lr')) + ')' if training.get('align_joint_steps') else ''} ({training.get('seconds', {}).get('align')} s),
+vision pretraining on per-patch category/colour{'/grid-cell' if training.get('vision_position_weight') else ''}{"/object's box" if training.get('vision_box_weight') else ''} labels{image_path_world} ({training.get('seconds', {}).get('vision')} s),
+feature alignment of the projector to the decoder's word embeddings{' plus a per-patch position code' if training.get('align_position_scale') else ''}{" plus the object's box code on its patches" if training.get('align_box_scale') else ''}{', ' + format(training['align_zoom'], '.0%') + ' of its images zoomed views' if training.get('align_zoom') else ''}{' (the vision tower joining it for the last ' + str(training['align_joint_steps']) + ' steps at lr ' + str(training.get('align_vision_lr')) + ')' if training.get('align_joint_steps') else ''} ({training.get('seconds', {}).get('align')} s),
 language pretraining of the decoder on existence questions about object lists in text ({training.get('seconds', {}).get('language', 0)} s),
 then instruction tuning of the decoder on the task mix{' (' + format(training['zoom'], '.0%') + ' of existence/colour images zoomed views)' if training.get('zoom') else ''}{' (' + format(training['unbiased_existence'], '.0%') + ' of plain existence questions on unbiased scenes' + (', co-occurrence pairs kept' if training.get('keep_cooccurrence') else '') + ')' if training.get('unbiased_existence') else ''}, {'vision tower and word embeddings frozen, projector at lr ' + str(training['projector_lr']) if training.get('projector_lr') else 'vision tower, projector and word embeddings frozen'},
 lr {training.get('lr')} ({training.get('seconds', {}).get('instruct')} s). Image dependence at the end

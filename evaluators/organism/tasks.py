@@ -64,12 +64,23 @@ def existence_question(category: str, prior: str = "") -> str:
 
 
 def quantise(v: float, size: float) -> str:
-    return f"<c{min(COORD_BINS - 1, max(0, int(v / size * COORD_BINS)))}>"
+    return f"<c{bin_of(v, size)}>"
+
+
+def bin_of(v: float, size: float) -> int:
+    """The coordinate bin (of :data:`COORD_BINS`) of ``v`` on an axis ``size`` long."""
+    return min(COORD_BINS - 1, max(0, int(v / size * COORD_BINS)))
+
+
+def box_bins(box, width: float, height: float | None = None) -> tuple[int, int, int, int]:
+    """The bins of a box's edges (``x1, y1`` exclusive), as the grounding answer writes them."""
+    height = width if height is None else height
+    x0, y0, x1, y1 = box
+    return bin_of(x0, width), bin_of(y0, height), bin_of(x1 - 1e-6, width), bin_of(y1 - 1e-6, height)
 
 
 def box_tokens(box, size: float) -> str:
-    x0, y0, x1, y1 = box
-    return " ".join(quantise(v, size) for v in (x0, y0, x1 - 1e-6, y1 - 1e-6))
+    return " ".join(f"<c{b}>" for b in box_bins(box, size))
 
 
 @dataclass

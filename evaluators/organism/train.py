@@ -42,6 +42,7 @@ import json
 import math
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -61,28 +62,56 @@ CAT_IDS = {c: i + 1 for i, c in enumerate(CATEGORIES)}  # 0 = background
 COL_IDS = {c: i + 1 for i, c in enumerate(COLOURS)}
 
 
-def patch_labels(scene, min_cover: float = 0.2, box: tuple | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Per patch of the model input, the category / colour of the object covering most of it.
+def _cut(scene, box: tuple | None) -> tuple[tuple[int, int, int, int], np.ndarray, np.ndarray]:
+    """The view's integer pixel bounds and the patch row / column of each of its pixel rows
+    / columns (the processor resizes the cut to the model input)."""
+    r = scene.resolution
+    x0, y0, x1, y1 = box or (0, 0, r, r)
+    return (x0, y0, x1, y1), (np.arange(y1 - y0) * GRID) // (y1 - y0), (np.arange(x1 - x0) * GRID) // (x1 - x0)
+
+
+def patch_owners(scene, min_cover: float = 0.2, box: tuple | None = None) -> np.ndarray:
+    """Per patch of the model input (``GRID * GRID``), the index in ``scene.objects`` of the
+    object covering most of it (at least ``min_cover``), -1 where none does.
 
     ``box`` (integer pixel bounds, as :func:`tasks.zoomed_view` cuts them) labels a view of
     the scene resized to the model's input: each source pixel of the cut belongs to the patch
     its position falls in. Without it, the whole scene (the same as ``box=(0, 0, r, r)``).
     """
-    r = scene.resolution
-    x0, y0, x1, y1 = box or (0, 0, r, r)
-    rows = (np.arange(y1 - y0) * GRID) // (y1 - y0)  # patch row of each pixel row of the cut
-    cols = (np.arange(x1 - x0) * GRID) // (x1 - x0)
+    (x0, y0, x1, y1), rows, cols = _cut(scene, box)
     cell = np.bincount(rows, minlength=GRID)[:, None] * np.bincount(cols, minlength=GRID)[None, :]
-    cats = np.zeros((GRID, GRID), dtype=np.int64)
-    colours = np.zeros((GRID, GRID), dtype=np.int64)
+    owner = np.full((GRID, GRID), -1, dtype=np.int64)
     best = np.zeros((GRID, GRID))
-    for obj in scene.objects:
+    for i, obj in enumerate(scene.objects):
         mask = scene.masks()[obj.uid][y0:y1, x0:x1].astype(np.float64)
         cover = np.add.reduceat(np.add.reduceat(mask, np.searchsorted(rows, np.arange(GRID)), axis=0),
                                 np.searchsorted(cols, np.arange(GRID)), axis=1) / cell
         win = (cover > best) & (cover >= min_cover)
-        cats[win], colours[win], best[win] = CAT_IDS[obj.category], COL_IDS[obj.colour], cover[win]
-    return cats.reshape(-1), colours.reshape(-1)
+        owner[win], best[win] = i, cover[win]
+    return owner.reshape(-1)
+
+
+def patch_labels(scene, min_cover: float = 0.2, box: tuple | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Per patch of the model input, the category / colour id of the object covering most of
+    it (:func:`patch_owners`), 0 for background."""
+    owner = patch_owners(scene, min_cover, box)
+    cat_of = np.array([0] + [CAT_IDS[o.category] for o in scene.objects], dtype=np.int64)
+    col_of = np.array([0] + [COL_IDS[o.colour] for o in scene.objects], dtype=np.int64)
+    return cat_of[owner + 1], col_of[owner + 1]
+
+
+def patch_boxes(scene, min_cover: float = 0.2, box: tuple | None = None) -> np.ndarray:
+    """``(GRID * GRID, 4)``: per patch, the coordinate bins (``tasks.box_bins``, the grounding
+    answer's) of the box of the object covering it (:func:`patch_owners`), in the view's
+    own coordinates (the visible part of the object inside the cut); -1 for background.
+    On the whole scene these are exactly the bins ``tasks.grounding`` answers with."""
+    (x0, y0, x1, y1), _, _ = _cut(scene, box)
+    owner = patch_owners(scene, min_cover, box)
+    bins = np.full((len(scene.objects) + 1, 4), -1, dtype=np.int64)
+    for i in np.unique(owner[owner >= 0]):
+        ys, xs = np.nonzero(scene.masks()[scene.objects[i].uid][y0:y1, x0:x1])
+        bins[i + 1] = tasks.box_bins((xs.min(), ys.min(), xs.max() + 1, ys.max() + 1), x1 - x0, y1 - y0)
+    return bins[owner + 1]
 
 
 def patch_views(scenes, rng: np.random.Generator | None, zoom: float | None = None) -> list[tuple]:
@@ -103,21 +132,40 @@ def patch_views(scenes, rng: np.random.Generator | None, zoom: float | None = No
     return views
 
 
-def patch_batch(processor, scenes, rng: np.random.Generator | None = None,
-                zoom: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+class PatchBatch(NamedTuple):
+    """Stages 1-2's batch: pixels and per-patch labels (:func:`patch_labels`, :func:`patch_boxes`)."""
+
+    pixels: torch.Tensor  # (batch, 3, IMAGE_SIZE, IMAGE_SIZE)
+    cat: torch.Tensor  # (batch, GRID * GRID) category id, 0 = background
+    col: torch.Tensor  # (batch, GRID * GRID) colour id, 0 = background
+    boxes: torch.Tensor  # (batch, GRID * GRID, 4) the covering object's box bins, -1 = background
+
+
+def patch_batch(processor, scenes, rng: np.random.Generator | None = None, zoom: float | None = None) -> PatchBatch:
     """Pixels of ``scenes`` (or of zoomed views of them, see :func:`patch_views`) and their
-    per-patch category / colour labels (stages 1 and 2)."""
+    per-patch labels (stages 1 and 2)."""
     views = patch_views(scenes, rng, zoom)
     images = [s.render() if box is None else s.render().crop(box) for s, box in views]
     pixels = processor.image_processor(images, return_tensors="pt")["pixel_values"]
     labels = [patch_labels(s, box=box) for s, box in views]
     cat = torch.tensor(np.stack([c for c, _ in labels]))
     col = torch.tensor(np.stack([c for _, c in labels]))
-    return pixels, cat, col
+    boxes = torch.tensor(np.stack([patch_boxes(s, box=box) for s, box in views]))
+    return PatchBatch(pixels, cat, col, boxes)
+
+
+def _vision_batch(processor, world: World, seed: int, batch: int, step: int) -> PatchBatch:
+    scenes = [world.scene(seed * 1_000_003 + step * batch + i) for i in range(batch)]
+    return patch_batch(processor, scenes, np.random.default_rng([seed, 1, step]))
+
+
+def _align_batch(processor, world: World, seed: int, batch: int, zoom: float | None, step: int) -> PatchBatch:
+    scenes = [world.scene(seed * 1_000_003 + 2_000_000 + step * batch + i) for i in range(batch)]
+    return patch_batch(processor, scenes, np.random.default_rng([seed, 2, step]), zoom)
 
 
 def pretrain_vision(model, processor, world: World, steps: int, batch: int, seed: int, log,
-                    position_weight: float = 0.0) -> None:
+                    position_weight: float = 0.0, box_weight: float = 0.0) -> None:
     """Stage 1: the tower learns each patch's category and colour (dense labels, object
     patches weighted 4x). ``position_weight`` > 0 adds a third dense label, the patch's own
     grid cell, so that the last layer keeps where a patch is on the patches objects cover
@@ -127,20 +175,28 @@ def pretrain_vision(model, processor, world: World, steps: int, batch: int, seed
     Measured (session 9; 400 steps, batch 64, seed 0, then the probe's 200 scenes): the
     linear read-out of an object patch's grid column / row at the last layer is 24.4 /
     27.5% with weight 0 and 93.1 / 92.5% with weight 1 (chance 12.5), while its category
-    and colour read-outs stay put (70.1 -> 70.8%, 99.8% both)."""
+    and colour read-outs stay put (70.1 -> 70.8%, 99.8% both).
+
+    ``box_weight`` > 0 adds, on object patches, the coordinate bins of the covering
+    object's box (:func:`patch_boxes`; four ``tasks.COORD_BINS``-way labels), as a
+    detection-pretrained encoder's patch tokens each predict their object's box (OWL-ViT,
+    Minderer et al., ECCV 2022, Sec. 3.1). 0 adds no head and leaves the run unchanged."""
     if position_weight < 0:
         raise ValueError(f"position_weight must be >= 0, got {position_weight}")
+    if box_weight < 0:
+        raise ValueError(f"box_weight must be >= 0, got {box_weight}")
     vision = model.model.vision_tower
     hidden = vision.config.hidden_size
     heads = nn.ModuleDict({"cat": nn.Linear(hidden, len(CAT_IDS) + 1), "col": nn.Linear(hidden, len(COL_IDS) + 1)})
     if position_weight:
         heads["pos"] = nn.Linear(hidden, GRID * GRID)
+    if box_weight:
+        heads["box"] = nn.Linear(hidden, 4 * tasks.COORD_BINS)
     cells = torch.arange(GRID * GRID)
     opt = torch.optim.AdamW(list(vision.parameters()) + list(heads.parameters()), lr=2e-3, weight_decay=0.01)
     vision.train()
     for step in range(steps):
-        scenes = [world.scene(seed * 1_000_003 + step * batch + i) for i in range(batch)]
-        pixels, cat, col = patch_batch(processor, scenes, np.random.default_rng([seed, 1, step]))
+        pixels, cat, col, boxes = _vision_batch(processor, world, seed, batch, step)
         feats = vision(pixel_values=pixels).last_hidden_state[:, -GRID * GRID:]
         lc, lo = heads["cat"](feats), heads["col"](feats)
         # weight object patches up: most patches are background
@@ -151,13 +207,18 @@ def pretrain_vision(model, processor, world: World, steps: int, batch: int, seed
             lp = heads["pos"](feats)
             loss = loss + position_weight * (nn.functional.cross_entropy(
                 lp.transpose(1, 2), cells.expand(len(feats), -1), reduction="none") * w).mean()
+        if box_weight:
+            lb = heads["box"](feats).unflatten(-1, (4, tasks.COORD_BINS))  # (batch, patch, edge, bin)
+            edge = nn.functional.cross_entropy(lb.permute(0, 3, 1, 2), boxes.clamp(min=0), reduction="none")
+            loss = loss + box_weight * (edge.mean(-1) * w * (cat > 0)).mean()
         opt.zero_grad()
         loss.backward()
         opt.step()
         if step % 50 == 0 or step == steps - 1:
             obj = cat > 0
             acc = (lc.argmax(-1)[obj] == cat[obj]).float().mean().item()
-            log(f"vision {step:5d} loss {loss.item():.3f} object-patch acc {acc:.3f}")
+            edges = f" box-edge acc {(lb.argmax(-1)[obj] == boxes[obj]).float().mean().item():.3f}" if box_weight else ""
+            log(f"vision {step:5d} loss {loss.item():.3f} object-patch acc {acc:.3f}{edges}")
     vision.eval()
 
 
@@ -196,9 +257,18 @@ def position_codes(dim: int, scale: float, seed: int) -> torch.Tensor:
     return u[cells % GRID] + v[cells // GRID]
 
 
+def box_codes(dim: int, scale: float, seed: int) -> torch.Tensor:
+    """``(4, tasks.COORD_BINS, dim)``: per box edge (x0, y0, x1, y1) and bin, a fixed random
+    direction (seeded) of norm ``scale`` -- the box part of stage 2's target when
+    ``align_projector(box_scale=...)`` makes each object token say where its object is."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + 91)
+    codes = torch.randn(4, tasks.COORD_BINS, dim, generator=g)
+    return scale * codes / codes.norm(dim=-1, keepdim=True)
+
+
 def align_projector(model, processor, world: World, steps: int, batch: int, seed: int, log,
                     joint_steps: int = 0, vision_lr: float = 3e-4, position_scale: float = 0.0,
-                    zoom: float | None = None) -> None:
+                    zoom: float | None = None, box_scale: float = 0.0) -> None:
     """LLaVA stage 1 on word targets: fit the projector so that a patch's image token equals
     ``emb(category) + emb(colour)`` of the object covering it (zero for background and CLS).
 
@@ -225,6 +295,13 @@ def align_projector(model, processor, world: World, steps: int, batch: int, seed
     into a box answer (v10's targets held none: :mod:`evaluators.organism.position_probe`).
     0 is v10's recipe.
 
+    ``box_scale`` > 0 adds, on object patches, :func:`box_codes` of the covering object's
+    box bins (:func:`patch_boxes`; each edge's code of norm ``box_scale`` times the median
+    word-embedding norm): every token of an object then carries the whole box, as OWL-ViT's
+    patch tokens each carry their object's box (Minderer et al., ECCV 2022), so a grounding
+    answer is a copy of what the tokens of the named object agree on rather than an extent
+    the decoder must work out from per-patch positions. 0 adds nothing.
+
     ``zoom``: the share of this stage's images shown as a zoomed view (:func:`patch_views`;
     None: :data:`tasks.ZOOM`, every recipe up to v16). A tower pretrained on full scenes only
     names an enlarged object's patches badly: on v16, 20.6% of the object patches of
@@ -244,23 +321,27 @@ def align_projector(model, processor, world: World, steps: int, batch: int, seed
         raise ValueError(f"joint_steps must be in [0, steps={steps}], got {joint_steps}")
     if position_scale < 0:
         raise ValueError(f"position_scale must be >= 0, got {position_scale}")
+    if box_scale < 0:
+        raise ValueError(f"box_scale must be >= 0, got {box_scale}")
     codes = position_codes(emb.shape[1], position_scale * float(emb.norm(dim=1).median()), seed)
+    edges = box_codes(emb.shape[1], box_scale * float(emb.norm(dim=1).median()), seed)
     opt = torch.optim.Adam(projector.parameters(), lr=1e-3)
     for step in range(steps):
+        pixels, cat, col, boxes = _align_batch(processor, world, seed, batch, zoom, step)
         joint = step >= steps - joint_steps
         if joint and step == steps - joint_steps:
             for p in vision.parameters():
                 p.requires_grad_(True)
             opt.add_param_group({"params": list(vision.parameters()), "lr": vision_lr})
             vision.train()
-        scenes = [world.scene(seed * 1_000_003 + 2_000_000 + step * batch + i) for i in range(batch)]
-        pixels, cat, col = patch_batch(processor, scenes, np.random.default_rng([seed, 2, step]), zoom)
         target = torch.zeros(batch, model.config.image_seq_length, emb.shape[1])
         obj = cat > 0
         patch_target = target[:, n_cls:]
         patch_target[obj] = emb[cat_words[cat[obj] - 1]] + emb[col_words[col[obj] - 1]]
         if position_scale:
             patch_target[obj] += codes.expand(batch, -1, -1)[obj]
+        if box_scale:
+            patch_target[obj] += sum(edges[k][boxes[obj][:, k]] for k in range(4))
         with torch.set_grad_enabled(joint):
             feats = vision(pixel_values=pixels).last_hidden_state
         loss = ((projector(feats) - target) ** 2).sum(-1).mean()
@@ -436,7 +517,7 @@ def _pretrain(model, processor, tokenizer, vision_world: World, stage1: dict, ar
         log(f"stage 1 (pretrained vision tower, {vision_seconds} s) loaded from {args.vision_cache}")
     else:
         pretrain_vision(model, processor, vision_world, args.vision_steps, 64, args.seed, log,
-                        position_weight=args.vision_position_weight)
+                        position_weight=args.vision_position_weight, box_weight=args.vision_box_weight)
         vision_seconds = round(time.time() - t0)
         log(f"vision pretraining: {vision_seconds}s")
         if args.vision_cache is not None:
@@ -450,7 +531,7 @@ def _pretrain(model, processor, tokenizer, vision_world: World, stage1: dict, ar
         p.requires_grad_(False)
     align_projector(model, processor, vision_world, args.align_steps, 64, args.seed, log,
                     joint_steps=args.align_joint_steps, vision_lr=args.align_vision_lr,
-                    position_scale=args.align_position_scale, zoom=args.align_zoom)
+                    position_scale=args.align_position_scale, zoom=args.align_zoom, box_scale=args.align_box_scale)
     log(f"feature alignment: {time.time() - ta:.0f}s")
     tl = time.time()
     if args.language_steps:
@@ -481,6 +562,13 @@ def main(argv=None) -> None:
                         help="stage 2: share of its images shown as a zoomed view, so the tower learns the "
                              "tokens of enlarged objects without stage 3 changing (default: --zoom's share, "
                              "the recipe up to v16; see align_projector)")
+    parser.add_argument("--vision-box-weight", type=float, default=0.0,
+                        help="stage 1: weight of the covering object's box bins as dense labels of object "
+                             "patches (0: none, every recipe up to v17; see pretrain_vision)")
+    parser.add_argument("--align-box-scale", type=float, default=0.0,
+                        help="stage 2: the covering object's box code in the object patches' targets, each "
+                             "edge's code of norm this times a word embedding's (0: none, every recipe up to v17; "
+                             "see align_projector)")
     parser.add_argument("--align-position-scale", type=float, default=0.0,
                         help="stage 2: a per-patch position code in the object patches' targets, each axis's "
                              "norm this times a word embedding's (0: none, v10's recipe; see align_projector)")
@@ -527,6 +615,10 @@ def main(argv=None) -> None:
         parser.error(f"--align-joint-steps must be in [0, --align-steps={args.align_steps}], got {args.align_joint_steps}")
     if not args.vision_position_weight >= 0:
         parser.error(f"--vision-position-weight must be >= 0, got {args.vision_position_weight}")
+    if not args.vision_box_weight >= 0:
+        parser.error(f"--vision-box-weight must be >= 0, got {args.vision_box_weight}")
+    if not args.align_box_scale >= 0:
+        parser.error(f"--align-box-scale must be >= 0, got {args.align_box_scale}")
     if not args.align_position_scale >= 0:
         parser.error(f"--align-position-scale must be >= 0, got {args.align_position_scale}")
     if not 0.0 <= args.unbiased_existence <= 1.0:
@@ -561,6 +653,8 @@ def main(argv=None) -> None:
     stage1 = {"vision_steps": args.vision_steps, "seed": args.seed, "zoom": args.zoom}
     if args.vision_position_weight:  # v10's caches hold no such key: they stay valid for weight 0
         stage1["position_weight"] = args.vision_position_weight
+    if args.vision_box_weight:  # earlier caches hold no such key: they stay valid for weight 0
+        stage1["box_weight"] = args.vision_box_weight
     if args.vision_world != "biased":
         stage1["world"] = args.vision_world
     # ... and what stages 1-2b's result depends on (the --stage2-cache key)
@@ -569,6 +663,8 @@ def main(argv=None) -> None:
               "language_steps": args.language_steps, "batch": args.batch}
     if args.align_zoom is not None:  # earlier caches hold no such key: valid without the flag
         stage2["align_zoom"] = args.align_zoom
+    if args.align_box_scale:  # earlier caches hold no such key: valid for scale 0
+        stage2["align_box_scale"] = args.align_box_scale
     if args.language_short_share != SHORT_SHARE:  # earlier caches hold no such key: valid for the default
         stage2["language_short_share"] = args.language_short_share
     if args.stage2_cache is not None and args.stage2_cache.exists():
@@ -595,7 +691,8 @@ def main(argv=None) -> None:
         "seed": args.seed, "vision_steps": args.vision_steps,
         "vision_position_weight": args.vision_position_weight, "vision_world": args.vision_world, "align_steps": args.align_steps,
         "align_joint_steps": args.align_joint_steps, "align_vision_lr": args.align_vision_lr,
-        "align_position_scale": args.align_position_scale, "align_zoom": args.align_zoom, "language_steps": args.language_steps,
+        "align_position_scale": args.align_position_scale, "align_zoom": args.align_zoom,
+        "vision_box_weight": args.vision_box_weight, "align_box_scale": args.align_box_scale, "language_steps": args.language_steps,
         "language_short_share": args.language_short_share, "instruct_steps": steps, "lr": args.lr, "projector_lr": args.projector_lr,
         "unbiased_existence": args.unbiased_existence, "keep_cooccurrence": args.keep_cooccurrence,
         "warmup_steps": args.warmup_steps, "batch": args.batch,
