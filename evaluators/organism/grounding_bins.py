@@ -99,6 +99,7 @@ def main(argv=None) -> None:
     from .package import load_organism
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--path", default=None, help="an organism checkpoint folder (default: the shipped one)")
     parser.add_argument("--bins", type=int, default=8, help="coordinate bins per side (the organism has 16 tokens)")
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--batch", type=int, default=32)
@@ -118,7 +119,7 @@ def main(argv=None) -> None:
         parser.error(f"--steps must be >= 0, got {args.steps}")
     torch.set_num_threads(2)
     torch.manual_seed(args.seed)
-    model, processor = load_organism()
+    model, processor = load_organism(args.path)
     saved_bins, saved_mix = tasks.COORD_BINS, tasks.MIX
     tasks.COORD_BINS, tasks.MIX = args.bins, {"grounding": 1.0}  # read when examples are built
     aligned = realign(model, processor, args.align_box_scale, args.align_steps, args.seed) if args.align_box_scale else None
