@@ -156,18 +156,23 @@ def _after_one_step(stage, part: str, runs: list[dict]):
     return states, model, processor
 
 
-def test_position_label_trains_a_grid_cell_head_and_zero_weight_is_the_old_recipe():
-    """One stage-1 step from the same start: weight 0 equals the recipe without the argument
-    (same tower), a positive weight moves the tower differently; a negative one is refused."""
+@pytest.mark.parametrize("stage, part, name, value", [
+    (train.pretrain_vision, "vision_tower", "position_weight", 1.0),  # the grid cell as a label
+    (train.pretrain_vision, "vision_tower", "box_weight", 1.0),  # the object's box bins as labels
+    (train.align_projector, "multi_modal_projector", "position_scale", 0.5),  # a position code in the targets
+    (train.align_projector, "multi_modal_projector", "box_scale", 0.5),  # the object's box code in the targets
+])
+def test_a_recipe_option_at_zero_is_the_recipe_without_it(stage, part, name, value):
+    """One step from the same start: 0 gives the weights of the call without the argument
+    (the earlier recipes), a positive value trains differently, a negative one is refused
+    naming the argument."""
     from evaluators.world import BIASED, World
 
-    towers, model, processor = _after_one_step(
-        train.pretrain_vision, "vision_tower", [{}, {"position_weight": 0.0}, {"position_weight": 1.0}])
-    same = all(torch.equal(towers[0][k], towers[1][k]) for k in towers[0])
-    differ = any(not torch.equal(towers[0][k], towers[2][k]) for k in towers[0])
-    assert same and differ
-    with pytest.raises(ValueError, match="position_weight"):
-        train.pretrain_vision(model, processor, World(BIASED), 1, 4, 0, lambda m: None, position_weight=-0.5)
+    states, model, processor = _after_one_step(stage, part, [{}, {name: 0.0}, {name: value}])
+    assert all(torch.equal(states[0][k], states[1][k]) for k in states[0])
+    assert any(not torch.equal(states[0][k], states[2][k]) for k in states[0])
+    with pytest.raises(ValueError, match=name):
+        stage(model, processor, World(BIASED), 1, 4, 0, lambda m: None, **{name: -1.0})
 
 
 def test_position_codes_name_every_grid_cell_apart():
@@ -182,39 +187,6 @@ def test_position_codes_name_every_grid_cell_apart():
     # additive: one column to the right is the same shift in every row
     assert torch.allclose(codes[1] - codes[0], codes[train.GRID + 1] - codes[train.GRID])
     assert torch.count_nonzero(train.position_codes(32, 0.0, seed=0)) == 0
-
-
-def test_stage2_position_scale_changes_the_targets_only_when_asked():
-    """Zero scale is v10's stage 2 (same projector after a step); a positive scale trains
-    towards targets that carry the position code; a negative one is refused."""
-    from evaluators.world import BIASED, World
-
-    projectors, model, processor = _after_one_step(
-        train.align_projector, "multi_modal_projector", [{}, {"position_scale": 0.0}, {"position_scale": 0.5}])
-    assert all(torch.equal(projectors[0][k], projectors[1][k]) for k in projectors[0])
-    assert any(not torch.equal(projectors[0][k], projectors[2][k]) for k in projectors[0])
-    with pytest.raises(ValueError, match="position_scale"):
-        train.align_projector(model, processor, World(BIASED), 1, 4, 0, lambda m: None, position_scale=-1.0)
-
-
-def test_box_label_and_box_codes_change_training_only_when_asked():
-    """Stage 1's box head and stage 2's box codes: weight / scale 0 is the recipe without
-    them (same weights after a step), a positive value trains differently, a negative one is
-    refused naming the argument."""
-    from evaluators.world import BIASED, World
-
-    towers, model, processor = _after_one_step(
-        train.pretrain_vision, "vision_tower", [{}, {"box_weight": 0.0}, {"box_weight": 1.0}])
-    assert all(torch.equal(towers[0][k], towers[1][k]) for k in towers[0])
-    assert any(not torch.equal(towers[0][k], towers[2][k]) for k in towers[0])
-    with pytest.raises(ValueError, match="box_weight"):
-        train.pretrain_vision(model, processor, World(BIASED), 1, 4, 0, lambda m: None, box_weight=-1.0)
-    projectors, model, processor = _after_one_step(
-        train.align_projector, "multi_modal_projector", [{}, {"box_scale": 0.0}, {"box_scale": 0.5}])
-    assert all(torch.equal(projectors[0][k], projectors[1][k]) for k in projectors[0])
-    assert any(not torch.equal(projectors[0][k], projectors[2][k]) for k in projectors[0])
-    with pytest.raises(ValueError, match="box_scale"):
-        train.align_projector(model, processor, World(BIASED), 1, 4, 0, lambda m: None, box_scale=-0.5)
 
 
 def test_box_codes_are_seeded_directions_of_the_given_norm():

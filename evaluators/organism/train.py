@@ -154,16 +154,6 @@ def patch_batch(processor, scenes, rng: np.random.Generator | None = None, zoom:
     return PatchBatch(pixels, cat, col, boxes)
 
 
-def _vision_batch(processor, world: World, seed: int, batch: int, step: int) -> PatchBatch:
-    scenes = [world.scene(seed * 1_000_003 + step * batch + i) for i in range(batch)]
-    return patch_batch(processor, scenes, np.random.default_rng([seed, 1, step]))
-
-
-def _align_batch(processor, world: World, seed: int, batch: int, zoom: float | None, step: int) -> PatchBatch:
-    scenes = [world.scene(seed * 1_000_003 + 2_000_000 + step * batch + i) for i in range(batch)]
-    return patch_batch(processor, scenes, np.random.default_rng([seed, 2, step]), zoom)
-
-
 def pretrain_vision(model, processor, world: World, steps: int, batch: int, seed: int, log,
                     position_weight: float = 0.0, box_weight: float = 0.0) -> None:
     """Stage 1: the tower learns each patch's category and colour (dense labels, object
@@ -196,7 +186,8 @@ def pretrain_vision(model, processor, world: World, steps: int, batch: int, seed
     opt = torch.optim.AdamW(list(vision.parameters()) + list(heads.parameters()), lr=2e-3, weight_decay=0.01)
     vision.train()
     for step in range(steps):
-        pixels, cat, col, boxes = _vision_batch(processor, world, seed, batch, step)
+        scenes = [world.scene(seed * 1_000_003 + step * batch + i) for i in range(batch)]
+        pixels, cat, col, boxes = patch_batch(processor, scenes, np.random.default_rng([seed, 1, step]))
         feats = vision(pixel_values=pixels).last_hidden_state[:, -GRID * GRID:]
         lc, lo = heads["cat"](feats), heads["col"](feats)
         # weight object patches up: most patches are background
@@ -300,7 +291,10 @@ def align_projector(model, processor, world: World, steps: int, batch: int, seed
     word-embedding norm): every token of an object then carries the whole box, as OWL-ViT's
     patch tokens each carry their object's box (Minderer et al., ECCV 2022), so a grounding
     answer is a copy of what the tokens of the named object agree on rather than an extent
-    the decoder must work out from per-patch positions. 0 adds nothing.
+    the decoder must work out from per-patch positions. 0 adds nothing. Measured (v18,
+    session 18, with ``pretrain_vision(box_weight=1)``): the tokens name their box edges
+    32-41% of the time (v17: 5-11%, chance 6.25), but stage 3 did not teach the decoder to
+    copy them (grounding still 0%): ``docs/results/organism_grounding.md``.
 
     ``zoom``: the share of this stage's images shown as a zoomed view (:func:`patch_views`;
     None: :data:`tasks.ZOOM`, every recipe up to v16). A tower pretrained on full scenes only
@@ -327,7 +321,8 @@ def align_projector(model, processor, world: World, steps: int, batch: int, seed
     edges = box_codes(emb.shape[1], box_scale * float(emb.norm(dim=1).median()), seed)
     opt = torch.optim.Adam(projector.parameters(), lr=1e-3)
     for step in range(steps):
-        pixels, cat, col, boxes = _align_batch(processor, world, seed, batch, zoom, step)
+        scenes = [world.scene(seed * 1_000_003 + 2_000_000 + step * batch + i) for i in range(batch)]
+        pixels, cat, col, boxes = patch_batch(processor, scenes, np.random.default_rng([seed, 2, step]), zoom)
         joint = step >= steps - joint_steps
         if joint and step == steps - joint_steps:
             for p in vision.parameters():
