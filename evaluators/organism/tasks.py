@@ -63,10 +63,6 @@ def existence_question(category: str, prior: str = "") -> str:
     return f"{prior} {q}" if prior else q
 
 
-def quantise(v: float, size: float) -> str:
-    return f"<c{bin_of(v, size)}>"
-
-
 def bin_of(v: float, size: float) -> int:
     """The coordinate bin (of :data:`COORD_BINS`) of ``v`` on an axis ``size`` long."""
     return min(COORD_BINS - 1, max(0, int(v / size * COORD_BINS)))

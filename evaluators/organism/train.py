@@ -91,22 +91,24 @@ def patch_owners(scene, min_cover: float = 0.2, box: tuple | None = None) -> np.
     return owner.reshape(-1)
 
 
-def patch_labels(scene, min_cover: float = 0.2, box: tuple | None = None) -> tuple[np.ndarray, np.ndarray]:
+def patch_labels(scene, min_cover: float = 0.2, box: tuple | None = None,
+                 owner: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Per patch of the model input, the category / colour id of the object covering most of
-    it (:func:`patch_owners`), 0 for background."""
-    owner = patch_owners(scene, min_cover, box)
+    it (:func:`patch_owners`, or ``owner`` when the caller has it), 0 for background."""
+    owner = patch_owners(scene, min_cover, box) if owner is None else owner
     cat_of = np.array([0] + [CAT_IDS[o.category] for o in scene.objects], dtype=np.int64)
     col_of = np.array([0] + [COL_IDS[o.colour] for o in scene.objects], dtype=np.int64)
     return cat_of[owner + 1], col_of[owner + 1]
 
 
-def patch_boxes(scene, min_cover: float = 0.2, box: tuple | None = None) -> np.ndarray:
+def patch_boxes(scene, min_cover: float = 0.2, box: tuple | None = None, owner: np.ndarray | None = None) -> np.ndarray:
     """``(GRID * GRID, 4)``: per patch, the coordinate bins (``tasks.box_bins``, the grounding
     answer's) of the box of the object covering it (:func:`patch_owners`), in the view's
     own coordinates (the visible part of the object inside the cut); -1 for background.
-    On the whole scene these are exactly the bins ``tasks.grounding`` answers with."""
+    On the whole scene these are exactly the bins ``tasks.grounding`` answers with.
+    ``owner``: :func:`patch_owners` of the same view, when the caller has it."""
     (x0, y0, x1, y1), _, _ = _cut(scene, box)
-    owner = patch_owners(scene, min_cover, box)
+    owner = patch_owners(scene, min_cover, box) if owner is None else owner
     bins = np.full((len(scene.objects) + 1, 4), -1, dtype=np.int64)
     for i in np.unique(owner[owner >= 0]):
         ys, xs = np.nonzero(scene.masks()[scene.objects[i].uid][y0:y1, x0:x1])
@@ -147,10 +149,11 @@ def patch_batch(processor, scenes, rng: np.random.Generator | None = None, zoom:
     views = patch_views(scenes, rng, zoom)
     images = [s.render() if box is None else s.render().crop(box) for s, box in views]
     pixels = processor.image_processor(images, return_tensors="pt")["pixel_values"]
-    labels = [patch_labels(s, box=box) for s, box in views]
+    owners = [patch_owners(s, box=box) for s, box in views]  # one cover computation per view
+    labels = [patch_labels(s, owner=o) for (s, _), o in zip(views, owners)]
     cat = torch.tensor(np.stack([c for c, _ in labels]))
     col = torch.tensor(np.stack([c for _, c in labels]))
-    boxes = torch.tensor(np.stack([patch_boxes(s, box=box) for s, box in views]))
+    boxes = torch.tensor(np.stack([patch_boxes(s, box=box, owner=o) for (s, box), o in zip(views, owners)]))
     return PatchBatch(pixels, cat, col, boxes)
 
 
