@@ -1,0 +1,206 @@
+"""Can the organism's decoder learn to copy a box it is handed? (issue 3, the grounding target)
+
+    python -m evaluators.organism.grounding_copy --given text --steps 400
+    python -m evaluators.organism.grounding_copy --given image-codes --steps 400
+
+Every organism so far answers grounding queries ("where is the cup ?" -> ``<c3> <c5> <c9>
+<c12>``, or "none") with 0% of boxes at IoU >= 0.5, even v18, whose image tokens carry
+their object's box code (``docs/results/organism_grounding.md``). This asks whether the
+decoder could use the box if it were handed over exactly, in two forms, so that neither the
+vision tower nor the projector's alignment error is in the way:
+
+* ``text``: the prompt lists the scene's objects, each followed by its box in the answer's
+  own tokens (``red cup <c3> <c5> <c9> <c12> blue fork <c1> ...``), and the answer is a
+  copy of the four tokens after the named object -- what an LLM's induction heads do;
+* ``image-codes``: the image tokens are replaced by stage 2's targets, exactly
+  (``emb(category) + emb(colour)`` plus :func:`train.box_codes` of the object's box bins
+  on object patches, zero elsewhere; ``--box-scale`` as ``train --align-box-scale``).
+
+It fine-tunes a copy of a checkpoint's decoder on ``tasks.grounding`` questions only (batch
+32, AdamW at ``--lr`` after a 50-step warm-up, word embeddings, vision tower and projector
+frozen, as in stage 3) and prints, every ``--every`` steps, the teacher-forced loss of each
+box token (x0, y0, x1, y1; chance is ln 16 = 2.77 nats) and, on held-out scenes (seeds from
+10^8), the share of greedy boxes at IoU >= 0.5 and of exact edges. The weights are not saved.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+import torch
+
+from evaluators.answers import box_iou, parse_box
+from evaluators.world import CATEGORIES, COLOURS, UNBIASED, World
+
+from . import tasks, train
+from .package import IMAGE_TOKEN, format_prompt
+
+GIVEN = ("text", "image-codes")
+BOX_TOKENS = 4
+
+
+class CopyTask:
+    """Grounding examples whose box is handed to the model in the form ``given``."""
+
+    def __init__(self, model, processor, given: str, box_scale: float = 0.5, seed: int = 0) -> None:
+        if given not in GIVEN:
+            raise ValueError(f"given must be one of {GIVEN}, got {given!r}")
+        if not box_scale > 0:
+            raise ValueError(f"box_scale must be > 0, got {box_scale!r}")
+        self.model, self.processor, self.given = model, processor, given
+        self.tok = processor.tokenizer
+        self.embed = model.get_input_embeddings()
+        emb = self.embed.weight.detach()
+        names = [*CATEGORIES, *COLOURS]
+        self.words = dict(zip(names, emb[self.tok.convert_tokens_to_ids(names)]))
+        self.codes = train.box_codes(emb.shape[1], box_scale * float(emb.norm(dim=1).median()), seed)
+        self.image_id = self.tok.convert_tokens_to_ids(IMAGE_TOKEN)
+        self.world = World(UNBIASED)
+
+    def _image_tokens(self, scene) -> torch.Tensor:
+        """Stage 2's target for every image token of ``scene`` (CLS first, zero)."""
+        owner = train.patch_owners(scene)
+        boxes = train.patch_boxes(scene, owner=owner)
+        tokens = torch.zeros(1 + len(owner), self.codes.shape[-1])
+        for p in np.nonzero(owner >= 0)[0]:
+            obj = scene.objects[owner[p]]
+            tokens[1 + p] = self.words[obj.category] + self.words[obj.colour] + sum(
+                self.codes[k][boxes[p][k]] for k in range(BOX_TOKENS))
+        return tokens
+
+    def batch(self, seeds: list[int], with_answer: bool = True):
+        """``(inputs_embeds, attention_mask, labels or None, examples)`` for ``seeds``."""
+        examples = [tasks.grounding(self.world, np.random.default_rng(s), s) for s in seeds]
+        scenes = [self.world.scene(s) for s in seeds]
+        if self.given == "text":
+            prompts = [f"USER: {_listing(sc)} {e.question} ASSISTANT:" for e, sc in zip(examples, scenes)]
+        else:
+            prompts = [format_prompt(e.question) for e in examples]
+        texts = [f"{p} {e.answer} {self.tok.eos_token}" if with_answer else p for p, e in zip(prompts, examples)]
+        if self.given == "text":
+            enc = self.tok(texts, return_tensors="pt", padding=True)
+        else:
+            enc = self.processor(text=texts, images=[e.images[0] for e in examples], return_tensors="pt", padding=True)
+        ids = enc["input_ids"]
+        with torch.no_grad():
+            embeds = self.embed(ids)
+        if self.given == "image-codes":
+            for i, scene in enumerate(scenes):
+                embeds[i, ids[i] == self.image_id] = self._image_tokens(scene)
+        labels = None
+        if with_answer:
+            labels = torch.full_like(ids, -100)
+            for i, e in enumerate(examples):
+                n = len(self.tok(f"{e.answer} {self.tok.eos_token}", add_special_tokens=False)["input_ids"])
+                labels[i, -n:] = ids[i, -n:]
+        return embeds, enc["attention_mask"], labels, examples
+
+    @torch.no_grad()
+    def evaluate(self, n: int = 96, seed: int = 10**8) -> dict:
+        """Greedy boxes on ``n`` held-out queries: IoU >= 0.5 and exact edges on present objects,
+        "none" on absent ones."""
+        was = self.model.training
+        self.model.eval()
+        embeds, mask, _, examples = self.batch(list(range(seed, seed + n)), with_answer=False)
+        out = []
+        for _ in range(BOX_TOKENS):
+            nxt = self.model(inputs_embeds=embeds, attention_mask=mask).logits[:, -1].argmax(-1)
+            out.append(nxt)
+            embeds = torch.cat([embeds, self.embed(nxt)[:, None]], 1)
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
+        self.model.train(was)
+        answers = [" ".join(self.tok.convert_ids_to_tokens(row)) for row in torch.stack(out, 1).tolist()]
+        size = examples[0].images[0].width
+        ious, edges, none_right, absent = [], np.zeros(BOX_TOKENS), 0, 0
+        for e, a in zip(examples, answers):
+            if e.answer == "none":
+                absent += 1
+                none_right += a.startswith("none")
+                continue
+            got, want = parse_box(a, size), parse_box(e.answer, size)
+            ious.append(box_iou(got, want) if isinstance(got, tuple) else 0.0)
+            edges += [g == w for g, w in zip(a.split(), e.answer.split())] if isinstance(got, tuple) else 0
+        present = len(ious)
+        return {"present": present, "iou50_rate": round(100.0 * float(np.mean([v >= 0.5 for v in ious])), 1),
+                "exact_edges": [round(100.0 * v / max(present, 1), 1) for v in edges],
+                "none_for_absent": f"{none_right}/{absent}"}
+
+
+def _listing(scene) -> str:
+    """The scene's objects in reading order, each followed by its box tokens."""
+    boxes = scene.boxes()
+    ordered = sorted((o for o in scene.objects if o.uid in boxes), key=lambda o: (o.cx, o.cy))
+    return " ".join(f"{o.colour} {o.category} {tasks.box_tokens(boxes[o.uid], scene.resolution)}" for o in ordered)
+
+
+def finetune(task: CopyTask, steps: int, lr: float, batch: int, every: int, log) -> list[dict]:
+    """Train the decoder on ``task`` for ``steps`` steps; the per-token losses and held-out
+    scores every ``every`` steps."""
+    model = task.model
+    decoder = [p for n, p in model.named_parameters()
+               if n.startswith(("model.language_model.", "lm_head.")) and "embed_tokens" not in n]
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for p in decoder:
+        p.requires_grad_(True)
+    opt = torch.optim.AdamW(decoder, lr=lr, weight_decay=0.01)
+    none_id = task.tok.convert_tokens_to_ids("none")
+    rows, running, start = [], None, time.time()
+    model.train()
+    for step in range(steps):
+        for g in opt.param_groups:
+            g["lr"] = lr * min(1.0, (step + 1) / 50)
+        embeds, mask, labels, _ = task.batch([step * batch + i for i in range(batch)])
+        out = model(inputs_embeds=embeds, attention_mask=mask, labels=labels)
+        opt.zero_grad()
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(decoder, 1.0)
+        opt.step()
+        with torch.no_grad():  # the box tokens are the last 4 before </s> (left padding)
+            target = labels[:, -BOX_TOKENS - 1 : -1]
+            boxed = (target[:, 0] != none_id) & (target != -100).all(1)
+            logp = torch.log_softmax(out.logits[:, -BOX_TOKENS - 2 : -2].float(), -1)
+            nll = -logp.gather(-1, target.clamp(min=0)[..., None]).squeeze(-1)[boxed].mean(0)
+            running = nll if running is None else 0.95 * running + 0.05 * nll
+        if (step + 1) % every == 0 or step == steps - 1:
+            row = {"step": step + 1, "seconds": round(time.time() - start),
+                   "box_token_nll": [round(v, 2) for v in running.tolist()], **task.evaluate()}
+            log(json.dumps(row))
+            rows.append(row)
+    model.eval()
+    return rows
+
+
+def main(argv=None) -> None:
+    from .package import load_organism
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--given", choices=GIVEN, required=True, help="how the box is handed over (see above)")
+    parser.add_argument("--path", default=None, help="an organism checkpoint folder (default: the shipped one)")
+    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--every", type=int, default=100, help="report every this many steps")
+    parser.add_argument("--box-scale", type=float, default=0.5, help="--given image-codes: the box code's scale")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.steps < 1 or args.every < 1 or args.batch < 1:
+        parser.error("--steps, --every and --batch must be >= 1")
+    if not args.lr > 0:
+        parser.error(f"--lr must be > 0, got {args.lr}")
+    if not args.box_scale > 0:
+        parser.error(f"--box-scale must be > 0, got {args.box_scale}")
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    model, processor = load_organism(args.path)
+    task = CopyTask(model, processor, args.given, args.box_scale, args.seed)
+    print(json.dumps({"step": 0, **task.evaluate()}))
+    finetune(task, args.steps, args.lr, args.batch, args.every, print)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""evaluators.organism.grounding_copy: can the decoder copy a box it is handed (issue 3)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from evaluators.organism import ORGANISM_DIR, load_organism, train
+from evaluators.organism.grounding_copy import CopyTask, _listing, finetune, main
+from evaluators.organism.package import format_prompt
+
+pytestmark = pytest.mark.skipif(not (ORGANISM_DIR / "config.json").exists(), reason="organism checkpoint missing")
+
+
+@pytest.fixture(scope="module")
+def organism():
+    return load_organism()
+
+
+def test_text_form_lists_every_object_with_the_box_the_answer_copies(organism):
+    task = CopyTask(*organism, "text")
+    seeds = list(range(5, 13))
+    embeds, mask, labels, examples = task.batch(seeds)
+    assert embeds.shape[:2] == mask.shape == labels.shape
+    tok = task.tok
+    for i, (seed, e) in enumerate(zip(seeds, examples)):
+        answer = tok.convert_ids_to_tokens([t for t in labels[i].tolist() if t != -100])
+        assert answer[-1] == tok.eos_token and " ".join(answer[:-1]) == e.answer
+        listing = _listing(task.world.scene(seed))
+        if e.answer == "none":
+            assert f" {e.meta['category']} " not in f" {listing} "
+        else:  # the named object is listed with exactly the tokens the answer copies
+            assert f"{e.meta['category']} {e.answer}" in listing
+    assert {e.answer == "none" for e in examples} == {True, False}
+
+
+def test_image_codes_replace_the_image_tokens_by_stage_2_targets_with_the_box_code(organism):
+    model, processor = organism
+    task = CopyTask(model, processor, "image-codes", box_scale=0.5)
+    seed = next(s for s in range(11, 40) if task.batch([s])[3][0].answer != "none")
+    embeds, _, _, (example,) = task.batch([seed])
+    ids = processor(text=[f"{format_prompt(example.question)} {example.answer} </s>"], images=example.images,
+                    return_tensors="pt")["input_ids"][0]
+    image = embeds[0, ids == task.image_id]
+    scene = task.world.scene(seed)
+    owner = train.patch_owners(scene)
+    assert torch.count_nonzero(image[0]) == 0  # CLS
+    assert torch.count_nonzero(image[1:][torch.from_numpy(owner < 0)]) == 0  # background
+    obj = next(o for o in scene.objects if o.category == example.meta["category"])
+    patch = int(((owner >= 0) & (owner == scene.objects.index(obj))).nonzero()[0][0])
+    code = image[1 + patch] - task.words[obj.category] - task.words[obj.colour]
+    assert code.norm() > 0
+    best = torch.einsum("d,kbd->kb", code, task.codes).argmax(-1).tolist()
+    assert " ".join(f"<c{b}>" for b in best) == example.answer  # the code names the answer's bins
+
+
+def test_finetune_reports_per_token_losses_and_held_out_scores(organism):
+    model, processor = organism
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    try:
+        rows = finetune(CopyTask(model, processor, "text"), steps=2, lr=1e-3, batch=4, every=1, log=lambda _: None)
+        assert [r["step"] for r in rows] == [1, 2]
+        for row in rows:
+            assert len(row["box_token_nll"]) == 4 and all(v > 0 for v in row["box_token_nll"])
+            assert 0.0 <= row["iou50_rate"] <= 100.0 and len(row["exact_edges"]) == 4
+        assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())  # the decoder trained
+    finally:
+        model.load_state_dict(before)
+
+
+def test_main_prints_json_rows(capsys):
+    main(["--given", "text", "--steps", "1", "--batch", "2", "--threads", "1"])
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert [r["step"] for r in rows] == [0, 1]
+
+
+@pytest.mark.parametrize("argv", [["--given", "boxes"], ["--given", "text", "--steps", "0"],
+                                  ["--given", "text", "--lr", "0"], ["--given", "image-codes", "--box-scale", "0"]])
+def test_bad_arguments_are_refused(argv):
+    with pytest.raises(SystemExit):
+        main(argv)
+
+
+def test_bad_form_is_a_value_error(organism):
+    with pytest.raises(ValueError, match="given"):
+        CopyTask(*organism, "boxes")
+    with pytest.raises(ValueError, match="box_scale"):
+        CopyTask(*organism, "image-codes", box_scale=0)
