@@ -36,6 +36,19 @@ def test_text_form_lists_every_object_with_the_box_the_answer_copies(organism):
     assert {e.answer == "none" for e in examples} == {True, False}
 
 
+def test_listing_only_the_named_object_makes_a_pure_copy(organism):
+    task = CopyTask(*organism, "text", listed=1)
+    seeds = list(range(20, 32))
+    _, _, _, examples = task.batch(seeds)
+    for seed, e in zip(seeds, examples):
+        listing = _listing(task.world.scene(seed), e.meta["category"], 1)
+        assert len(listing.split()) == 6  # one "colour category" and its four box tokens
+        if e.answer != "none":
+            assert listing.endswith(f"{e.meta['category']} {e.answer}")
+    scene = task.world.scene(20)
+    assert _listing(scene, None, 0) == _listing(scene) and len(_listing(scene, None, 2).split()) == 12
+
+
 def test_image_codes_replace_the_image_tokens_by_stage_2_targets_with_the_box_code(organism):
     model, processor = organism
     task = CopyTask(model, processor, "image-codes", box_scale=0.5)
@@ -70,6 +83,20 @@ def test_finetune_reports_per_token_losses_and_held_out_scores(organism):
         model.load_state_dict(before)
 
 
+def test_a_listed_curriculum_moves_through_its_counts(organism):
+    model, processor = organism
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    task = CopyTask(model, processor, "text", listed=1)
+    seen = []
+    evaluate = task.evaluate
+    task.evaluate = lambda: (seen.append(task.listed), evaluate(n=4))[1]
+    try:
+        finetune(task, steps=4, lr=1e-3, batch=2, every=1, log=lambda _: None, schedule=(1, 0))
+    finally:
+        model.load_state_dict(before)
+    assert seen == [1, 1, 0, 0]
+
+
 def test_main_prints_json_rows(capsys):
     main(["--given", "text", "--steps", "1", "--batch", "2", "--threads", "1"])
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
@@ -77,7 +104,8 @@ def test_main_prints_json_rows(capsys):
 
 
 @pytest.mark.parametrize("argv", [["--given", "boxes"], ["--given", "text", "--steps", "0"],
-                                  ["--given", "text", "--lr", "0"], ["--given", "image-codes", "--box-scale", "0"]])
+                                  ["--given", "text", "--lr", "0"], ["--given", "image-codes", "--box-scale", "0"],
+                                  ["--given", "text", "--listed", "-1"], ["--given", "text", "--listed", "1,x"]])
 def test_bad_arguments_are_refused(argv):
     with pytest.raises(SystemExit):
         main(argv)
@@ -88,3 +116,5 @@ def test_bad_form_is_a_value_error(organism):
         CopyTask(*organism, "boxes")
     with pytest.raises(ValueError, match="box_scale"):
         CopyTask(*organism, "image-codes", box_scale=0)
+    with pytest.raises(ValueError, match="listed"):
+        CopyTask(*organism, "text", listed=-1)

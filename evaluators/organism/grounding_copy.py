@@ -45,12 +45,14 @@ BOX_TOKENS = 4
 class CopyTask:
     """Grounding examples whose box is handed to the model in the form ``given``."""
 
-    def __init__(self, model, processor, given: str, box_scale: float = 0.5, seed: int = 0) -> None:
+    def __init__(self, model, processor, given: str, box_scale: float = 0.5, seed: int = 0, listed: int = 0) -> None:
         if given not in GIVEN:
             raise ValueError(f"given must be one of {GIVEN}, got {given!r}")
         if not box_scale > 0:
             raise ValueError(f"box_scale must be > 0, got {box_scale!r}")
-        self.model, self.processor, self.given = model, processor, given
+        if listed < 0:
+            raise ValueError(f"listed must be >= 0 (0: every object), got {listed!r}")
+        self.model, self.processor, self.given, self.listed = model, processor, given, listed
         self.tok = processor.tokenizer
         self.embed = model.get_input_embeddings()
         emb = self.embed.weight.detach()
@@ -76,7 +78,8 @@ class CopyTask:
         examples = [tasks.grounding(self.world, np.random.default_rng(s), s) for s in seeds]
         scenes = [self.world.scene(s) for s in seeds]
         if self.given == "text":
-            prompts = [f"USER: {_listing(sc)} {e.question} ASSISTANT:" for e, sc in zip(examples, scenes)]
+            prompts = [f"USER: {_listing(sc, e.meta['category'], self.listed)} {e.question} ASSISTANT:"
+                       for e, sc in zip(examples, scenes)]
         else:
             prompts = [format_prompt(e.question) for e in examples]
         texts = [f"{p} {e.answer} {self.tok.eos_token}" if with_answer else p for p, e in zip(prompts, examples)]
@@ -129,16 +132,23 @@ class CopyTask:
                 "none_for_absent": f"{none_right}/{absent}"}
 
 
-def _listing(scene) -> str:
-    """The scene's objects in reading order, each followed by its box tokens."""
+def _listing(scene, named: str | None = None, listed: int = 0) -> str:
+    """The scene's objects in reading order, each followed by its box tokens; with ``listed``
+    > 0, only that many: the ``named`` category's object first, then the others in reading
+    order (``listed=1``: a pure copy of the only box in the prompt, no retrieval needed)."""
     boxes = scene.boxes()
     ordered = sorted((o for o in scene.objects if o.uid in boxes), key=lambda o: (o.cx, o.cy))
+    if listed:
+        ordered = sorted(ordered, key=lambda o: o.category != named)[:listed]
+        ordered.sort(key=lambda o: (o.cx, o.cy))
     return " ".join(f"{o.colour} {o.category} {tasks.box_tokens(boxes[o.uid], scene.resolution)}" for o in ordered)
 
 
-def finetune(task: CopyTask, steps: int, lr: float, batch: int, every: int, log) -> list[dict]:
+def finetune(task: CopyTask, steps: int, lr: float, batch: int, every: int, log,
+             schedule: tuple[int, ...] = ()) -> list[dict]:
     """Train the decoder on ``task`` for ``steps`` steps; the per-token losses and held-out
-    scores every ``every`` steps."""
+    scores every ``every`` steps. ``schedule``: a curriculum of ``task.listed`` values, each
+    for an equal share of the steps (the held-out scores use the current one)."""
     model = task.model
     decoder = [p for n, p in model.named_parameters()
                if n.startswith(("model.language_model.", "lm_head.")) and "embed_tokens" not in n]
@@ -153,6 +163,8 @@ def finetune(task: CopyTask, steps: int, lr: float, batch: int, every: int, log)
     for step in range(steps):
         for g in opt.param_groups:
             g["lr"] = lr * min(1.0, (step + 1) / 50)
+        if schedule:
+            task.listed = schedule[min(len(schedule) - 1, step * len(schedule) // steps)]
         embeds, mask, labels, _ = task.batch([step * batch + i for i in range(batch)])
         out = model(inputs_embeds=embeds, attention_mask=mask, labels=labels)
         opt.zero_grad()
@@ -184,6 +196,9 @@ def main(argv=None) -> None:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--every", type=int, default=100, help="report every this many steps")
+    parser.add_argument("--listed", default="0",
+                        help="--given text: list only this many objects, the named one among them (0: all); "
+                             "comma-separated counts are a curriculum, each for an equal share of the steps")
     parser.add_argument("--box-scale", type=float, default=0.5, help="--given image-codes: the box code's scale")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
@@ -192,14 +207,20 @@ def main(argv=None) -> None:
         parser.error("--steps, --every and --batch must be >= 1")
     if not args.lr > 0:
         parser.error(f"--lr must be > 0, got {args.lr}")
+    try:
+        schedule = tuple(int(v) for v in args.listed.split(","))
+    except ValueError:
+        parser.error(f"--listed must be counts separated by commas, got {args.listed!r}")
+    if any(v < 0 for v in schedule):
+        parser.error(f"--listed must be >= 0, got {args.listed}")
     if not args.box_scale > 0:
         parser.error(f"--box-scale must be > 0, got {args.box_scale}")
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     model, processor = load_organism(args.path)
-    task = CopyTask(model, processor, args.given, args.box_scale, args.seed)
+    task = CopyTask(model, processor, args.given, args.box_scale, args.seed, schedule[0])
     print(json.dumps({"step": 0, **task.evaluate()}))
-    finetune(task, args.steps, args.lr, args.batch, args.every, print)
+    finetune(task, args.steps, args.lr, args.batch, args.every, print, schedule if len(schedule) > 1 else ())
 
 
 if __name__ == "__main__":
