@@ -16,6 +16,10 @@ vision tower nor the projector's alignment error is in the way:
   (``emb(category) + emb(colour)`` plus :func:`train.box_codes` of the object's box bins
   on object patches, zero elsewhere; ``--box-scale`` as ``train --align-box-scale``).
 
+``--listed N`` (text form) lists only N objects, the named one among them: ``--listed 1``
+is a pure copy with nothing to find, and ``--listed 1,2,3,0`` a curriculum from one object
+to whole scenes, each count for an equal share of the steps.
+
 It fine-tunes a copy of a checkpoint's decoder on ``tasks.grounding`` questions only (batch
 32, AdamW at ``--lr`` after a 50-step warm-up, word embeddings, vision tower and projector
 frozen, as in stage 3) and prints, every ``--every`` steps, the teacher-forced loss of each
