@@ -69,6 +69,23 @@ def test_image_codes_replace_the_image_tokens_by_stage_2_targets_with_the_box_co
     assert " ".join(f"<c{b}>" for b in best) == example.answer  # the code names the answer's bins
 
 
+def test_image_codes_with_one_listed_object_code_only_the_named_objects_patches(organism):
+    model, processor = organism
+    task = CopyTask(model, processor, "image-codes", listed=1)
+    seed = next(s for s in range(11, 60)
+                if task.batch([s])[3][0].answer != "none" and len(task.world.scene(s).objects) > 1)
+    embeds, _, _, (example,) = task.batch([seed])
+    ids = processor(text=[f"{format_prompt(example.question)} {example.answer} </s>"], images=example.images,
+                    return_tensors="pt")["input_ids"][0]
+    image = embeds[0, ids == task.image_id][1:]
+    scene = task.world.scene(seed)
+    owner = torch.from_numpy(train.patch_owners(scene))
+    named = next(i for i, o in enumerate(scene.objects) if o.category == example.meta["category"])
+    coded = image.abs().sum(-1) > 0
+    assert bool(((owner >= 0) & (owner != named)).any())  # another object's patches, left uncoded
+    assert bool(coded[owner == named].all()) and not bool(coded[owner != named].any())
+
+
 def test_finetune_reports_per_token_losses_and_held_out_scores(organism):
     model, processor = organism
     before = {k: v.clone() for k, v in model.state_dict().items()}

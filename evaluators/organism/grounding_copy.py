@@ -16,8 +16,8 @@ vision tower nor the projector's alignment error is in the way:
   (``emb(category) + emb(colour)`` plus :func:`train.box_codes` of the object's box bins
   on object patches, zero elsewhere; ``--box-scale`` as ``train --align-box-scale``).
 
-``--listed N`` (text form) lists only N objects, the named one among them: ``--listed 1``
-is a pure copy with nothing to find, and ``--listed 1,2,3,0`` a curriculum from one object
+``--listed N`` lists only N objects, the named one among them (in the image-codes form the
+others' tokens are zero, as background): ``--listed 1`` is a pure copy with nothing to find, and ``--listed 1,2,3,0`` a curriculum from one object
 to whole scenes, each count for an equal share of the steps.
 
 It fine-tunes a copy of a checkpoint's decoder on ``tasks.grounding`` questions only (batch
@@ -66,13 +66,17 @@ class CopyTask:
         self.image_id = self.tok.convert_tokens_to_ids(IMAGE_TOKEN)
         self.world = World(UNBIASED)
 
-    def _image_tokens(self, scene) -> torch.Tensor:
-        """Stage 2's target for every image token of ``scene`` (CLS first, zero)."""
+    def _image_tokens(self, scene, named: str) -> torch.Tensor:
+        """Stage 2's target for every image token of ``scene`` (CLS first, zero); with
+        ``self.listed``, the patches of objects :func:`_listed` leaves out are zero too."""
         owner = train.patch_owners(scene)
         boxes = train.patch_boxes(scene, owner=owner)
+        shown = {o.uid for o in _listed(scene, named, self.listed)} if self.listed else None
         tokens = torch.zeros(1 + len(owner), self.codes.shape[-1])
         for p in np.nonzero(owner >= 0)[0]:
             obj = scene.objects[owner[p]]
+            if shown is not None and obj.uid not in shown:
+                continue
             tokens[1 + p] = self.words[obj.category] + self.words[obj.colour] + sum(
                 self.codes[k][boxes[p][k]] for k in range(BOX_TOKENS))
         return tokens
@@ -96,7 +100,7 @@ class CopyTask:
             embeds = self.embed(ids)
         if self.given == "image-codes":
             for i, scene in enumerate(scenes):
-                embeds[i, ids[i] == self.image_id] = self._image_tokens(scene)
+                embeds[i, ids[i] == self.image_id] = self._image_tokens(scene, examples[i].meta["category"])
         labels = None
         if with_answer:
             labels = torch.full_like(ids, -100)
@@ -136,16 +140,23 @@ class CopyTask:
                 "none_for_absent": f"{none_right}/{absent}"}
 
 
-def _listing(scene, named: str | None = None, listed: int = 0) -> str:
-    """The scene's objects in reading order, each followed by its box tokens; with ``listed``
-    > 0, only that many: the ``named`` category's object first, then the others in reading
-    order (``listed=1``: a pure copy of the only box in the prompt, no retrieval needed)."""
+def _listed(scene, named: str | None = None, listed: int = 0) -> list:
+    """The scene's boxed objects in reading order; with ``listed`` > 0 only that many: the
+    ``named`` category's object and the first others in reading order."""
     boxes = scene.boxes()
     ordered = sorted((o for o in scene.objects if o.uid in boxes), key=lambda o: (o.cx, o.cy))
     if listed:
         ordered = sorted(ordered, key=lambda o: o.category != named)[:listed]
         ordered.sort(key=lambda o: (o.cx, o.cy))
-    return " ".join(f"{o.colour} {o.category} {tasks.box_tokens(boxes[o.uid], scene.resolution)}" for o in ordered)
+    return ordered
+
+
+def _listing(scene, named: str | None = None, listed: int = 0) -> str:
+    """:func:`_listed`'s objects, each followed by its box tokens (``listed=1``: a pure copy
+    of the only box in the prompt, no retrieval needed)."""
+    boxes = scene.boxes()
+    return " ".join(f"{o.colour} {o.category} {tasks.box_tokens(boxes[o.uid], scene.resolution)}"
+                    for o in _listed(scene, named, listed))
 
 
 def finetune(task: CopyTask, steps: int, lr: float, batch: int, every: int, log,
@@ -201,7 +212,7 @@ def main(argv=None) -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--every", type=int, default=100, help="report every this many steps")
     parser.add_argument("--listed", default="0",
-                        help="--given text: list only this many objects, the named one among them (0: all); "
+                        help="list (text) or code (image-codes) only this many objects, the named one among them (0: all); "
                              "comma-separated counts are a curriculum, each for an equal share of the steps")
     parser.add_argument("--box-scale", type=float, default=0.5, help="--given image-codes: the box code's scale")
     parser.add_argument("--threads", type=int, default=2)
