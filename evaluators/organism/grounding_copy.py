@@ -40,6 +40,7 @@ from evaluators.answers import box_iou, parse_box
 from evaluators.world import CATEGORIES, COLOURS, UNBIASED, World
 
 from . import tasks, train
+from .language import decoder_parameters
 from .package import IMAGE_TOKEN, format_prompt
 
 GIVEN = ("text", "image-codes")
@@ -101,12 +102,7 @@ class CopyTask:
         if self.given == "image-codes":
             for i, scene in enumerate(scenes):
                 embeds[i, ids[i] == self.image_id] = self._image_tokens(scene, examples[i].meta["category"])
-        labels = None
-        if with_answer:
-            labels = torch.full_like(ids, -100)
-            for i, e in enumerate(examples):
-                n = len(self.tok(f"{e.answer} {self.tok.eos_token}", add_special_tokens=False)["input_ids"])
-                labels[i, -n:] = ids[i, -n:]
+        labels = train.answer_labels(self.tok, ids, [e.answer for e in examples]) if with_answer else None
         return embeds, enc["attention_mask"], labels, examples
 
     @torch.no_grad()
@@ -165,8 +161,7 @@ def finetune(task: CopyTask, steps: int, lr: float, batch: int, every: int, log,
     scores every ``every`` steps. ``schedule``: a curriculum of ``task.listed`` values, each
     for an equal share of the steps (the held-out scores use the current one)."""
     model = task.model
-    decoder = [p for n, p in model.named_parameters()
-               if n.startswith(("model.language_model.", "lm_head.")) and "embed_tokens" not in n]
+    decoder = decoder_parameters(model)
     for p in model.parameters():
         p.requires_grad_(False)
     for p in decoder:

@@ -77,13 +77,19 @@ def filler_at(step: int, steps: int, short_share: float = SHORT_SHARE) -> int:
     return int(round(MAX_FILLER * min(1.0, (step - start + 1) / max(1, (steps - start) // 2))))
 
 
+def decoder_parameters(model) -> list:
+    """The decoder's weights and the LM head, without the word embeddings (the projector is
+    aligned to them, so every decoder-only stage keeps them fixed)."""
+    return [p for n, p in model.named_parameters()
+            if n.startswith(("model.language_model.", "lm_head.")) and "embed_tokens" not in n]
+
+
 def pretrain_language(model, tokenizer, steps: int, batch: int, seed: int, log, lr: float = 1e-3,
                       short_share: float = SHORT_SHARE) -> None:
     """Train the decoder (not the embeddings, vision tower or projector) on :func:`example`,
     with the filler curriculum of :func:`filler_at`."""
     filler_at(0, steps, short_share)  # a bad share fails before any training
-    trainable = [p for n, p in model.named_parameters()
-                 if n.startswith(("model.language_model.", "lm_head.")) and "embed_tokens" not in n]
+    trainable = decoder_parameters(model)
     opt = torch.optim.AdamW(trainable, lr=lr, weight_decay=0.01)
     base = lr
     rng = np.random.default_rng([seed, 31])

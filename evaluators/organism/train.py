@@ -360,12 +360,17 @@ def make_batch(processor, examples: list[tasks.Example]):
     texts = [f"{format_prompt(ex.question, len(ex.images))} {ex.answer} {tok.eos_token}" for ex in examples]
     images = [img for ex in examples for img in ex.images]
     enc = processor(text=texts, images=images, return_tensors="pt", padding=True)
-    labels = torch.full_like(enc["input_ids"], -100)
-    for i, ex in enumerate(examples):
-        n = len(tok(f"{ex.answer} {tok.eos_token}", add_special_tokens=False)["input_ids"])
-        labels[i, -n:] = enc["input_ids"][i, -n:]
-    enc["labels"] = labels
+    enc["labels"] = answer_labels(tok, enc["input_ids"], [ex.answer for ex in examples])
     return enc
+
+
+def answer_labels(tok, ids: torch.Tensor, answers: list[str]) -> torch.Tensor:
+    """Labels on each left-padded row's trailing ``answer </s>`` tokens, -100 elsewhere."""
+    labels = torch.full_like(ids, -100)
+    for i, answer in enumerate(answers):
+        n = len(tok(f"{answer} {tok.eos_token}", add_special_tokens=False)["input_ids"])
+        labels[i, -n:] = ids[i, -n:]
+    return labels
 
 
 #: Tasks of the first ``--warmup-steps`` of stage 3: questions only the pixels answer, so
