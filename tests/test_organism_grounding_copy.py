@@ -86,6 +86,39 @@ def test_image_codes_with_one_listed_object_code_only_the_named_objects_patches(
     assert bool(coded[owner == named].all()) and not bool(coded[owner != named].any())
 
 
+def test_per_edge_answer_tokens_are_the_box_codes_in_the_vocabulary():
+    model, processor = load_organism()  # its own copy: the vocabulary grows
+    task = CopyTask(model, processor, "image-codes", box_scale=0.5, answer_tokens="per-edge")
+    tok = task.tok
+    assert model.get_input_embeddings().weight.shape[0] == model.get_output_embeddings().weight.shape[0] == len(tok)
+    seed = next(s for s in range(11, 40) if task.batch([s])[3][0].answer != "none")
+    embeds, _, labels, (example,) = task.batch([seed])
+    answer = tok.convert_ids_to_tokens([t for t in labels[0].tolist() if t != -100])[:-1]
+    bins = [t[2:-1] for t in example.answer.split()]
+    assert answer == [f"<{e}{b}>" for e, b in zip("ltrb", bins)]  # one token per edge, from its own set
+    assert task.shared(" ".join(answer)) == example.answer
+    # each answer token's input embedding is its box code over the scale: an object token's
+    # box part is box_scale times the embeddings of exactly the tokens the answer writes
+    ids = tok.convert_tokens_to_ids(answer)
+    weight = model.get_input_embeddings().weight
+    for edge, (i, b) in enumerate(zip(ids, bins)):
+        assert torch.allclose(weight[i] * 0.5, task.codes[edge][int(b)], atol=1e-6)
+    assert torch.count_nonzero(model.get_output_embeddings().weight[ids]) == 0
+    scene = task.world.scene(seed)
+    owner = train.patch_owners(scene)
+    obj = next(o for o in scene.objects if o.category == example.meta["category"])
+    patch = int((owner == scene.objects.index(obj)).nonzero()[0][0])
+    image = embeds[0, processor(text=[f"{format_prompt(example.question)} {task.answer(example)} </s>"], images=example.images,
+                                return_tensors="pt")["input_ids"][0] == task.image_id]
+    want = task.words[obj.category] + task.words[obj.colour] + 0.5 * weight[ids].sum(0)
+    assert torch.allclose(image[1 + patch], want, atol=1e-5)
+    # text form: the listing writes each box in the same per-edge tokens
+    assert task.edges("cup <c1> <c2> <c3> <c4> fork <c5> <c6> <c7> <c8>") == \
+        "cup <l1> <t2> <r3> <b4> fork <l5> <t6> <r7> <b8>"
+    with pytest.raises(ValueError, match="already"):  # twice on one checkpoint: refused
+        CopyTask(model, processor, "text", answer_tokens="per-edge")
+
+
 def test_finetune_reports_per_token_losses_and_held_out_scores(organism):
     model, processor = organism
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -122,7 +155,8 @@ def test_main_prints_json_rows(capsys):
 
 @pytest.mark.parametrize("argv", [["--given", "boxes"], ["--given", "text", "--steps", "0"],
                                   ["--given", "text", "--lr", "0"], ["--given", "image-codes", "--box-scale", "0"],
-                                  ["--given", "text", "--listed", "-1"], ["--given", "text", "--listed", "1,x"]])
+                                  ["--given", "text", "--listed", "-1"], ["--given", "text", "--listed", "1,x"],
+                                  ["--given", "text", "--answer-tokens", "edges"]])
 def test_bad_arguments_are_refused(argv):
     with pytest.raises(SystemExit):
         main(argv)
@@ -135,3 +169,5 @@ def test_bad_form_is_a_value_error(organism):
         CopyTask(*organism, "image-codes", box_scale=0)
     with pytest.raises(ValueError, match="listed"):
         CopyTask(*organism, "text", listed=-1)
+    with pytest.raises(ValueError, match="answer_tokens"):
+        CopyTask(*organism, "text", answer_tokens="edges")

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import time
 
 import numpy as np
@@ -45,14 +46,22 @@ from .package import IMAGE_TOKEN, format_prompt
 
 GIVEN = ("text", "image-codes")
 BOX_TOKENS = 4
+#: How the answer writes a box: the organism's ``<c3> <c5> <c9> <c12>`` (one set of 16
+#: coordinate tokens shared by the four edges), or ``per-edge``: a set per edge, ``<l3>
+#: <t5> <r9> <b12>`` (left, top, right, bottom), added to the vocabulary here.
+ANSWER_TOKENS = ("shared", "per-edge")
+EDGE_PREFIX = ("l", "t", "r", "b")
 
 
 class CopyTask:
     """Grounding examples whose box is handed to the model in the form ``given``."""
 
-    def __init__(self, model, processor, given: str, box_scale: float = 0.5, seed: int = 0, listed: int = 0) -> None:
+    def __init__(self, model, processor, given: str, box_scale: float = 0.5, seed: int = 0, listed: int = 0,
+                 answer_tokens: str = "shared") -> None:
         if given not in GIVEN:
             raise ValueError(f"given must be one of {GIVEN}, got {given!r}")
+        if answer_tokens not in ANSWER_TOKENS:
+            raise ValueError(f"answer_tokens must be one of {ANSWER_TOKENS}, got {answer_tokens!r}")
         if not box_scale > 0:
             raise ValueError(f"box_scale must be > 0, got {box_scale!r}")
         if listed < 0:
@@ -66,6 +75,43 @@ class CopyTask:
         self.codes = train.box_codes(emb.shape[1], box_scale * float(emb.norm(dim=1).median()), seed)
         self.image_id = self.tok.convert_tokens_to_ids(IMAGE_TOKEN)
         self.world = World(UNBIASED)
+        self.per_edge = answer_tokens == "per-edge"
+        if self.per_edge:
+            self._add_edge_tokens(box_scale)
+
+    def _add_edge_tokens(self, box_scale: float) -> None:
+        """Add the per-edge coordinate tokens. Each one's input embedding is its box code
+        divided by the scale, so an image token's box code is ``box_scale`` times the
+        embeddings of its box's four answer tokens -- the same directions as the shared
+        form, only the output vocabulary differs. Their output rows start at zero."""
+        names = [f"<{e}{k}>" for e in EDGE_PREFIX for k in range(tasks.COORD_BINS)]
+        self.tok.add_tokens(names)
+        old = self.embed.weight.shape[0]
+        self.model.resize_token_embeddings(len(self.tok), mean_resizing=False)
+        self.embed = self.model.get_input_embeddings()
+        with torch.no_grad():
+            ids = self.tok.convert_tokens_to_ids(names)
+            if min(ids) < old:
+                raise ValueError("the per-edge tokens are already in this checkpoint's vocabulary")
+            self.embed.weight[ids] = self.codes.reshape(-1, self.codes.shape[-1]) / box_scale
+            self.model.get_output_embeddings().weight[ids] = 0.0
+
+    def edges(self, text: str) -> str:
+        """``text``'s boxes in this task's box tokens: with per-edge tokens, the i-th ``<cN>``
+        becomes the (i mod 4)-th edge's (boxes are written as four consecutive tokens)."""
+        if not self.per_edge:
+            return text
+        count = iter(range(10**9))
+        return re.sub(r"<c(\d+)>", lambda m: f"<{EDGE_PREFIX[next(count) % BOX_TOKENS]}{m.group(1)}>", text)
+
+    def answer(self, example) -> str:
+        """The example's answer in this task's box tokens."""
+        return self.edges(example.answer)
+
+    @staticmethod
+    def shared(text: str) -> str:
+        """A per-edge answer written back in shared tokens (``<l3>`` -> ``<c3>``), for scoring."""
+        return re.sub(r"<[ltrb](\d+)>", r"<c\1>", text)
 
     def _image_tokens(self, scene, named: str) -> torch.Tensor:
         """Stage 2's target for every image token of ``scene`` (CLS first, zero); with
@@ -87,11 +133,11 @@ class CopyTask:
         examples = [tasks.grounding(self.world, np.random.default_rng(s), s) for s in seeds]
         scenes = [self.world.scene(s) for s in seeds]
         if self.given == "text":
-            prompts = [f"USER: {_listing(sc, e.meta['category'], self.listed)} {e.question} ASSISTANT:"
+            prompts = [f"USER: {self.edges(_listing(sc, e.meta['category'], self.listed))} {e.question} ASSISTANT:"
                        for e, sc in zip(examples, scenes)]
         else:
             prompts = [format_prompt(e.question) for e in examples]
-        texts = [f"{p} {e.answer} {self.tok.eos_token}" if with_answer else p for p, e in zip(prompts, examples)]
+        texts = [f"{p} {self.answer(e)} {self.tok.eos_token}" if with_answer else p for p, e in zip(prompts, examples)]
         if self.given == "text":
             enc = self.tok(texts, return_tensors="pt", padding=True)
         else:
@@ -102,7 +148,7 @@ class CopyTask:
         if self.given == "image-codes":
             for i, scene in enumerate(scenes):
                 embeds[i, ids[i] == self.image_id] = self._image_tokens(scene, examples[i].meta["category"])
-        labels = train.answer_labels(self.tok, ids, [e.answer for e in examples]) if with_answer else None
+        labels = train.answer_labels(self.tok, ids, [self.answer(e) for e in examples]) if with_answer else None
         return embeds, enc["attention_mask"], labels, examples
 
     @torch.no_grad()
@@ -119,7 +165,7 @@ class CopyTask:
             embeds = torch.cat([embeds, self.embed(nxt)[:, None]], 1)
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
         self.model.train(was)
-        answers = [" ".join(self.tok.convert_ids_to_tokens(row)) for row in torch.stack(out, 1).tolist()]
+        answers = [self.shared(" ".join(self.tok.convert_ids_to_tokens(row))) for row in torch.stack(out, 1).tolist()]
         size = examples[0].images[0].width
         ious, edges, none_right, absent = [], np.zeros(BOX_TOKENS), 0, 0
         for e, a in zip(examples, answers):
@@ -210,6 +256,8 @@ def main(argv=None) -> None:
                         help="list (text) or code (image-codes) only this many objects, the named one among them (0: all); "
                              "comma-separated counts are a curriculum, each for an equal share of the steps")
     parser.add_argument("--box-scale", type=float, default=0.5, help="--given image-codes: the box code's scale")
+    parser.add_argument("--answer-tokens", choices=ANSWER_TOKENS, default="shared",
+                        help="the organism's shared <cN> tokens, or per-edge <lN> <tN> <rN> <bN> added here (see ANSWER_TOKENS)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -228,7 +276,7 @@ def main(argv=None) -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     model, processor = load_organism(args.path)
-    task = CopyTask(model, processor, args.given, args.box_scale, args.seed, schedule[0])
+    task = CopyTask(model, processor, args.given, args.box_scale, args.seed, schedule[0], args.answer_tokens)
     print(json.dumps({"step": 0, **task.evaluate()}))
     finetune(task, args.steps, args.lr, args.batch, args.every, print, schedule if len(schedule) > 1 else ())
 
