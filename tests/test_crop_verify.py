@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hooks import hook_state, resolve
+from hooks import HookGroup, hook_state, resolve
 from hooks.layout import Region
 from hooks.testing import TINY_MODEL_TYPES, build_tiny_model, tiny_inputs
 from mitigate import CropVerify
@@ -43,6 +43,25 @@ def test_attention_localisation_runs_on_every_architecture(model_type, attn):
         torch.testing.assert_close(stack.mean(0), mean)
     assert hook_state(model) == before
     assert all(a.config._attn_implementation == attn for a in points.attention), "config restored"
+
+
+@pytest.mark.parametrize("model_type", TINY_MODEL_TYPES)
+def test_a_localising_forward_stops_after_its_last_captured_layer(model_type):
+    """The later decoder layers and the LM head do not run; the model is left as it was."""
+    model = build_tiny_model(model_type)
+    inputs = tiny_inputs(model, batch_size=2, text_lengths=[6, 3], seed=1)
+    points = resolve(model)
+    before, state = model(**inputs).logits.detach(), hook_state(model)
+    for layers, ran_layers in (([0], []), ([0, 1], [0])):
+        ran = []
+        with HookGroup("count") as group:
+            points.add_hook(group, "decoder_layer.output", lambda i, m, a, k, o: ran.append(i))
+            points.add_hook(group, "lm_head.output", lambda m, a, k, o: ran.append("lm_head"))
+            maps = image_attention_maps(model, inputs, layers=layers)
+        assert ran == ran_layers
+        assert len(maps) == 2 and len({m.shape[0] for m in maps}) == 1
+    assert hook_state(model) == state
+    torch.testing.assert_close(model(**inputs).logits, before, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("model_type", TINY_MODEL_TYPES)
