@@ -17,7 +17,7 @@ from .adapters.introspect import HookPointError, introspect_adapter
 from .attention import BiasContext, add_attention_bias, key_bias
 from .capture import AttentionCapture
 from .describe import inspect
-from .group import HookGroup, hook_state
+from .group import HookGroup, groups_on, hook_state
 from .points import POINTS, ModelPoints, resolve
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "POINTS",
     "add_attention_bias",
     "get_adapter",
+    "groups_on",
     "hook_state",
     "inspect",
     "introspect_adapter",

@@ -21,11 +21,14 @@ Example::
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable, Iterable
 
 from torch import nn
 
 _MISSING = object()
+# every group holding handles, so that code can ask which groups act on a model (groups_on)
+_LIVE: "weakref.WeakSet[HookGroup]" = weakref.WeakSet()
 
 # The per-module dictionaries a hook registration may write to. Used by tests and by
 # :func:`hook_state` to prove that removal restores a model exactly.
@@ -79,6 +82,7 @@ class HookGroup:
         _check_module(module, fn)
         handle = module.register_forward_pre_hook(fn, with_kwargs=True, prepend=prepend)
         self._handles.append(handle)
+        _LIVE.add(self)
         return handle
 
     def add_forward_hook(
@@ -90,6 +94,7 @@ class HookGroup:
             fn, with_kwargs=True, prepend=prepend, always_call=always_call
         )
         self._handles.append(handle)
+        _LIVE.add(self)
         return handle
 
     def add_many(self, modules: Iterable[nn.Module], fn_for: Callable[[int, nn.Module], Callable], *, pre: bool):
@@ -113,6 +118,7 @@ class HookGroup:
             raise ValueError(f"{self.name}: {type(owner).__name__}.{name} is already patched by this group")
         handle = AttributePatch(owner, name, value)
         self._handles.append(handle)
+        _LIVE.add(self)
         return handle
 
     # -- removal ----------------------------------------------------------------------
@@ -127,6 +133,8 @@ class HookGroup:
                 errors.append(exc)
                 kept.append(handle)
         self._handles = kept[::-1]  # still owned: a later remove() retries them
+        if not self._handles:
+            _LIVE.discard(self)
         if errors:
             raise RuntimeError(f"{self.name}: {len(errors)} hook(s) could not be removed: {errors!r}")
 
@@ -152,6 +160,22 @@ class HookGroup:
 
     def __repr__(self) -> str:
         return f"HookGroup(name={self.name!r}, hooks={len(self._handles)})"
+
+
+def groups_on(model: nn.Module) -> list[HookGroup]:
+    """The live groups with a forward or pre-forward hook on ``model`` or one of its
+    submodules -- e.g. attached mitigations that act on a forward (attribute patches, such
+    as crop-and-verify's ``generate()``, are not counted). Hooks registered outside any
+    group (transformers' own output recorders, accelerate's, the user's) are not seen."""
+    dicts = {id(getattr(m, name)) for m in model.modules() for name in ("_forward_hooks", "_forward_pre_hooks")}
+    found = []
+    for group in list(_LIVE):
+        for handle in group._handles:
+            ref = None if isinstance(handle, AttributePatch) else handle.hooks_dict_ref()
+            if ref is not None and id(ref) in dicts and handle.id in ref:
+                found.append(group)
+                break
+    return found
 
 
 class AttributePatch:

@@ -89,6 +89,7 @@ from evaluators.answers import parse_yes_no
 from evaluators.world.views import check_margin, cluster_box, crop_box, cut
 
 from hooks import resolve
+from hooks.cache import output_cache
 
 from .answer_kinds import answer_kind, count_value
 from .base import Mitigation, register
@@ -97,6 +98,7 @@ from .localize import (
     image_attention_maps, name_matches, object_in_question, object_token_mask,
 )
 from .localize_embedding import capture_embeddings, embedding_maps, peak_box, tile_boxes
+from .localize_prefix import generic_maps_from_cache
 from .spans import find_prior_spans
 from .which_image import EXISTENCE_TEMPLATE, parse_which_image
 
@@ -276,6 +278,7 @@ class CropVerify(Mitigation):
         else:
             with self.capture(model, enc, capture_objects, strict=strict) as captured:
                 out = model.generate(**enc, **kwargs)
+            captured["cache"] = output_cache(out)  # the generic prompt reuses its prefix
         texts = [t.strip() for t in self.processor.batch_decode(out.sequences[:, enc["input_ids"].shape[1]:],
                                                                 skip_special_tokens=True)]
         probs = torch.softmax(out.scores[0].float(), dim=-1)
@@ -391,7 +394,7 @@ class CropVerify(Mitigation):
             gated, boxes = self.located(gated, searched)
         if gated:  # the extra passes, batched over every query that needs them
             if capture:
-                boxes = self._captured_boxes(model, first[2], first[3]["maps"], gated, [images[i] for i in gated],
+                boxes = self._captured_boxes(model, first[2], first[3], gated, [images[i] for i in gated],
                                              [prompts[i] for i in gated], [named[i] for i in gated])
             elif not localise:
                 boxes = self.detector_boxes([images[i] for i in gated], [prompts[i] for i in gated])
@@ -470,12 +473,12 @@ class CropVerify(Mitigation):
                 stats["overturned"] += 1
         return results
 
-    def _captured_boxes(self, model, enc, maps, rows, images, prompts, named) -> list[tuple]:
+    def _captured_boxes(self, model, enc, captured, rows, images, prompts, named) -> list[tuple]:
         """Boxes for ``rows`` of the first pass, from the maps captured at its prefill (a
         clear error first if a row's prompt names no object and localisation needs one)."""
         if self.queries == "object" and self.locate == "attention":
             self._objects([p for p, o in zip(prompts, named) if o is None], None)
-        return self.boxes_from_capture(model, enc, maps, rows, images)
+        return self.boxes_from_capture(model, enc, captured["maps"], rows, images, cache=captured.get("cache"))
 
     def needs_objects(self) -> bool:
         """Whether localisation reads the prompt tokens that name each query's object."""
@@ -550,18 +553,25 @@ class CropVerify(Mitigation):
         return boxes
 
     def boxes_from_capture(self, model, inputs: dict, maps: Sequence, rows: Sequence[int],
-                           images: Sequence[Image.Image]) -> list[tuple]:
+                           images: Sequence[Image.Image], cache=None) -> list[tuple]:
         """Boxes for ``rows`` of ``inputs`` from the maps :meth:`capture` took of them
-        (``images``: those rows' originals). Attention with ViCrop's generic prompt takes one
-        forward of it over the images, for the ratio; the embedding maps need none. A row
-        without a map (nothing in its prompt names the object) is a ``ValueError``."""
+        (``images``: those rows' originals). Attention with ViCrop's generic prompt needs its
+        map over the same images, for the ratio: read over ``cache`` (the first pass's KV
+        cache, :mod:`mitigate.localize_prefix`) where that is exact, else from a forward of
+        its own; the embedding maps need none. A row without a map (nothing in its prompt
+        names the object) is a ``ValueError``."""
         missing = [r for r in rows if maps[r] is None]
         if missing:
             raise ValueError(f"locate='embedding': the prompt of row {missing[0]} names no object to look for")
         generic = None
         if self.locate == "attention" and self.generic_prompt is not None:
             generic_enc = dict(self._inputs(list(images), [self.generic_prompt] * len(images), model))
-            generic = image_attention_maps(model, generic_enc, self.layers, generic_queries(self.queries))
+            if cache is not None:
+                generic = generic_maps_from_cache(model, cache, inputs, list(rows), generic_enc, self.layers,
+                                                  generic_queries(self.queries))
+            self.stats["generic_from_cache"] = self.stats.get("generic_from_cache", 0) + (0 if generic is None else len(rows))
+            if generic is None:
+                generic = image_attention_maps(model, generic_enc, self.layers, generic_queries(self.queries))
         return boxes_from_maps(resolve(model), [maps[r] for r in rows], inputs, list(rows), [im.size for im in images],
                                heads=self.heads if self.locate == "attention" else "mean", generic_maps=generic)
 

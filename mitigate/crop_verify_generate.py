@@ -54,6 +54,7 @@ import torch
 from PIL import Image
 
 from hooks import HookGroup, ModelPoints
+from hooks.cache import output_cache
 
 from .crop_verify import view_image
 from .localize import object_in_question
@@ -255,12 +256,12 @@ class VerifiedGenerate:
             cv.count_unnamed(gated, captured)
         if gated:
             out.sequences = self._verify(kwargs, gated, [images[i] for i in gated], texts, confidence, out.sequences,
-                                         captured["maps"], boxes)
+                                         captured["maps"], boxes, cache=output_cache(out))
         if streamer is not None:
             _replay(streamer, out.sequences, start)
         return out if want_dict else out.sequences
 
-    def _verify(self, kwargs, gated, images, texts, confidence, sequences, maps, boxes=None) -> torch.Tensor:
+    def _verify(self, kwargs, gated, images, texts, confidence, sequences, maps, boxes=None, cache=None) -> torch.Tensor:
         cv, model, tok = self.cv, self.model, self.cv.processor.tokenizer
         device = kwargs["input_ids"].device
         image_processor = cv.processor.image_processor
@@ -268,7 +269,7 @@ class VerifiedGenerate:
         try:
             prompts = [tok.decode(kwargs["input_ids"][i], skip_special_tokens=True) for i in gated]
             if boxes is None:
-                boxes = self._boxes(kwargs, maps, gated, images, prompts)
+                boxes = self._boxes(kwargs, maps, gated, images, prompts, cache)
             asked = cv.asked_views()
             built_all = [cv.view_boxes(image, box) for image, box in zip(images, boxes)]
             # resized to the original's size: the same number of image tokens, the same prompt ids
@@ -314,12 +315,13 @@ class VerifiedGenerate:
         finally:
             self.originals.paused = False
 
-    def _boxes(self, kwargs: dict, maps, gated: list[int], images: list[Image.Image], prompts: list[str]) -> list[tuple]:
+    def _boxes(self, kwargs: dict, maps, gated: list[int], images: list[Image.Image], prompts: list[str],
+               cache=None) -> list[tuple]:
         """The gated rows' boxes: the caller's detector, or the maps captured at the first
         pass's prefill (:meth:`mitigate.CropVerify.boxes_from_capture`)."""
         if self.cv.localizer is not None:
             return self.cv.detector_boxes(images, prompts)
-        return self.cv.boxes_from_capture(self.model, kwargs, maps, gated, images)
+        return self.cv.boxes_from_capture(self.model, kwargs, maps, gated, images, cache=cache)
 
 
 def attach_verified_generate(cv, points: ModelPoints, group: HookGroup) -> None:

@@ -11,7 +11,7 @@ import torch
 from hooks import HookGroup, hook_state, resolve
 from hooks.layout import Region
 from hooks.testing import TINY_MODEL_TYPES, build_tiny_model, tiny_inputs
-from mitigate import CropVerify
+from mitigate import CropVerify, attach
 from mitigate.answer_kinds import answer_kind, count_value
 from mitigate.localize import (
     HEADS, attention_boxes, best_window, image_attention_maps, last_token_image_attention, object_in_question, object_token_mask, peak_head,
@@ -293,6 +293,33 @@ def test_gate_decides_when_views_run(organism_like):
     assert set(results[0]["views"]) == {"crop", "cluster"}
     box = results[0]["views"]["crop"]["box"]
     assert 0 <= box[0] < box[2] <= images[0].width and 0 <= box[1] < box[3] <= images[0].height
+
+
+def test_the_generic_prompt_reuses_the_first_answers_cache(organism_like, monkeypatch):
+    """ViCrop's generic row is read over the first answer's KV cache, for every verified
+    query, in answer() and in the attached generate(); the boxes and what the views say
+    are those of a generic forward of its own."""
+    import mitigate.crop_verify as module
+
+    model, processor, images = organism_like
+    prompts = ["is there a dog in the image ? answer yes or no ."] * len(images)
+    cached = CropVerify(processor, gate=1.0, tau=0.0)
+    got = cached.answer(model, images, prompts, max_new_tokens=3)
+    assert cached.stats["verified"] == cached.stats["generic_from_cache"] == 4
+    monkeypatch.setattr(module, "generic_maps_from_cache", lambda *args, **kwargs: None)
+    full = CropVerify(processor, gate=1.0, tau=0.0)
+    want = full.answer(model, images, prompts, max_new_tokens=3)
+    assert full.stats["generic_from_cache"] == 0
+    assert [r["box"] for r in got] == [r["box"] for r in want]
+    assert [r["views"] for r in got] == [r["views"] for r in want]
+    monkeypatch.undo()
+    attached = CropVerify(processor, gate=1.0, tau=0.0)
+    with attach(model, attached):
+        inputs = processor(text=[processor.apply_chat_template(
+            [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": p}]}], add_generation_prompt=True)
+            for p in prompts], images=images, return_tensors="pt", padding=True)
+        model.generate(**inputs, max_new_tokens=3, do_sample=False)
+    assert attached.stats["verified"] == attached.stats["generic_from_cache"] == 4
 
 
 def test_command_line_spec_sets_views_and_control():
@@ -643,3 +670,83 @@ def test_a_count_question_answered_no_is_raised_by_a_view_count_never_by_a_yes(o
     result = {"answer": "three", "first_answer": "three", "confidence": 0.4, "verified": False, "views": {}}
     cv._decide(result, (0, 0, 8, 8), built, ["two", "one"], confident(2), question)
     assert result["answer"] == "three", "a lower count in a view never replaces the first"
+
+
+def _generic_rows(model, inputs: dict, rows: list[int], n_generic: int = 4, seed: int = 5) -> dict:
+    """The prompts of ``rows`` cut after their last image token, each followed by the same
+    ``n_generic`` random text ids (a stand-in for ViCrop's generic prompt), left-padded, with
+    the rows' own pixel inputs."""
+    from hooks.testing.tiny import _left_pad
+
+    points = resolve(model)
+    config = model.config
+    text = model.config.get_text_config()
+    pad = text.pad_token_id if text.pad_token_id is not None else config.pad_token_id
+    generic = torch.randint(10, 30, (n_generic,), generator=torch.Generator().manual_seed(seed)).tolist()
+    ids, mask = inputs["input_ids"], inputs["attention_mask"]
+    image = points.image_token_mask(ids)
+    cut, types = [], []
+    typed = next((k for k in ("token_type_ids", "mm_token_type_ids") if k in inputs), None)
+    for row in rows:
+        real = mask[row].bool()
+        end = int(image[row].nonzero().max()) + 1
+        cut.append(ids[row, :end][real[:end]].tolist() + generic)
+        if typed:
+            t = inputs[typed][row, :end][real[:end]].tolist()
+            types.append(t + [inputs[typed][row, -1].item()] * n_generic)
+    out_ids, out_mask = _left_pad(cut, pad)
+    out = {"input_ids": out_ids, "attention_mask": out_mask}
+    if typed:
+        out[typed] = _left_pad(types, 0)[0]
+    for key in (*points.pixel_inputs, *points.image_inputs):
+        if key in inputs:
+            value = inputs[key]
+            out[key] = value[rows] if value.shape[0] == ids.shape[0] and rows != [0, 1] else value
+    return out
+
+
+@pytest.mark.parametrize("model_type", TINY_MODEL_TYPES)
+def test_generic_maps_from_the_cached_prefix_equal_a_full_forward(model_type):
+    """ViCrop's generic-prompt maps read over the first pass's KV cache (mitigate.localize_prefix)
+    equal the full forward's, where the architecture allows reuse; elsewhere None."""
+    from mitigate.localize_prefix import generic_maps_from_cache
+
+    model = build_tiny_model(model_type)
+    inputs = tiny_inputs(model, batch_size=2, text_lengths=[6, 3], seed=1)
+    points = resolve(model)
+    with torch.no_grad():  # the first answer's cache, as crop-and-verify has it
+        cache = model.generate(**inputs, max_new_tokens=2, do_sample=False, return_dict_in_generate=True).past_key_values
+    one_per_row = all(inputs[k].shape[0] == 2 for k in points.pixel_inputs if k in inputs)
+    rows = [1, 0] if one_per_row else [0, 1]  # tiles / flat patches: keep the rows' order
+    generic = _generic_rows(model, inputs, rows)
+    for layers in ([0], [0, 1]):
+        for queries in ("last", "question"):
+            got = generic_maps_from_cache(model, cache, inputs, rows, generic, layers, queries)
+            adapter = points.adapter
+            if adapter.multimodal_rope or not adapter.causal_image_prefix or any(cache.is_sliding):
+                assert got is None
+                continue
+            assert got is not None, model_type
+            want = image_attention_maps(model, generic, layers, queries)
+            for g, w in zip(got, want):
+                torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+
+
+def test_generic_maps_from_the_cache_decline_where_reuse_is_not_exact():
+    from mitigate import VCD, attach
+    from mitigate.localize_prefix import generic_maps_from_cache
+
+    model = build_tiny_model("llava")
+    inputs = tiny_inputs(model, batch_size=2, text_lengths=[6, 3], seed=1)
+    with torch.no_grad():
+        cache = model.generate(**inputs, max_new_tokens=2, do_sample=False, return_dict_in_generate=True).past_key_values
+    generic = _generic_rows(model, inputs, [1, 0])
+    assert generic_maps_from_cache(model, cache, inputs, [1, 0], generic) is not None
+    with attach(model, VCD(alpha=1.0)):  # a mitigation acting on the forward: run the full one
+        assert generic_maps_from_cache(model, cache, inputs, [1, 0], generic) is None
+    assert generic_maps_from_cache(model, cache, inputs, [1, 0], generic) is not None
+    other = dict(generic, input_ids=generic["input_ids"].clone())
+    real = other["attention_mask"][0].bool().nonzero()[0, 0]
+    other["input_ids"][0, real + 1] += 1  # the generic row's prefix is not the question's
+    assert generic_maps_from_cache(model, cache, inputs, [1, 0], other) is None
+    assert generic_maps_from_cache(model, cache, inputs, [0], generic) is None  # rows and generic rows disagree

@@ -66,6 +66,12 @@ class Adapter:
     image_newline: str | None = None
     # how the image tokens of one row map back onto the image: a key of hooks.layout.LAYOUTS
     token_layout: str = "grid"
+    # True when the image tokens' states do not depend on the text after them (the decoder
+    # attends causally over the prompt; at most bidirectionally within an image), so a KV
+    # cache cut after the last image token serves another prompt about the same image
+    # (mitigate.localize_prefix). False for a prefix-LM (PaliGemma) and, to be safe, for an
+    # architecture known only by introspection.
+    causal_image_prefix: bool = False
     notes: str = ""
     source: str = field(default="table", compare=False)
 
@@ -91,6 +97,8 @@ class Adapter:
                              f"per-image inputs {self.image_inputs}, got {self.pixel_grids!r}")
         if not self.image_token_id:
             raise ValueError(f"adapter {self.model_type!r}: image_token_id must name at least one config attribute")
+        if not isinstance(self.causal_image_prefix, bool):
+            raise ValueError(f"adapter {self.model_type!r}: causal_image_prefix must be true or false")
 
     @classmethod
     def from_dict(cls, data: dict, source: str = "table") -> "Adapter":
