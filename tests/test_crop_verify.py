@@ -709,13 +709,24 @@ def _generic_rows(model, inputs: dict, rows: list[int], n_generic: int = 4, seed
 def test_generic_maps_from_the_cached_prefix_equal_a_full_forward(model_type):
     """ViCrop's generic-prompt maps read over the first pass's KV cache (mitigate.localize_prefix)
     equal the full forward's, where the architecture allows reuse; elsewhere None."""
-    from mitigate.localize_prefix import generic_maps_from_cache
+    from PIL import Image
 
     model = build_tiny_model(model_type)
-    inputs = tiny_inputs(model, batch_size=2, text_lengths=[6, 3], seed=1)
     points = resolve(model)
+    # random pixels; and the family's own preprocessing of a landscape and a portrait image
+    # (AnyRes rows then differ in their number of image tokens: prefixes of two lengths)
+    images = [Image.new("RGB", (96, 64), (90, 120, 200)), Image.new("RGB", (64, 96), (200, 40, 40))]
+    for inputs in (tiny_inputs(model, batch_size=2, text_lengths=[6, 3], seed=1),
+                   tiny_inputs(model, images=images, text_lengths=[6, 3], seed=3)):
+        _check_generic_maps_from_cache(model, points, inputs)
+
+
+def _check_generic_maps_from_cache(model, points, inputs):
+    from hooks.cache import output_cache
+    from mitigate.localize_prefix import generic_maps_from_cache
+
     with torch.no_grad():  # the first answer's cache, as crop-and-verify has it
-        cache = model.generate(**inputs, max_new_tokens=2, do_sample=False, return_dict_in_generate=True).past_key_values
+        cache = output_cache(model.generate(**inputs, max_new_tokens=2, do_sample=False, return_dict_in_generate=True))
     one_per_row = all(inputs[k].shape[0] == 2 for k in points.pixel_inputs if k in inputs)
     rows = [1, 0] if one_per_row else [0, 1]  # tiles / flat patches: keep the rows' order
     generic = _generic_rows(model, inputs, rows)
@@ -726,7 +737,7 @@ def test_generic_maps_from_the_cached_prefix_equal_a_full_forward(model_type):
             if adapter.multimodal_rope or not adapter.causal_image_prefix or any(cache.is_sliding):
                 assert got is None
                 continue
-            assert got is not None, model_type
+            assert got is not None, points.model_type
             want = image_attention_maps(model, generic, layers, queries)
             for g, w in zip(got, want):
                 torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
@@ -739,7 +750,7 @@ def test_generic_maps_from_the_cache_decline_where_reuse_is_not_exact():
     model = build_tiny_model("llava")
     inputs = tiny_inputs(model, batch_size=2, text_lengths=[6, 3], seed=1)
     with torch.no_grad():
-        cache = model.generate(**inputs, max_new_tokens=2, do_sample=False, return_dict_in_generate=True).past_key_values
+        cache = model.generate(**inputs, max_new_tokens=2, do_sample=False, return_dict_in_generate=True).cache
     generic = _generic_rows(model, inputs, [1, 0])
     assert generic_maps_from_cache(model, cache, inputs, [1, 0], generic) is not None
     with attach(model, VCD(alpha=1.0)):  # a mitigation acting on the forward: run the full one
