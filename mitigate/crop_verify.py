@@ -569,7 +569,8 @@ class CropVerify(Mitigation):
             if cache is not None:
                 generic = generic_maps_from_cache(model, cache, inputs, list(rows), generic_enc, self.layers,
                                                   generic_queries(self.queries))
-            self.stats["generic_from_cache"] = self.stats.get("generic_from_cache", 0) + (0 if generic is None else len(rows))
+            reused = 0 if generic is None else len(rows)
+            self.stats["generic_from_cache"] = self.stats.get("generic_from_cache", 0) + reused
             if generic is None:
                 generic = image_attention_maps(model, generic_enc, self.layers, generic_queries(self.queries))
         return boxes_from_maps(resolve(model), [maps[r] for r in rows], inputs, list(rows), [im.size for im in images],

@@ -190,6 +190,24 @@ def image_attention_maps(model: nn.Module, inputs: dict, layers: Sequence[int] |
         raise ValueError(f"queries must be one of {QUERIES}, got {queries!r}")
     points = resolve(model)
     capture = AttentionCapture(points, layers if layers is not None else default_layers(points))
+    arm(capture, inputs, queries, object_mask)
+    # Under an attached contrast mitigation (VCD, prior suppression's output mode) the
+    # forward also runs the branches, appended after the original rows: the capture keeps
+    # the original rows only.
+    capture_until_done(capture, lambda: model(**inputs, use_cache=False))
+    return captured_maps(capture, inputs)
+
+
+class _Stop(Exception):
+    """Raised once the last captured layer has run (:func:`capture_until_done`)."""
+
+
+def capture_until_done(capture: AttentionCapture, forward) -> None:
+    """Run ``forward()`` (a forward that only localises) with the armed ``capture`` attached,
+    and end it once the last captured layer's attention has run: the later decoder layers
+    and the LM head's logits at every position would be thrown away -- on a 7B model with
+    ViCrop's middle layers, about half the decoder and a ``(positions x vocabulary)``
+    product. The hooks are removed whatever happens."""
     last = max(capture.layers)
 
     def stop(index, module, args, kwargs, output):
@@ -198,23 +216,11 @@ def image_attention_maps(model: nn.Module, inputs: dict, layers: Sequence[int] |
 
     with HookGroup("localize") as group:
         capture.attach(group)
-        points.add_hook(group, "attention.output", stop, layers=[last])
-        arm(capture, inputs, queries, object_mask)
+        capture.points.add_hook(group, "attention.output", stop, layers=[last])
         try:
-            model(**inputs, use_cache=False)
+            forward()
         except _Stop:
             pass
-        # Under an attached contrast mitigation (VCD, prior suppression's output mode) the
-        # forward also ran the branches, appended after the original rows: the capture
-        # keeps the original rows only.
-    return captured_maps(capture, inputs)
-
-
-class _Stop(Exception):
-    """Ends a forward that only localises once its last captured layer's attention has run:
-    the later decoder layers and the LM head (logits at every position) would be wasted --
-    on a 7B model with ViCrop's middle layers, about half the decoder and a
-    ``(positions x vocabulary)`` product."""
 
 
 def arm(capture: AttentionCapture, inputs: dict, queries: str = "last",

@@ -9,8 +9,11 @@ depend on the text after them. The first answer's ``generate()`` has already com
 cache, cut after the last image token: on the organism about a tenth of the positions of a
 full forward, on a model with hundreds of image tokens far less.
 
-The result equals a full forward's maps (float tolerance; ``tests/test_crop_verify.py``,
-every architecture where it applies). :func:`generic_maps_from_cache` returns None -- and
+The generic tokens get the positions that follow each row's own prefix, counted from its
+first real token, as ``generate()`` counts them for the cache it returns (the cache of a
+plain forward over left-padded rows, which counts from the padding, is not what this
+expects). The result equals a full forward's maps (float tolerance;
+``tests/test_crop_verify.py``, every architecture where it applies). :func:`generic_maps_from_cache` returns None -- and
 the caller runs the full forward, :func:`mitigate.localize.image_attention_maps` -- where
 reuse would not be exact or cannot be checked:
 
@@ -36,11 +39,11 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from hooks import HookGroup, groups_on, resolve
+from hooks import groups_on, resolve
 from hooks.cache import cache_parameter
 from hooks.capture import AttentionCapture
 
-from .localize import _query_weights, _Stop, captured_maps, default_layers
+from .localize import _query_weights, capture_until_done, captured_maps, default_layers
 
 
 def _real_span(mask: torch.Tensor | None, row: int, length: int) -> tuple[int, int] | None:
@@ -111,24 +114,13 @@ def generic_maps_from_cache(model: nn.Module, cache, inputs: dict, rows: Sequenc
     position_ids = lengths[:, None] + torch.arange(n_suffix, device=device)[None, :]
 
     capture = AttentionCapture(points, layers if layers is not None else default_layers(points))
-    last = max(capture.layers)
-
-    def stop(index, module, args, kwargs, output):
-        if not capture.wants(last):
-            raise _Stop
-
     weights = _query_weights(layout, points.image_token_mask(key_ids), queries, None)
+    capture.arm(len(rows), n_suffix, None if weights is None else weights[:, longest:])
     extra = {}
     if "token_type_ids" in generic_inputs:  # Gemma3: the suffix is text
         extra["token_type_ids"] = torch.zeros_like(key_ids[:, longest:])
-    with HookGroup("localize:generic-from-cache") as group:
-        capture.attach(group)
-        points.add_hook(group, "attention.output", stop, layers=[last])
-        capture.arm(len(rows), n_suffix, None if weights is None else weights[:, longest:])
-        try:
-            model(input_ids=key_ids[:, longest:], attention_mask=key_mask, position_ids=position_ids,
-                  **{cache_parameter(model.forward)[0] or 'past_key_values': new_cache}, use_cache=True, **extra)
-        except _Stop:
-            pass
+    capture_until_done(capture, lambda: model(
+        input_ids=key_ids[:, longest:], attention_mask=key_mask, position_ids=position_ids,
+        **{cache_parameter(model.forward)[0] or "past_key_values": new_cache}, use_cache=True, **extra))
     # the capture holds (rows, layers x heads, longest + n_suffix): read it through the key layout
     return captured_maps(capture, layout)

@@ -409,3 +409,20 @@ def test_register_adapter_for_a_new_model_type():
         resolve(model, adapter=bad)
     with pytest.raises(KeyError, match="Did you mean"):
         hooks.get_adapter("lava")
+
+
+def test_groups_on_lists_the_live_groups_acting_on_a_models_forward():
+    from hooks import groups_on
+
+    model = build_tiny_model("llava")
+    other = build_tiny_model("llava", seed=1)
+    points = resolve(model)
+    assert groups_on(model) == []  # transformers' own hooks (output recorders) are not groups
+    with HookGroup("a") as a, HookGroup("b") as b, HookGroup("patch") as patch:
+        points.add_hook(a, "lm_head.output", lambda m, args, kwargs, out: None)
+        b.add_forward_pre_hook(resolve(other).projector, lambda m, args, kwargs: None)
+        patch.patch_attribute(model, "generate", lambda *args, **kwargs: None)  # not a forward hook
+        assert groups_on(model) == [a] and groups_on(other) == [b]
+        a.remove()
+        assert groups_on(model) == []
+    assert groups_on(other) == []
