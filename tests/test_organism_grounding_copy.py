@@ -119,6 +119,28 @@ def test_per_edge_answer_tokens_are_the_box_codes_in_the_vocabulary():
         CopyTask(model, processor, "text", answer_tokens="per-edge")
 
 
+def test_image_columns_carry_each_patchs_own_column_token(organism):
+    model, processor = organism
+    task = CopyTask(model, processor, "image-columns", box_scale=1.0)
+    seed = next(s for s in range(11, 40) if task.batch([s])[3][0].answer != "none")
+    embeds, _, _, (example,) = task.batch([seed])
+    ids = processor(text=[f"{format_prompt(example.question)} {example.answer} </s>"], images=example.images,
+                    return_tensors="pt")["input_ids"][0]
+    image = embeds[0, ids == task.image_id][1:]
+    scene = task.world.scene(seed)
+    owner = train.patch_owners(scene)
+    weight = model.get_input_embeddings().weight
+    columns = set()
+    for p in (owner >= 0).nonzero()[0]:
+        obj = scene.objects[owner[p]]
+        column = task.tok.convert_tokens_to_ids(f"<c{2 * (p % train.GRID)}>")
+        want = task.words[obj.category] + task.words[obj.colour] + weight[column]
+        assert torch.allclose(image[p], want, atol=1e-6)
+        columns.add(p % train.GRID)
+    assert len(columns) > 1  # patches of different columns carry different tokens
+    assert torch.count_nonzero(image[torch.from_numpy(owner < 0)]) == 0
+
+
 def test_finetune_reports_per_token_losses_and_held_out_scores(organism):
     model, processor = organism
     before = {k: v.clone() for k, v in model.state_dict().items()}

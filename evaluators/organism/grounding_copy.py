@@ -14,7 +14,13 @@ vision tower nor the projector's alignment error is in the way:
   copy of the four tokens after the named object -- what an LLM's induction heads do;
 * ``image-codes``: the image tokens are replaced by stage 2's targets, exactly
   (``emb(category) + emb(colour)`` plus :func:`train.box_codes` of the object's box bins
-  on object patches, zero elsewhere; ``--box-scale`` as ``train --align-box-scale``).
+  on object patches, zero elsewhere; ``--box-scale`` as ``train --align-box-scale``);
+* ``image-columns``: as ``image-codes``, but each object patch carries, instead of its
+  object's box, its *own column*: ``--box-scale`` times the input embedding of the
+  coordinate token of the patch's left edge (``<c{2 * column}>``). Nothing carries the row:
+  image tokens come row by row, so the sequence position says it. An object's first and
+  last patches in that order are its top-left and bottom-right ones, so a box is two
+  copies of one token each, if the decoder finds those patches.
 
 ``--listed N`` lists only N objects, the named one among them (in the image-codes form the
 others' tokens are zero, as background): ``--listed 1`` is a pure copy with nothing to find, and ``--listed 1,2,3,0`` a curriculum from one object
@@ -44,7 +50,7 @@ from . import tasks, train
 from .language import decoder_parameters
 from .package import IMAGE_TOKEN, format_prompt
 
-GIVEN = ("text", "image-codes")
+GIVEN = ("text", "image-codes", "image-columns")
 BOX_TOKENS = 4
 #: How the answer writes a box: the organism's ``<c3> <c5> <c9> <c12>`` (one set of 16
 #: coordinate tokens shared by the four edges), or ``per-edge``: a set per edge, ``<l3>
@@ -75,6 +81,10 @@ class CopyTask:
         self.codes = train.box_codes(emb.shape[1], box_scale * float(emb.norm(dim=1).median()), seed)
         self.image_id = self.tok.convert_tokens_to_ids(IMAGE_TOKEN)
         self.world = World(UNBIASED)
+        self.box_scale = box_scale
+        # the coordinate token of each patch column's left edge (image-columns)
+        self.column_ids = self.tok.convert_tokens_to_ids(
+            [f"<c{c * tasks.COORD_BINS // train.GRID}>" for c in range(train.GRID)])
         self.per_edge = answer_tokens == "per-edge"
         if self.per_edge:
             self._add_edge_tokens(box_scale)
@@ -124,8 +134,11 @@ class CopyTask:
             obj = scene.objects[owner[p]]
             if shown is not None and obj.uid not in shown:
                 continue
-            tokens[1 + p] = self.words[obj.category] + self.words[obj.colour] + sum(
-                self.codes[k][boxes[p][k]] for k in range(BOX_TOKENS))
+            if self.given == "image-columns":
+                place = self.box_scale * self.embed.weight.detach()[self.column_ids[p % train.GRID]]
+            else:
+                place = sum(self.codes[k][boxes[p][k]] for k in range(BOX_TOKENS))
+            tokens[1 + p] = self.words[obj.category] + self.words[obj.colour] + place
         return tokens
 
     def batch(self, seeds: list[int], with_answer: bool = True):
@@ -145,7 +158,7 @@ class CopyTask:
         ids = enc["input_ids"]
         with torch.no_grad():
             embeds = self.embed(ids)
-        if self.given == "image-codes":
+        if self.given != "text":
             for i, scene in enumerate(scenes):
                 embeds[i, ids[i] == self.image_id] = self._image_tokens(scene, examples[i].meta["category"])
         labels = train.answer_labels(self.tok, ids, [self.answer(e) for e in examples]) if with_answer else None
