@@ -166,7 +166,9 @@ def groups_on(model: nn.Module) -> list[HookGroup]:
     """The live groups with a forward or pre-forward hook on ``model`` or one of its
     submodules -- e.g. attached mitigations that act on a forward (attribute patches, such
     as crop-and-verify's ``generate()``, are not counted). Hooks registered outside any
-    group (transformers' own output recorders, accelerate's, the user's) are not seen."""
+    group (transformers' own output recorders, accelerate's, the user's) are not seen, nor
+    are the hooks of a group nobody holds any more (a mitigation handle dropped without
+    ``detach()``: its hooks stay on the model, out of reach -- detach what you attach)."""
     dicts = {id(getattr(m, name)) for m in model.modules() for name in ("_forward_hooks", "_forward_pre_hooks")}
     found = []
     for group in list(_LIVE):

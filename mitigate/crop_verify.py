@@ -278,7 +278,8 @@ class CropVerify(Mitigation):
         else:
             with self.capture(model, enc, capture_objects, strict=strict) as captured:
                 out = model.generate(**enc, **kwargs)
-            captured["cache"] = output_cache(out)  # the generic prompt reuses its prefix
+            if self.locate == "attention" and self.generic_prompt is not None:
+                captured["cache"] = output_cache(out)  # the generic prompt reuses its prefix
         texts = [t.strip() for t in self.processor.batch_decode(out.sequences[:, enc["input_ids"].shape[1]:],
                                                                 skip_special_tokens=True)]
         probs = torch.softmax(out.scores[0].float(), dim=-1)
@@ -478,7 +479,8 @@ class CropVerify(Mitigation):
         clear error first if a row's prompt names no object and localisation needs one)."""
         if self.queries == "object" and self.locate == "attention":
             self._objects([p for p, o in zip(prompts, named) if o is None], None)
-        return self.boxes_from_capture(model, enc, captured["maps"], rows, images, cache=captured.get("cache"))
+        # popped: the first pass's cache is not held through the views' generate()
+        return self.boxes_from_capture(model, enc, captured["maps"], rows, images, cache=captured.pop("cache", None))
 
     def needs_objects(self) -> bool:
         """Whether localisation reads the prompt tokens that name each query's object."""

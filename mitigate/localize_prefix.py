@@ -21,14 +21,16 @@ reuse would not be exact or cannot be checked:
   bidirectionally over image and prompt, so the image tokens' states depend on the
   question) or its positions are multimodal RoPE (Qwen2/2.5/3-VL: text positions after an
   image depend on its grid, kept in model state);
-* the cache is not a plain :class:`~transformers.DynamicCache` of full layers (a sliding
-  window may have dropped the image's first tokens), or it holds more rows than the
+* the cache is not a plain :class:`~transformers.DynamicCache` of full layers on the
+  model's devices (a sliding window may have dropped the image's first tokens; an
+  offloaded cache keeps its layers elsewhere), or it holds more rows than the
   prompt (a contrast mitigation's branches), or a hook group acts on the model's forward
   (:func:`hooks.groups_on`: another mitigation might act on the short forward differently
   than on a full one);
-* a row's real tokens are not contiguous, the generic prompt's prefix differs from the
-  question's up to the last image token, or the generic prompts' own tokens differ in
-  length between rows.
+* a row's real tokens are not contiguous, a generic row is right-padded, the generic
+  prompt's prefix differs from the question's up to the last image token, its pixel inputs
+  differ from the question's (one token layout, another image), or the generic prompts'
+  own tokens differ in length between rows.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from hooks import groups_on, resolve
 from hooks.cache import cache_parameter
 from hooks.capture import AttentionCapture
 
-from .localize import _query_weights, capture_until_done, captured_maps, default_layers
+from .localize import QUERIES, _query_weights, capture_until_done, captured_maps, default_layers
 
 
 def _real_span(mask: torch.Tensor | None, row: int, length: int) -> tuple[int, int] | None:
@@ -56,6 +58,27 @@ def _real_span(mask: torch.Tensor | None, row: int, length: int) -> tuple[int, i
     return int(real[0]), int(real[-1]) + 1
 
 
+def _same_pixels(points, inputs: dict, rows: Sequence[int], generic_inputs: dict) -> bool:
+    """Whether the generic rows' pixel inputs are exactly those of ``rows`` of the first pass
+    (same token ids do not mean the same image on a fixed-grid model). Per row where a pixel
+    input has one entry per prompt; else only for the whole batch in its order."""
+    for key in (*points.pixel_inputs, *points.image_inputs):
+        if (key in inputs) != (key in generic_inputs):
+            return False
+        if key not in inputs:
+            continue
+        mine, theirs = inputs[key], generic_inputs[key]
+        if not isinstance(mine, torch.Tensor) or not isinstance(theirs, torch.Tensor):
+            return False
+        if mine.shape[0] == inputs["input_ids"].shape[0] and theirs.shape[0] == len(rows):
+            mine = mine[list(rows)]
+        elif list(rows) != list(range(inputs["input_ids"].shape[0])):
+            return False
+        if mine.shape != theirs.shape or not torch.equal(mine, theirs.to(mine.device)):
+            return False
+    return True
+
+
 @torch.no_grad()
 def generic_maps_from_cache(model: nn.Module, cache, inputs: dict, rows: Sequence[int], generic_inputs: dict,
                             layers: Sequence[int] | None = None, queries: str = "last") -> list[torch.Tensor] | None:
@@ -63,21 +86,29 @@ def generic_maps_from_cache(model: nn.Module, cache, inputs: dict, rows: Sequenc
     ``(layers * heads, n_image_tokens)`` map of the matching row of ``generic_inputs`` (the
     generic prompt over the same image), as :func:`mitigate.localize.image_attention_maps`
     gives it -- or None where reuse does not apply (module docstring)."""
+    if queries not in QUERIES:
+        raise ValueError(f"queries must be one of {QUERIES}, got {queries!r}")
     points = resolve(model)
     adapter = points.adapter
     if adapter.multimodal_rope or not adapter.causal_image_prefix:
         return None
-    if type(cache) is not DynamicCache or any(cache.is_sliding) or groups_on(model):
+    if type(cache) is not DynamicCache or getattr(cache, "offloading", False) or any(cache.is_sliding):
+        return None  # an offloaded cache keeps its layers on another device; a window may have dropped the image
+    if groups_on(model):
         return None
     ids, mask = inputs["input_ids"], inputs.get("attention_mask")
     gids, gmask = generic_inputs["input_ids"], generic_inputs.get("attention_mask")
     if gids.shape[0] != len(rows) or not cache.layers or cache.layers[0].keys.shape[0] != ids.shape[0]:
+        return None
+    if not _same_pixels(points, inputs, rows, generic_inputs):
         return None
     image, gimage = points.image_token_mask(ids), points.image_token_mask(gids)
     spans, suffixes = [], []
     for j, row in enumerate(rows):
         span, gspan = _real_span(mask, row, ids.shape[1]), _real_span(gmask, j, gids.shape[1])
         if span is None or gspan is None or not bool(image[row].any()):
+            return None
+        if gspan[1] != gids.shape[1]:  # a right-padded generic row: a full forward reads its padding
             return None
         end = int(image[row].nonzero().max()) + 1  # the cached prefix ends at the last image token
         gend = int(gimage[j].nonzero().max()) + 1 if bool(gimage[j].any()) else -1
@@ -92,9 +123,11 @@ def generic_maps_from_cache(model: nn.Module, cache, inputs: dict, rows: Sequenc
     n_suffix = len(suffixes[0])
     device = ids.device
 
-    # the prefix of each row, right-aligned under left padding, as keys / values and as ids
+    capture = AttentionCapture(points, layers if layers is not None else default_layers(points))
+    # the prefix of each row, right-aligned under left padding, as keys / values and as ids;
+    # only the layers the forward reaches before it stops (capture_until_done)
     new_cache = DynamicCache()
-    for index, layer in enumerate(cache.layers):
+    for index, layer in enumerate(cache.layers[: max(capture.layers) + 1]):
         keys, values = [], []
         for (start, end), row in zip(spans, rows):
             pad = longest - (end - start)
@@ -113,7 +146,6 @@ def generic_maps_from_cache(model: nn.Module, cache, inputs: dict, rows: Sequenc
     lengths = torch.tensor([end - start for start, end in spans], device=device)
     position_ids = lengths[:, None] + torch.arange(n_suffix, device=device)[None, :]
 
-    capture = AttentionCapture(points, layers if layers is not None else default_layers(points))
     weights = _query_weights(layout, points.image_token_mask(key_ids), queries, None)
     capture.arm(len(rows), n_suffix, None if weights is None else weights[:, longest:])
     extra = {}

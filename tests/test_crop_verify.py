@@ -739,8 +739,8 @@ def _check_generic_maps_from_cache(model, points, inputs):
                 continue
             assert got is not None, points.model_type
             want = image_attention_maps(model, generic, layers, queries)
-            for g, w in zip(got, want):
-                torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+            for g, w in zip(got, want):  # exact up to float rounding (~1e-9 here; a wrong position is ~1e-4)
+                torch.testing.assert_close(g, w, rtol=0, atol=1e-6)
 
 
 def test_generic_maps_from_the_cache_decline_where_reuse_is_not_exact():
@@ -761,3 +761,16 @@ def test_generic_maps_from_the_cache_decline_where_reuse_is_not_exact():
     other["input_ids"][0, real + 1] += 1  # the generic row's prefix is not the question's
     assert generic_maps_from_cache(model, cache, inputs, [1, 0], other) is None
     assert generic_maps_from_cache(model, cache, inputs, [0], generic) is None  # rows and generic rows disagree
+    other = dict(generic, pixel_values=generic["pixel_values"] + 1)  # same tokens, another image
+    assert generic_maps_from_cache(model, cache, inputs, [1, 0], other) is None
+    # generic prompts of different lengths, and a right-padded generic row
+    longer = _generic_rows(model, inputs, [1, 0], n_generic=5)
+    uneven = {k: v.clone() for k, v in generic.items()}
+    uneven["input_ids"] = torch.cat([uneven["input_ids"], longer["input_ids"][:, -1:]], dim=1)
+    uneven["attention_mask"] = torch.cat([uneven["attention_mask"], torch.tensor([[1], [0]])], dim=1)
+    assert generic_maps_from_cache(model, cache, inputs, [1, 0], uneven) is None
+    cache.offloading = True  # what DynamicCache(offloading=True) sets (its offload needs CUDA streams)
+    assert generic_maps_from_cache(model, cache, inputs, [1, 0], generic) is None
+    cache.offloading = False
+    with pytest.raises(ValueError, match="queries"):
+        generic_maps_from_cache(model, cache, inputs, [1, 0], generic, queries="first")
