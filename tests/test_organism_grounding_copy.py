@@ -49,14 +49,19 @@ def test_listing_only_the_named_object_makes_a_pure_copy(organism):
     assert _listing(scene, None, 0) == _listing(scene) and len(_listing(scene, None, 2).split()) == 12
 
 
+def _present_image_tokens(task):
+    """``(seed, example, image tokens incl. CLS)`` of the first held-in query about a present object."""
+    seed = next(s for s in range(11, 40) if task.batch([s])[3][0].answer != "none")
+    embeds, _, _, (example,) = task.batch([seed])
+    ids = task.processor(text=[f"{format_prompt(example.question)} {task.answer(example)} </s>"],
+                         images=example.images, return_tensors="pt")["input_ids"][0]
+    return seed, example, embeds[0, ids == task.image_id]
+
+
 def test_image_codes_replace_the_image_tokens_by_stage_2_targets_with_the_box_code(organism):
     model, processor = organism
     task = CopyTask(model, processor, "image-codes", box_scale=0.5)
-    seed = next(s for s in range(11, 40) if task.batch([s])[3][0].answer != "none")
-    embeds, _, _, (example,) = task.batch([seed])
-    ids = processor(text=[f"{format_prompt(example.question)} {example.answer} </s>"], images=example.images,
-                    return_tensors="pt")["input_ids"][0]
-    image = embeds[0, ids == task.image_id]
+    seed, example, image = _present_image_tokens(task)
     scene = task.world.scene(seed)
     owner = train.patch_owners(scene)
     assert torch.count_nonzero(image[0]) == 0  # CLS
@@ -122,11 +127,8 @@ def test_per_edge_answer_tokens_are_the_box_codes_in_the_vocabulary():
 def test_image_columns_carry_each_patchs_own_column_token(organism):
     model, processor = organism
     task = CopyTask(model, processor, "image-columns", box_scale=1.0)
-    seed = next(s for s in range(11, 40) if task.batch([s])[3][0].answer != "none")
-    embeds, _, _, (example,) = task.batch([seed])
-    ids = processor(text=[f"{format_prompt(example.question)} {example.answer} </s>"], images=example.images,
-                    return_tensors="pt")["input_ids"][0]
-    image = embeds[0, ids == task.image_id][1:]
+    seed, example, image = _present_image_tokens(task)
+    image = image[1:]  # without CLS
     scene = task.world.scene(seed)
     owner = train.patch_owners(scene)
     weight = model.get_input_embeddings().weight
