@@ -10,6 +10,8 @@ case crop-and-verify is for) and clean existence questions (large objects, unbia
 scenes); 8 new tokens (an existence answer is one or two). The gate (first-token confidence < 0.9) decides how many queries pay for
 localisation and the two views; the share is recorded with the timing. ``crop_verify_embedding``
 is ``answer()`` with ``locate="embedding"``, which needs no forward of ViCrop's generic prompt;
+``crop_verify_own_generic_forward`` is the default with ViCrop's generic map from a forward of its
+own instead of the first answer's cache (:mod:`mitigate.localize_prefix`, session 20);
 ``crop_verify_embedding_crop`` also asks the Crop view alone; ``crop_verify_zoom`` searches 2x2
 tiles (vision tower and projector only) instead, ``crop_verify_zoom_crop`` with the Crop view alone.
 """
@@ -45,9 +47,10 @@ def _questions(kind: str):
 
 
 @pytest.mark.parametrize("kind", ["dobench_level0", "clean"])
-@pytest.mark.parametrize("role", ["baseline", "crop_verify", "crop_verify_generate", "crop_verify_embedding",
-                                  "crop_verify_embedding_crop", "crop_verify_zoom", "crop_verify_zoom_crop"])
-def test_crop_verify_speed(benchmark, paired, organism, rounds, role, kind):
+@pytest.mark.parametrize("role", ["baseline", "crop_verify", "crop_verify_own_generic_forward", "crop_verify_generate",
+                                  "crop_verify_embedding", "crop_verify_embedding_crop", "crop_verify_zoom",
+                                  "crop_verify_zoom_crop"])
+def test_crop_verify_speed(benchmark, paired, organism, rounds, role, kind, monkeypatch):
     model, processor = organism
     images, prompts = _questions(kind)
     assert len(images) == 8
@@ -67,6 +70,10 @@ def test_crop_verify_speed(benchmark, paired, organism, rounds, role, kind):
                 "crop_verify_embedding_crop": {"locate": "embedding", "views": ("crop",)},
                 "crop_verify_zoom": {"locate": "zoom"},
                 "crop_verify_zoom_crop": {"locate": "zoom", "views": ("crop",)}}
+    if role == "crop_verify_own_generic_forward":  # the generic map from a forward of its own, not the cache
+        import mitigate.crop_verify as module
+
+        monkeypatch.setattr(module, "generic_maps_from_cache", lambda *args, **kwargs: None)
     cv = CropVerify(processor, **settings.get(role, {}))
     if role == "crop_verify_generate":  # attach(): the plain call itself, verified
         out = paired(plain, plain, attach=lambda: attach(model, cv))
