@@ -744,6 +744,7 @@ def _check_generic_maps_from_cache(model, points, inputs):
 
 
 def test_generic_maps_from_the_cache_decline_where_reuse_is_not_exact():
+    from hooks.cache import output_cache
     from mitigate import VCD, attach
     from mitigate.localize_prefix import generic_maps_from_cache
 
@@ -769,6 +770,22 @@ def test_generic_maps_from_the_cache_decline_where_reuse_is_not_exact():
     uneven["input_ids"] = torch.cat([uneven["input_ids"], longer["input_ids"][:, -1:]], dim=1)
     uneven["attention_mask"] = torch.cat([uneven["attention_mask"], torch.tensor([[1], [0]])], dim=1)
     assert generic_maps_from_cache(model, cache, inputs, [1, 0], uneven) is None
+    # generic prompts of different lengths, left-padded
+    from hooks.testing.tiny import _left_pad
+
+    rows_ids = [r[m.bool()].tolist() for r, m in zip(generic["input_ids"], generic["attention_mask"])]
+    rows_ids[0] = rows_ids[0] + rows_ids[0][-1:]
+    text = model.config.get_text_config()
+    ragged_ids, ragged_mask = _left_pad(rows_ids, text.pad_token_id if text.pad_token_id is not None
+                                        else model.config.pad_token_id)
+    ragged = dict(generic, input_ids=ragged_ids, attention_mask=ragged_mask)
+    assert generic_maps_from_cache(model, cache, inputs, [1, 0], ragged) is None
+    holey = dict(generic, attention_mask=generic["attention_mask"].clone())
+    holey["attention_mask"][0, -3] = 0  # a row whose real tokens are not contiguous
+    assert generic_maps_from_cache(model, cache, inputs, [1, 0], holey) is None
+    doubled = output_cache(model.generate(**inputs, max_new_tokens=2, do_sample=False, return_dict_in_generate=True))
+    doubled.batch_repeat_interleave(2)  # more cache rows than prompts (as a contrast branch's), no group attached
+    assert generic_maps_from_cache(model, doubled, inputs, [1, 0], generic) is None
     cache.offloading = True  # what DynamicCache(offloading=True) sets (its offload needs CUDA streams)
     assert generic_maps_from_cache(model, cache, inputs, [1, 0], generic) is None
     cache.offloading = False
