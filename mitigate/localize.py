@@ -198,8 +198,10 @@ def image_attention_maps(model: nn.Module, inputs: dict, layers: Sequence[int] |
     return captured_maps(capture, inputs)
 
 
-class _Stop(Exception):
-    """Raised once the last captured layer has run (:func:`capture_until_done`)."""
+class StopForward(Exception):
+    """Ends a forward that only localises once what it reads has been captured (after the
+    last captured layer, :func:`capture_until_done`; at the decoder's input,
+    :func:`mitigate.localize_embedding.capture_embeddings`)."""
 
 
 def capture_until_done(capture: AttentionCapture, forward) -> None:
@@ -212,14 +214,14 @@ def capture_until_done(capture: AttentionCapture, forward) -> None:
 
     def stop(index, module, args, kwargs, output):
         if not capture.wants(last):  # every chosen layer has recorded: nothing later is read
-            raise _Stop
+            raise StopForward
 
     with HookGroup("localize") as group:
         capture.attach(group)
         capture.points.add_hook(group, "attention.output", stop, layers=[last])
         try:
             forward()
-        except _Stop:
+        except StopForward:
             pass
 
 

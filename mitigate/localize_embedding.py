@@ -50,16 +50,12 @@ from torch import nn
 
 from hooks import HookGroup, ModelPoints, resolve
 
-from .localize import region_heat
+from .localize import StopForward, region_heat
 
 #: The zoomed search's window side, as a fraction of the image's short side (our choice: the
 #: smallest of :func:`mitigate.localize.best_window`'s sizes; DO-Bench's small objects are
 #: 3-10 px of a 128 px image, so a 32 px window with the Crop view's margin holds them).
 ZOOM_SIDE = 0.25
-
-
-class _Stop(Exception):
-    """Raised by the capture hook to end a forward at the decoder's input."""
 
 
 def similarity_maps(embeds: torch.Tensor, image_mask: torch.Tensor, object_mask: torch.Tensor,
@@ -115,7 +111,7 @@ def capture_embeddings(model: nn.Module, inputs: dict, object_mask: torch.Tensor
                              "tokens' embeddings cannot be read; use CropVerify(locate='attention')")
         seen["embeds"] = embeds[: ids.shape[0]].detach()
         if stop:
-            raise _Stop
+            raise StopForward
         return None
 
     result: dict = {}
@@ -123,7 +119,7 @@ def capture_embeddings(model: nn.Module, inputs: dict, object_mask: torch.Tensor
         points.add_hook(group, "language_model.input", record)
         try:
             yield result
-        except _Stop:
+        except StopForward:
             pass
     if "embeds" not in seen:
         raise ValueError("no forward ran inside capture_embeddings(): nothing was captured")

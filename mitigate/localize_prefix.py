@@ -128,13 +128,11 @@ def generic_maps_from_cache(model: nn.Module, cache, inputs: dict, rows: Sequenc
     # only the layers the forward reaches before it stops (capture_until_done)
     new_cache = DynamicCache()
     for index, layer in enumerate(cache.layers[: max(capture.layers) + 1]):
-        keys, values = [], []
-        for (start, end), row in zip(spans, rows):
-            pad = longest - (end - start)
-            k, v = layer.keys[row, :, start:end], layer.values[row, :, start:end]
-            keys.append(torch.cat([k.new_zeros(k.shape[0], pad, k.shape[2]), k], dim=1))
-            values.append(torch.cat([v.new_zeros(v.shape[0], pad, v.shape[2]), v], dim=1))
-        new_cache.update(torch.stack(keys), torch.stack(values), index)
+        keys, values = (t.new_zeros(len(rows), t.shape[1], longest, t.shape[3]) for t in (layer.keys, layer.values))
+        for j, ((start, end), row) in enumerate(zip(spans, rows)):
+            keys[j, :, longest - (end - start) :] = layer.keys[row, :, start:end]
+            values[j, :, longest - (end - start) :] = layer.values[row, :, start:end]
+        new_cache.update(keys, values, index)
     # padding of the key layout: a text id (the generic prompt's first own token), never an image token
     key_ids = torch.full((len(rows), longest + n_suffix), int(suffixes[0][0]), dtype=ids.dtype, device=device)
     key_mask = torch.zeros_like(key_ids)

@@ -36,6 +36,7 @@ box token (x0, y0, x1, y1; chance is ln 16 = 2.77 nats) and, on held-out scenes 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import re
 import time
@@ -81,10 +82,9 @@ class CopyTask:
         self.codes = train.box_codes(emb.shape[1], box_scale * float(emb.norm(dim=1).median()), seed)
         self.image_id = self.tok.convert_tokens_to_ids(IMAGE_TOKEN)
         self.world = World(UNBIASED)
-        self.box_scale = box_scale
-        # the coordinate token of each patch column's left edge (image-columns)
-        self.column_ids = self.tok.convert_tokens_to_ids(
-            [f"<c{c * tasks.COORD_BINS // train.GRID}>" for c in range(train.GRID)])
+        # image-columns: per patch column, box_scale x the embedding of its left edge's coordinate token
+        self.columns = box_scale * emb[self.tok.convert_tokens_to_ids(
+            [f"<c{c * tasks.COORD_BINS // train.GRID}>" for c in range(train.GRID)])]
         self.per_edge = answer_tokens == "per-edge"
         if self.per_edge:
             self._add_edge_tokens(box_scale)
@@ -111,7 +111,7 @@ class CopyTask:
         becomes the (i mod 4)-th edge's (boxes are written as four consecutive tokens)."""
         if not self.per_edge:
             return text
-        count = iter(range(10**9))
+        count = itertools.count()
         return re.sub(r"<c(\d+)>", lambda m: f"<{EDGE_PREFIX[next(count) % BOX_TOKENS]}{m.group(1)}>", text)
 
     def answer(self, example) -> str:
@@ -135,7 +135,7 @@ class CopyTask:
             if shown is not None and obj.uid not in shown:
                 continue
             if self.given == "image-columns":
-                place = self.box_scale * self.embed.weight.detach()[self.column_ids[p % train.GRID]]
+                place = self.columns[p % train.GRID]
             else:
                 place = sum(self.codes[k][boxes[p][k]] for k in range(BOX_TOKENS))
             tokens[1 + p] = self.words[obj.category] + self.words[obj.colour] + place
@@ -266,9 +266,9 @@ def main(argv=None) -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--every", type=int, default=100, help="report every this many steps")
     parser.add_argument("--listed", default="0",
-                        help="list (text) or code (image-codes) only this many objects, the named one among them (0: all); "
+                        help="list (text) or code (image forms) only this many objects, the named one among them (0: all); "
                              "comma-separated counts are a curriculum, each for an equal share of the steps")
-    parser.add_argument("--box-scale", type=float, default=0.5, help="--given image-codes: the box code's scale")
+    parser.add_argument("--box-scale", type=float, default=0.5, help="--given image-codes / image-columns: the scale of the box code / the column token")
     parser.add_argument("--answer-tokens", choices=ANSWER_TOKENS, default="shared",
                         help="the organism's shared <cN> tokens, or per-edge <lN> <tN> <rN> <bN> added here (see ANSWER_TOKENS)")
     parser.add_argument("--threads", type=int, default=2)
