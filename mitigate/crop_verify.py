@@ -65,7 +65,10 @@ full" (it does not apply to counts and colours).
 Multi-image "in which image is there an X?" questions (MIOH's selective existence task)
 go through :meth:`CropVerify.answer_which_image`: an unconfident "none of the above" is
 checked by asking the question of each image alone (:mod:`mitigate.which_image`), with
-that image's views, and becomes the image with the strongest "yes" above ``tau``.
+that image's views, and becomes the image with the strongest "yes" above ``tau``. With
+``which_image="decompose"`` every unconfident answer is re-derived that way, image answers
+included, and "none of the above" when no image passes ``tau`` (MIOH Sec. 5.5: the same
+question asked image by image is answered better than over all the images at once).
 
 For free-form captions, :meth:`CropVerify.verify_caption` finds the objects a caption
 mentions (CHAIR's phrase matcher over a synonym table: the world's by default, COCO's or
@@ -112,6 +115,11 @@ VIEWS = ("crop", "cluster", "pair")
 #: embeddings read on ``zoom_grid`` x ``zoom_grid`` tiles, each at the model's input
 #: resolution (:mod:`mitigate.localize_embedding`).
 LOCATE = ("attention", "embedding", "zoom")
+
+#: ``which_image`` settings: off; ``True`` / ``"none"`` -- only an unconfident "none of the
+#: above" is checked, and an image answer is final; ``"decompose"`` -- every unconfident
+#: answer is replaced by the per-image decision (:meth:`CropVerify.answer_which_image`).
+WHICH_IMAGE = (False, True, "none", "decompose")
 
 
 def control_box(box: tuple, width: int, height: int) -> tuple[float, float, float, float]:
@@ -171,8 +179,10 @@ class CropVerify(Mitigation):
 
     ``views``: a non-empty subset of :data:`VIEWS`; ``control``: also ask a same-size window
     away from the object and overturn only when a view beats it (module docstring);
-    ``which_image``: let the evaluators send multi-image "in which image is there ...?"
-    questions to :meth:`answer_which_image` (off by default).
+    ``which_image`` (:data:`WHICH_IMAGE`): let the evaluators send multi-image "in which
+    image is there ...?" questions to :meth:`answer_which_image` (off by default), checking
+    only an unconfident "none of the above" (``True`` / ``"none"``) or re-deriving every
+    unconfident answer from the images asked one by one (``"decompose"``).
 
     Localisation: ``locate`` (:data:`LOCATE`): ``"attention"`` (default) reads ``layers``
     (default: ViCrop's middle layers), ``queries`` (``"last"``, ``"question"`` or
@@ -199,8 +209,9 @@ class CropVerify(Mitigation):
     strip_priors: bool = True  # re-ask the views without the prompt's belief / assertion sentences
     # route multi-image "in which image is there ...?" questions to answer_which_image where a
     # caller dispatches by query (evaluators.model.HFModel); off by default, because on the
-    # organism it also turns correct "none"s into images (docs/results/crop_verify_which_image.md)
-    which_image: bool = False
+    # organism it also turns correct "none"s into images (docs/results/crop_verify_which_image.md);
+    # "decompose" also re-derives unconfident image answers (WHICH_IMAGE)
+    which_image: bool | str = False
     localizer: Callable[[Image.Image, str], tuple] | None = None
     stats: dict = field(default_factory=lambda: {"queries": 0, "verified": 0, "overturned": 0}, repr=False)
 
@@ -226,8 +237,8 @@ class CropVerify(Mitigation):
         if self.locate not in LOCATE:
             raise ValueError(f"locate must be one of {LOCATE}, got {self.locate!r}")
         tile_boxes(1, 1, self.zoom_grid)  # a clear error for a bad zoom_grid
-        if not isinstance(self.which_image, bool):
-            raise ValueError(f"which_image must be True or False, got {self.which_image!r}")
+        if not any(self.which_image is v or (isinstance(v, str) and self.which_image == v) for v in WHICH_IMAGE):
+            raise ValueError(f"which_image must be one of {WHICH_IMAGE}, got {self.which_image!r}")
         if not isinstance(self.strip_priors, bool):
             raise ValueError(f"strip_priors must be True or False, got {self.strip_priors!r}")
         if self.generic_prompt is not None and (not isinstance(self.generic_prompt, str) or not self.generic_prompt.strip()):
@@ -410,23 +421,33 @@ class CropVerify(Mitigation):
         existence task), each verified image by image.
 
         1. **answer** the question on all its images (plain ``generate()``);
-        2. **gate**: only an unconfident (top first-token probability below ``gate``) "none of
-           the above" is checked -- an image answer is never overturned, because a view is
-           evidence of what is there, never of what is not (the same rule as for a "no");
+        2. **gate**: an unconfident answer (top first-token probability below ``gate``) is
+           checked. By default (``which_image`` ``True`` / ``"none"``, or off when this is
+           called directly) only an unconfident "none of the above": an image answer is
+           never overturned, because a view is evidence of what is there, never of what is
+           not (the same rule as for a "no"). Under ``which_image="decompose"`` every
+           unconfident answer, image answers and unreadable ones included;
         3. **decompose**: ask ``template`` ("is there a banana in the image?") about each
            image alone, through :meth:`answer` -- its first answer on the whole image (MIOH's
            decomposed question) and, when that is an unconfident "no", its Crop / Cluster
            views (DO-Bench);
-        4. **combine**: the "none" becomes the option of the image whose final answer is
+        4. **combine**: the answer becomes the option of the image whose final answer is
            "yes" with the most evidence -- the probability of "yes" from the view that said
            it, or the whole image's first-token confidence -- when that evidence is above
-           ``tau`` (strict).
+           ``tau`` (strict). Under ``"decompose"``, when no image passes ``tau`` the answer
+           becomes "none of the above" (kept as it was if the question offers no such
+           option). That reads the images' own "no"s as evidence of absence: each is the
+           model's answer about a whole image, not about a cut of it, and MIOH (Sec. 5.5,
+           Fig. 5) finds every model it tests answers the decomposed questions better than the
+           same question over all the images at once -- the paper measures the gap and
+           proposes no mitigation; this is our reading of it as one.
 
         With ``tau = 1`` nothing is gated and the answers are the unmitigated ones. Counted in
         ``stats["which_image"]`` (queries, verified, overturned, images asked); the per-image
         questions do not count in the single-image ``stats``. Each record has ``answer``,
-        ``first_answer``, ``confidence``, ``verified``, and for verified ones ``images``: the
-        :meth:`answer` record of each image.
+        ``first_answer``, ``confidence``, ``verified``, and for verified ones ``images`` (the
+        :meth:`answer` record of each image) and, where the answer changed, ``chosen`` (the
+        image's 0-based index, or ``"none"``).
         """
         if len(image_sets) != len(prompts):
             raise ValueError(f"image_sets and prompts differ in number: {len(image_sets)} vs {len(prompts)}")
@@ -446,9 +467,10 @@ class CropVerify(Mitigation):
         stats["queries"] += len(prompts)
         results = [{"answer": t, "first_answer": t, "confidence": float(c), "verified": False}
                    for t, c in zip(texts, confidence)]
+        decompose = self.which_image == "decompose"
         gated = [i for i, (w, r) in enumerate(zip(parsed, results))
-                 if self.tau < 1.0 and r["confidence"] < self.gate and w.none is not None
-                 and w.choice(r["answer"]) == w.none]
+                 if self.tau < 1.0 and r["confidence"] < self.gate
+                 and (decompose or (w.none is not None and w.choice(r["answer"]) == w.none))]
         if not gated:
             return results
         asked = [(i, k) for i in gated for k in sorted(parsed[i].letters)]
@@ -469,8 +491,14 @@ class CropVerify(Mitigation):
             evidence = {k: _yes_evidence(r) for k, r in by_image.items()}
             ok = [k for k, e in evidence.items() if e is not None and e > self.tau]
             if ok:
-                best = max(ok, key=lambda k: evidence[k])
-                result["answer"], result["chosen"] = which.answer_for(best), best
+                chosen = max(ok, key=lambda k: evidence[k])  # ties: the first image
+                letter, answer = which.letters[chosen], which.answer_for(chosen)
+            elif decompose and which.none is not None:
+                chosen, letter, answer = "none", which.none, which.answer_for_none()
+            else:
+                continue
+            if which.choice(result["answer"]) != letter:
+                result["answer"], result["chosen"] = answer, chosen
                 stats["overturned"] += 1
         return results
 

@@ -47,6 +47,12 @@ class WhichImage:
         letter = self.letters[image]
         return f"{letter}) {self.options['abcde'.index(letter)]}"
 
+    def answer_for_none(self) -> str:
+        """The answer choosing "none of the above": its letter and option text."""
+        if self.none is None:
+            raise ValueError("this question offers no 'none of the above' option")
+        return f"{self.none}) {self.options['abcde'.index(self.none)]}"
+
     def image_of(self, letter: str | None) -> int | None:
         """The image an option letter names (None for "none of the above" or unknown)."""
         return next((i for i, l in self.letters.items() if l == letter), None)

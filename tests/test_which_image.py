@@ -62,11 +62,12 @@ def organism_and_queries():
 
 
 @needs_organism
-def test_tau_one_is_the_unmitigated_model(organism_and_queries):
+@pytest.mark.parametrize("which_image", [False, "decompose"])
+def test_tau_one_is_the_unmitigated_model(organism_and_queries, which_image):
     model, processor, queries = organism_and_queries
     sets, prompts = [q.images for q in queries], [q.prompt for q in queries]
     plain = HFModel(model, processor, max_new_tokens=8)(queries)
-    cv = CropVerify(processor, tau=1.0, gate=1.0)
+    cv = CropVerify(processor, tau=1.0, gate=1.0, which_image=which_image)
     got = cv.answer_which_image(model, sets, prompts, max_new_tokens=8)
     assert [r["answer"] for r in got] == plain
     assert cv.stats["which_image"] == {"queries": len(queries), "verified": 0, "overturned": 0, "images_asked": 0}
@@ -130,6 +131,44 @@ def test_only_an_unconfident_none_is_checked_and_the_policy_holds(organism_and_q
     assert stats["overturned"] > 0, "the check must cover overturned answers (v17: 4 of 6 steered)"
 
 
+def _evidence(record: dict) -> float | None:
+    """What a per-image record says for "yes" (the policy's evidence, recomputed here)."""
+    if record["answer"] != "yes":
+        return None
+    return record["views"][record["chosen"]]["p_yes"] if record.get("chosen") else record["confidence"]
+
+
+@needs_organism
+def test_decompose_rederives_every_unconfident_answer_from_the_images(organism_and_queries):
+    model, processor, queries = organism_and_queries
+    sets, prompts = [q.images for q in queries], [q.prompt for q in queries]
+    changed_from = {"image": 0, "other": 0}
+    for tau in (0.5, 0.9):  # 0.9: fewer images pass, so "none of the above" is chosen too
+        cv = CropVerify(processor, gate=1.0, tau=tau, which_image="decompose")
+        results = cv.answer_which_image(model, sets, prompts, max_new_tokens=8)
+        stats = cv.stats["which_image"]
+        assert stats["verified"] == len(queries) == sum(r["verified"] for r in results)  # every answer < 1.0
+        assert stats["images_asked"] == 4 * len(queries) and cv.stats["queries"] == 0
+        for r, q in zip(results, queries):
+            parsed = parse_which_image(q.prompt, len(q.images))
+            evidence = {k: _evidence(rec) for k, rec in r["images"].items()}
+            passed = {k: e for k, e in evidence.items() if e is not None and e > tau}
+            want = parsed.letters[max(passed, key=passed.get)] if passed else parsed.none
+            assert parse_option(r["answer"], parsed.options) == want
+            first = parse_option(r["first_answer"], parsed.options)
+            if first != want:
+                assert r["chosen"] == ("none" if want == parsed.none else parsed.image_of(want))
+                changed_from["image" if parsed.image_of(first) is not None else "other"] += 1
+            else:
+                assert r["answer"] == r["first_answer"] and "chosen" not in r
+        assert stats["overturned"] == sum(r["answer"] != r["first_answer"] for r in results)
+    # v17 never answers "none" here, so every change overturns an image answer -- what the
+    # default policy never does
+    assert changed_from["image"] > 0
+    assert any(parse_option(r["answer"], parse_which_image(q.prompt, 4).options) == "e"
+               for r, q in zip(results, queries)), "tau 0.9 leaves some question with no image (v17: HN)"
+
+
 @needs_organism
 def test_evaluators_route_which_image_questions_only_when_asked(organism_and_queries):
     model, processor, queries = organism_and_queries
@@ -154,5 +193,6 @@ def test_bad_input(organism_and_queries):
         cv.answer_which_image(model, sets, ["is there a dog ?", prompts[1]])
     with pytest.raises(ValueError, match="template"):
         cv.answer_which_image(model, sets, prompts, template="is there one ?")
-    with pytest.raises(ValueError, match="which_image"):
-        CropVerify(processor, which_image="yes")
+    for bad in ("yes", 1, "decomposed"):
+        with pytest.raises(ValueError, match="which_image"):
+            CropVerify(processor, which_image=bad)

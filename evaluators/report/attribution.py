@@ -77,6 +77,10 @@ def optional_arms() -> list[Arm]:
         # multi-image "in which image ...?" questions verified image by image
         # (docs/results/crop_verify_which_image.md)
         Arm("crop-and-verify, which image", lambda p: [CropVerify(p, which_image=True)], {}, "baseline (greedy)"),
+        # every unconfident multi-image answer re-derived from the images asked one by one
+        # (MIOH Sec. 5.5's decomposition; docs/results/crop_verify_which_image.md)
+        Arm("crop-and-verify, decomposed", lambda p: [CropVerify(p, which_image="decompose")], {},
+            "baseline (greedy)"),
         # the views cut where the image tokens look like the object's name rather than where
         # attention points (mitigate/localize_embedding.py; docs/results/crop_verify_locate.md)
         Arm("crop-and-verify, embedding localiser", lambda p: [CropVerify(p, locate="embedding")], {},
