@@ -327,6 +327,10 @@ def test_command_line_spec_sets_views_and_control():
 
     (cv,) = parse_mitigations("crop_verify:views=crop+pair;control=true;tau=0.7", None, processor=object())
     assert isinstance(cv, CropVerify) and tuple(cv.views) == ("crop", "pair") and cv.control is True and cv.tau == 0.7
+    (decompose,) = parse_mitigations("crop_verify:which_image=decompose", None, processor=object())
+    assert decompose.which_image == "decompose"
+    (on,) = parse_mitigations("crop_verify:which_image=true", None, processor=object())
+    assert on.which_image is True
 
 
 def test_control_box_is_the_farthest_same_size_window():
