@@ -13,7 +13,9 @@ image tokens look like the object's name (README, "Where the views are cut"); pa
 Two ways to use it, with the same answers: ``CropVerify.answer(model, images, prompts)``,
 which reports what each view said, and ``attach(model, CropVerify(processor))``, under
 which the caller's own ``processor(...)`` + ``model.generate()`` (or a pipeline) verify
-themselves.
+themselves. Multi-image "in which image is there an X?" questions (MIOH) go through
+``answer_which_image``; with ``which_image="decompose"`` every unconfident answer is
+re-derived from the images asked one by one (MIOH Sec. 5.5).
 """
 
 import argparse
@@ -56,3 +58,14 @@ with attach(model, verified):
     out = model.generate(**enc, max_new_tokens=3, do_sample=False)
 answers = [t.strip() for t in processor.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)]
 print(f"generate() under attach: {answers}  stats: {verified.stats}")
+
+# multi-image "in which image is there an X?" questions (MIOH's built-in suite), answered
+# image by image where the first answer is not confident
+from evaluators.benchmarks.mioh.suite import build  # noqa: E402
+
+multi = [q for q in build(n_per_condition=1, seed=0) if len(q.images) > 1 and q.record["condition"] in ("easy", "NI")][:4]
+decompose = CropVerify(processor, which_image="decompose", locate=args.locate)
+for q, result in zip(multi, decompose.answer_which_image(model, [q.images for q in multi], [q.prompt for q in multi])):
+    print(f"{len(q.images)} images, {q.prompt[:40]!r}...: {result['first_answer']} -> {result['answer']}"
+          f" (truth: {q.truth})")
+print(f"multi-image stats: {decompose.stats['which_image']}")

@@ -755,7 +755,7 @@ def test_generic_maps_from_the_cache_decline_where_reuse_is_not_exact():
     model = build_tiny_model("llava")
     inputs = tiny_inputs(model, batch_size=2, text_lengths=[6, 3], seed=1)
     with torch.no_grad():
-        cache = model.generate(**inputs, max_new_tokens=2, do_sample=False, return_dict_in_generate=True).cache
+        cache = output_cache(model.generate(**inputs, max_new_tokens=2, do_sample=False, return_dict_in_generate=True))
     generic = _generic_rows(model, inputs, [1, 0])
     assert generic_maps_from_cache(model, cache, inputs, [1, 0], generic) is not None
     with attach(model, VCD(alpha=1.0)):  # a mitigation acting on the forward: run the full one
