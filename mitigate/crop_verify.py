@@ -103,7 +103,7 @@ from .localize import (
 from .localize_embedding import capture_embeddings, embedding_maps, peak_box, tile_boxes
 from .localize_prefix import generic_maps_from_cache
 from .spans import find_prior_spans
-from .which_image import EXISTENCE_TEMPLATE, parse_which_image
+from .which_image import EXISTENCE_TEMPLATE, WhichImage, decide, parse_which_image
 
 #: The views a query can be re-asked on: DO-Bench's Crop and Cluster, and "pair" -- the
 #: original and its Crop view as two images of one prompt (issue 6's [original, crop], for
@@ -116,10 +116,10 @@ VIEWS = ("crop", "cluster", "pair")
 #: resolution (:mod:`mitigate.localize_embedding`).
 LOCATE = ("attention", "embedding", "zoom")
 
-#: ``which_image`` settings: off; ``True`` / ``"none"`` -- only an unconfident "none of the
-#: above" is checked, and an image answer is final; ``"decompose"`` -- every unconfident
-#: answer is replaced by the per-image decision (:meth:`CropVerify.answer_which_image`).
-WHICH_IMAGE = (False, True, "none", "decompose")
+#: ``which_image`` settings: off; ``True`` -- only an unconfident "none of the above" is
+#: checked, and an image answer is final; ``"decompose"`` -- every unconfident answer is
+#: replaced by the per-image decision (:meth:`CropVerify.answer_which_image`).
+WHICH_IMAGE = (False, True, "decompose")
 
 
 def control_box(box: tuple, width: int, height: int) -> tuple[float, float, float, float]:
@@ -181,7 +181,7 @@ class CropVerify(Mitigation):
     away from the object and overturn only when a view beats it (module docstring);
     ``which_image`` (:data:`WHICH_IMAGE`): let the evaluators send multi-image "in which
     image is there ...?" questions to :meth:`answer_which_image` (off by default), checking
-    only an unconfident "none of the above" (``True`` / ``"none"``) or re-deriving every
+    only an unconfident "none of the above" (``True``) or re-deriving every
     unconfident answer from the images asked one by one (``"decompose"``).
 
     Localisation: ``locate`` (:data:`LOCATE`): ``"attention"`` (default) reads ``layers``
@@ -422,7 +422,7 @@ class CropVerify(Mitigation):
 
         1. **answer** the question on all its images (plain ``generate()``);
         2. **gate**: an unconfident answer (top first-token probability below ``gate``) is
-           checked. By default (``which_image`` ``True`` / ``"none"``, or off when this is
+           checked. By default (``which_image=True``, or off when this is
            called directly) only an unconfident "none of the above": an image answer is
            never overturned, because a view is evidence of what is there, never of what is
            not (the same rule as for a "no"). Under ``which_image="decompose"`` every
@@ -430,7 +430,8 @@ class CropVerify(Mitigation):
         3. **decompose**: ask ``template`` ("is there a banana in the image?") about each
            image alone, through :meth:`answer` -- its first answer on the whole image (MIOH's
            decomposed question) and, when that is an unconfident "no", its Crop / Cluster
-           views (DO-Bench);
+           views (DO-Bench); under ``strip_priors=False`` the prompt's belief sentences come
+           first (:meth:`image_question`);
         4. **combine**: the answer becomes the option of the image whose final answer is
            "yes" with the most evidence -- the probability of "yes" from the view that said
            it, or the whole image's first-token confidence -- when that evidence is above
@@ -478,7 +479,8 @@ class CropVerify(Mitigation):
         # single-image queries of the caller's
         per_image = replace(self, stats={"queries": 0, "verified": 0, "overturned": 0})
         records = per_image.answer(model, [image_sets[i][k] for i, k in asked],
-                                   [parsed[i].question(template) for i, _ in asked], max_new_tokens=max_new_tokens,
+                                   [self.image_question(prompts[i], parsed[i], template) for i, _ in asked],
+                                   max_new_tokens=max_new_tokens,
                                    objects=[parsed[i].object for i, _ in asked], **generate_kwargs)
         stats["verified"] += len(gated)
         stats["images_asked"] += len(asked)
@@ -488,19 +490,26 @@ class CropVerify(Mitigation):
         for i, by_image in per_query.items():
             result, which = results[i], parsed[i]
             result["verified"], result["images"] = True, by_image
-            evidence = {k: _yes_evidence(r) for k, r in by_image.items()}
-            ok = [k for k, e in evidence.items() if e is not None and e > self.tau]
-            if ok:
-                chosen = max(ok, key=lambda k: evidence[k])  # ties: the first image
-                letter, answer = which.letters[chosen], which.answer_for(chosen)
-            elif decompose and which.none is not None:
-                chosen, letter, answer = "none", which.none, which.answer_for_none()
-            else:
+            chosen = decide(which, {k: _yes_evidence(r) for k, r in by_image.items()}, self.tau, decompose)
+            if chosen is None:
                 continue
+            letter = which.none if chosen == "none" else which.letters[chosen]
             if which.choice(result["answer"]) != letter:
-                result["answer"], result["chosen"] = answer, chosen
+                result["answer"], result["chosen"] = which.answer_with(letter), chosen
                 stats["overturned"] += 1
         return results
+
+    def image_question(self, prompt: str, which: WhichImage, template: str = EXISTENCE_TEMPLATE) -> str:
+        """The question :meth:`answer_which_image` asks of each image alone: ``template``
+        about the queried object, after the prompt's belief / assertion sentences
+        (:func:`mitigate.spans.find_prior_spans`) unless ``strip_priors`` -- the same choice
+        the views' prompts get, so that ``strip_priors=False`` keeps a prompt's pressure in
+        every question asked on its behalf (MIOH's LC-S / LC-I sentences included)."""
+        question = which.question(template)
+        if self.strip_priors:
+            return question
+        priors = " ".join(prompt[s.start : s.end].strip() for s in find_prior_spans(prompt))
+        return f"{priors} {question}" if priors else question
 
     def _captured_boxes(self, model, enc, captured, rows, images, prompts, named) -> list[tuple]:
         """Boxes for ``rows`` of the first pass, from the maps captured at its prefill (a

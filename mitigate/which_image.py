@@ -42,16 +42,19 @@ class WhichImage:
         """The option letter an answer picks (a lone letter, or a unique option text)."""
         return parse_option(answer, self.options)
 
-    def answer_for(self, image: int) -> str:
-        """The answer naming ``image`` (0-based): its letter and option text, "b) image 2"."""
-        letter = self.letters[image]
+    def answer_with(self, letter: str) -> str:
+        """The answer choosing option ``letter``: the letter and its option text, "b) image 2"."""
         return f"{letter}) {self.options['abcde'.index(letter)]}"
 
+    def answer_for(self, image: int) -> str:
+        """The answer naming ``image`` (0-based)."""
+        return self.answer_with(self.letters[image])
+
     def answer_for_none(self) -> str:
-        """The answer choosing "none of the above": its letter and option text."""
+        """The answer choosing "none of the above"."""
         if self.none is None:
             raise ValueError("this question offers no 'none of the above' option")
-        return f"{self.none}) {self.options['abcde'.index(self.none)]}"
+        return self.answer_with(self.none)
 
     def image_of(self, letter: str | None) -> int | None:
         """The image an option letter names (None for "none of the above" or unknown)."""
@@ -88,4 +91,18 @@ def parse_which_image(prompt: str, n_images: int) -> WhichImage | None:
     return WhichImage(found.group("object").strip(), letters, none, tuple(texts[l] for l in order))
 
 
-__all__ = ["EXISTENCE_TEMPLATE", "WhichImage", "parse_which_image"]
+def decide(which: WhichImage, evidence: dict[int, float | None], tau: float, decompose: bool) -> int | str | None:
+    """What a verified multi-image question becomes, from each image's "yes" evidence
+    (``None``: that image's final answer is not "yes"): the image with the strongest
+    evidence above ``tau`` (strict; ties go to the first image), else, when ``decompose``
+    and the question offers it, ``"none"``; ``None`` keeps the first answer. The policy of
+    :meth:`mitigate.crop_verify.CropVerify.answer_which_image`."""
+    passed = {k: e for k, e in evidence.items() if e is not None and e > tau}
+    if passed:
+        return max(sorted(passed), key=lambda k: passed[k])
+    if decompose and which.none is not None:
+        return "none"
+    return None
+
+
+__all__ = ["EXISTENCE_TEMPLATE", "WhichImage", "decide", "parse_which_image"]

@@ -46,3 +46,21 @@ def test_verdict_needs_the_interval_to_exclude_zero():
     assert verdict(-1.0, 5.0, True) == "no detectable effect"
     assert verdict(0.5, 5.0, None) == "no detectable effect"
     assert verdict(math.nan, 1.0, True) == "no detectable effect"
+
+
+def test_named_arms_bring_their_baselines_and_controls():
+    """``vlm-report --arms X`` also runs what X is compared with: its baseline, its control
+    (VCD under sampling is judged against the plausibility constraint alone), and an
+    optional arm's baseline that is itself optional, with its own baseline."""
+    from evaluators.report.attribution import default_arms, optional_arms
+    from evaluators.report.main import with_references
+
+    known = default_arms() + optional_arms()
+    by_name = {a.name: a for a in known}
+    names = lambda arms: [a.name for a in arms]  # noqa: E731
+    assert names(with_references([by_name["VCD (sampling)"]], known)) == [
+        "VCD (sampling)", "baseline (sampling)", "plausibility only (sampling)"]
+    assert names(with_references([by_name["prior suppression: context, decomposed, priors kept"]], known)) == [
+        "prior suppression: context, decomposed, priors kept", "crop-and-verify, decomposed, priors kept",
+        "baseline (greedy)"]
+    assert names(with_references([by_name["baseline (greedy)"]], known)) == ["baseline (greedy)"]

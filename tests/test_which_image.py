@@ -10,7 +10,8 @@ from evaluators.benchmarks.mioh.suite import build
 from evaluators.model import HFModel
 from evaluators.organism import ORGANISM_DIR, load_organism
 from mitigate import CropVerify
-from mitigate.which_image import EXISTENCE_TEMPLATE, parse_which_image
+from mitigate.crop_verify import _yes_evidence
+from mitigate.which_image import EXISTENCE_TEMPLATE, decide, parse_which_image
 
 MIOH = ("in which image is there a banana ? a ) image 1 b ) image 2 c ) image 3 d ) image 4 "
         "e ) none of the above")
@@ -62,12 +63,14 @@ def organism_and_queries():
 
 
 @needs_organism
-@pytest.mark.parametrize("which_image", [False, "decompose"])
-def test_tau_one_is_the_unmitigated_model(organism_and_queries, which_image):
+@pytest.mark.parametrize("tau, gate, which_image", [(1.0, 1.0, False), (0.5, 0.0, "decompose")])
+def test_tau_one_is_the_unmitigated_model(organism_and_queries, tau, gate, which_image):
+    """tau = 1: nothing can overturn; under "decompose", a confident first answer (here every
+    answer, gate 0) is final as well."""
     model, processor, queries = organism_and_queries
     sets, prompts = [q.images for q in queries], [q.prompt for q in queries]
     plain = HFModel(model, processor, max_new_tokens=8)(queries)
-    cv = CropVerify(processor, tau=1.0, gate=1.0, which_image=which_image)
+    cv = CropVerify(processor, tau=tau, gate=gate, which_image=which_image)
     got = cv.answer_which_image(model, sets, prompts, max_new_tokens=8)
     assert [r["answer"] for r in got] == plain
     assert cv.stats["which_image"] == {"queries": len(queries), "verified": 0, "overturned": 0, "images_asked": 0}
@@ -131,11 +134,31 @@ def test_only_an_unconfident_none_is_checked_and_the_policy_holds(organism_and_q
     assert stats["overturned"] > 0, "the check must cover overturned answers (v17: 4 of 6 steered)"
 
 
-def _evidence(record: dict) -> float | None:
-    """What a per-image record says for "yes" (the policy's evidence, recomputed here)."""
-    if record["answer"] != "yes":
-        return None
-    return record["views"][record["chosen"]]["p_yes"] if record.get("chosen") else record["confidence"]
+def test_the_per_image_question_keeps_the_prompts_pressure_only_when_asked():
+    prompt = "analysis confirms there is no banana in the image . " + MIOH
+    which = parse_which_image(prompt, 4)
+    assert CropVerify(object()).image_question(prompt, which) == EXISTENCE_TEMPLATE.format(object="banana")
+    kept = CropVerify(object(), strip_priors=False).image_question(prompt, which)
+    assert kept == "analysis confirms there is no banana in the image . " + EXISTENCE_TEMPLATE.format(object="banana")
+    # a prompt without a belief sentence asks the template alone either way
+    assert CropVerify(object(), strip_priors=False).image_question(MIOH, parse_which_image(MIOH, 4)) == \
+        EXISTENCE_TEMPLATE.format(object="banana")
+
+
+def test_the_decision_from_hand_made_evidence():
+    with_none = parse_which_image(MIOH, 4)
+    without_none = parse_which_image("In which image are there any red cups? (A) Image 2 (B) Image 1", 2)
+    # the strongest "yes" above tau, strictly; ties go to the first image
+    assert decide(with_none, {0: 0.6, 1: None, 2: 0.9, 3: 0.7}, 0.5, decompose=False) == 2
+    assert decide(with_none, {0: 0.8, 1: 0.8, 2: None, 3: None}, 0.5, decompose=True) == 0
+    assert decide(with_none, {0: 0.5, 1: None, 2: None, 3: None}, 0.5, decompose=True) == "none"
+    # no image passes: "none" only when decomposing and the question offers it
+    assert decide(with_none, {0: None, 1: None, 2: None, 3: None}, 0.5, decompose=False) is None
+    assert decide(without_none, {0: None, 1: 0.4}, 0.5, decompose=True) is None
+    assert with_none.answer_for_none() == "e) none of the above"
+    assert parse_option(with_none.answer_for(2), with_none.options) == "c"
+    with pytest.raises(ValueError, match="none of the above"):
+        without_none.answer_for_none()
 
 
 @needs_organism
@@ -151,7 +174,7 @@ def test_decompose_rederives_every_unconfident_answer_from_the_images(organism_a
         assert stats["images_asked"] == 4 * len(queries) and cv.stats["queries"] == 0
         for r, q in zip(results, queries):
             parsed = parse_which_image(q.prompt, len(q.images))
-            evidence = {k: _evidence(rec) for k, rec in r["images"].items()}
+            evidence = {k: _yes_evidence(rec) for k, rec in r["images"].items()}
             passed = {k: e for k, e in evidence.items() if e is not None and e > tau}
             want = parsed.letters[max(passed, key=passed.get)] if passed else parsed.none
             assert parse_option(r["answer"], parsed.options) == want
@@ -193,6 +216,6 @@ def test_bad_input(organism_and_queries):
         cv.answer_which_image(model, sets, ["is there a dog ?", prompts[1]])
     with pytest.raises(ValueError, match="template"):
         cv.answer_which_image(model, sets, prompts, template="is there one ?")
-    for bad in ("yes", 1, "decomposed"):
+    for bad in ("yes", 1, "decomposed", "none"):
         with pytest.raises(ValueError, match="which_image"):
             CropVerify(processor, which_image=bad)

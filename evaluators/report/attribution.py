@@ -71,7 +71,7 @@ def default_arms() -> list[Arm]:
 def optional_arms() -> list[Arm]:
     """Arms run only when ``--arms`` names them (options measured on their own, not in the
     default table)."""
-    from mitigate import CropVerify
+    from mitigate import CropVerify, PriorSuppression
 
     return [
         # multi-image "in which image ...?" questions verified image by image
@@ -81,6 +81,15 @@ def optional_arms() -> list[Arm]:
         # (MIOH Sec. 5.5's decomposition; docs/results/crop_verify_which_image.md)
         Arm("crop-and-verify, decomposed", lambda p: [CropVerify(p, which_image="decompose")], {},
             "baseline (greedy)"),
+        # the same with the prompt's pressure sentence kept in every per-image question, alone
+        # and under context-mode prior suppression: what suppression adds where the model can
+        # read the images (MIOH's LC-S / LC-I; docs/results/crop_verify_which_image.md)
+        Arm("crop-and-verify, decomposed, priors kept",
+            lambda p: [CropVerify(p, which_image="decompose", strip_priors=False)], {}, "baseline (greedy)"),
+        Arm("prior suppression: context, decomposed, priors kept",
+            lambda p: [PriorSuppression(p.tokenizer, mode="context"),
+                       CropVerify(p, which_image="decompose", strip_priors=False)], {},
+            "crop-and-verify, decomposed, priors kept"),
         # the views cut where the image tokens look like the object's name rather than where
         # attention points (mitigate/localize_embedding.py; docs/results/crop_verify_locate.md)
         Arm("crop-and-verify, embedding localiser", lambda p: [CropVerify(p, locate="embedding")], {},

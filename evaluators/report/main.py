@@ -40,6 +40,21 @@ def slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
 
+def with_references(chosen: list, known: list) -> list:
+    """``chosen`` arms plus every arm they are compared with -- baselines and controls, and
+    theirs in turn (an optional arm can be the baseline of another, to isolate what one
+    mitigation adds to it), appended in the order they are first needed."""
+    by_name = {a.name: a for a in known}
+    arms = list(chosen)
+    pending = [name for a in arms for name in (a.baseline, a.control)]
+    while pending:
+        name = pending.pop(0)
+        if name is not None and name not in {a.name for a in arms}:
+            arms.append(by_name[name])
+            pending += [by_name[name].baseline, by_name[name].control]
+    return arms
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="vlm-report", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -86,9 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         unknown = [w for w in wanted if not any(w in (a.name, slug(a.name)) for a in known)]
         if unknown:
             parser.error(f"unknown arm(s) {unknown}; available: {', '.join(slug(a.name) for a in known)}")
-        arms = [a for a in known if a.name in wanted or slug(a.name) in wanted]
-        names = {a.name for a in arms}
-        arms += [b for b in default_arms() if b.name not in names and any(a.baseline == b.name for a in arms)]
+        arms = with_references([a for a in known if a.name in wanted or slug(a.name) in wanted], known)
     model, processor = load_hf(args.model, **parse_kv(args.model_args))
     records, costs, payloads = {}, {}, {}
     # Warm-up, untimed and unrecorded: the first generate() pays one-off costs (lazy
