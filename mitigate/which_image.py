@@ -6,8 +6,9 @@ MIOH (Sec. 3, the selective existence task) asks "In which image is there a bana
 or occluded objects, the failure DO-Bench's Crop view recovers for one image. Models also
 answer such questions better decomposed, one image at a time (MIOH's NI-decomposed
 condition; on the organism 77% against 29%, ``docs/results/prior_full.md``). This module
-only parses: :class:`WhichImage` says which option names which image and which one is
-"none of the above", and writes the per-image existence question. The policy lives in
+parses and decides, without a model: :class:`WhichImage` says which option names which
+image and which one is "none of the above", and writes the per-image existence question;
+:func:`decide` turns the images' "yes" evidence into the answer. The model calls live in
 :meth:`mitigate.crop_verify.CropVerify.answer_which_image`.
 """
 
