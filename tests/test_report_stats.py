@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from evaluators.report import mcnemar_exact, paired_bootstrap, verdict
+from evaluators.report import MIN_SUPPORT, mcnemar_exact, paired_bootstrap, support, verdict
 
 
 def _acc(records):
@@ -64,3 +64,35 @@ def test_named_arms_bring_their_baselines_and_controls():
         "prior suppression: context, decomposed, priors kept", "crop-and-verify, decomposed, priors kept",
         "baseline (greedy)"]
     assert names(with_references([by_name["baseline (greedy)"]], known)) == ["baseline (greedy)"]
+
+
+def _subset_acc(records):
+    """Accuracy over the records of condition "x" only (as MIOH's per-condition metrics)."""
+    return _acc([r for r in records if r["condition"] == "x"])
+
+
+def test_a_metric_on_a_few_units_decides_nothing_whatever_its_interval():
+    """4 of 40 queries in the metric's subset, all four fixed: every resample gives +100, the
+    percentile interval collapses to [+100, +100], yet no paired test can decide on 4 units."""
+    base = [{"id": i, "condition": "x" if i < 4 else "y", "correct": False} for i in range(40)]
+    fixed = [{**r, "correct": r["condition"] == "x"} for r in base]
+    out = paired_bootstrap(base, fixed, _subset_acc, n_resamples=300)
+    assert (out["low"], out["high"], out["support"], out["n_units"]) == (100.0, 100.0, 4, 40)
+    assert verdict(out["low"], out["high"], True) == "fixes"  # the interval alone would say so
+    assert verdict(out["low"], out["high"], True, out["support"]) == "no detectable effect"
+    # six such queries are enough (sign test: 2 * 0.5**6 = 0.031)
+    base6 = [{**r, "condition": "x" if r["id"] < MIN_SUPPORT else "y"} for r in base]
+    fixed6 = [{**r, "correct": r["condition"] == "x"} for r in base6]
+    out6 = paired_bootstrap(base6, fixed6, _subset_acc, n_resamples=300)
+    assert out6["support"] == MIN_SUPPORT and verdict(out6["low"], out6["high"], True, out6["support"]) == "fixes"
+
+
+def test_support_of_a_two_part_metric_counts_the_units_either_part_reads():
+    """A difference of two subset accuracies is defined on no single unit; leaving a unit out
+    of either part changes it (MIOH's decomposition gap)."""
+    def gap(records):
+        return _acc([r for r in records if r["condition"] == "a"]) - _acc([r for r in records if r["condition"] == "b"])
+
+    rows = [{"id": i, "condition": "ab"[i % 2] if i < 10 else "c", "correct": i % 4 < 2} for i in range(30)]
+    assert support([[r] for r in rows], [[r] for r in rows], gap) == 10
+    assert support([[r] for r in rows], [[r] for r in rows], _acc) == 30

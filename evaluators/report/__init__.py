@@ -1,5 +1,5 @@
 """Paired attribution: which mechanism a mitigation fixes, which it breaks (issue 8)."""
 
-from .stats import mcnemar_exact, paired_bootstrap, verdict
+from .stats import MIN_SUPPORT, mcnemar_exact, paired_bootstrap, support, verdict
 
-__all__ = ["mcnemar_exact", "paired_bootstrap", "verdict"]
+__all__ = ["MIN_SUPPORT", "mcnemar_exact", "paired_bootstrap", "support", "verdict"]

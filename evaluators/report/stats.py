@@ -7,7 +7,8 @@
 * :func:`mcnemar_exact` -- the exact McNemar test for binary outcomes on the same samples:
   under H0 the discordant pairs split 50/50, two-sided binomial p-value.
 * :func:`verdict` -- *fixes* / *breaks* / *no detectable effect* from the interval and the
-  metric's direction, never from the point estimate alone.
+  metric's direction, never from the point estimate alone, and never from fewer than
+  :data:`MIN_SUPPORT` units (:func:`support`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,15 @@ from scipy.stats import binomtest
 
 Record = Mapping[str, Any]
 
+#: The fewest units a metric may rest on for a verdict. A metric often reads a few units of
+#: its benchmark (MIOH's LC-S: 4 queries at the small scale); when they all move the same
+#: way, every resample gives the same delta and the percentile interval collapses onto it
+#: ("+100 [+100, +100]" from 4 queries). No paired two-sided test at the 5% level can
+#: decide on fewer than 6 units -- the sign test's smallest p-value on k units is
+#: 2 * 0.5**k, 0.0625 for k = 5 and 0.031 for k = 6 -- so neither may the bootstrap. Applying
+#: that bound to the bootstrap is our choice (no benchmark paper addresses it).
+MIN_SUPPORT = 6
+
 
 def paired_bootstrap(
     baseline: Sequence[Record],
@@ -31,10 +41,12 @@ def paired_bootstrap(
     seed: int = 0,
     level: float = 0.95,
 ) -> dict[str, float]:
-    """``{"delta", "low", "high", "baseline", "mitigated", "n_units"}`` for ``metric``.
+    """``{"delta", "low", "high", "baseline", "mitigated", "n_units", "support", "dropped"}``
+    for ``metric``.
 
     Both arms must hold the same units (the comparison is on identical samples); a
     resample whose metric is NaN in either arm is dropped and counted in ``dropped``.
+    ``support`` is how many of the ``n_units`` the metric reads (:func:`support`).
     """
     if not 0 < level < 1:
         raise ValueError(f"level must be in (0, 1), got {level}")
@@ -64,7 +76,45 @@ def paired_bootstrap(
     tail = (1 - level) / 2 * 100
     low, high = (np.percentile(deltas, [tail, 100 - tail]) if deltas else (math.nan, math.nan))
     return {"baseline": base_value, "mitigated": mit_value, "delta": mit_value - base_value,
-            "low": float(low), "high": float(high), "n_units": len(units), "dropped": dropped}
+            "low": float(low), "high": float(high), "n_units": len(units),
+            "support": support([groups_a[u] for u in units], [groups_b[u] for u in units], metric),
+            "dropped": dropped}
+
+
+def _same(x: float, y: float) -> bool:
+    return (math.isnan(x) and math.isnan(y)) or x == y
+
+
+def _value(metric: Callable[[list[Record]], float], records: list[Record]) -> float:
+    """The metric, NaN where it is undefined on these records (some raise instead)."""
+    try:
+        return float(metric(records))
+    except (KeyError, ValueError, TypeError, ZeroDivisionError):
+        return math.nan
+
+
+def support(units_a: Sequence[list], units_b: Sequence[list], metric: Callable[[list[Record]], float],
+            enough: int = MIN_SUPPORT) -> int:
+    """How many units ``metric`` reads, as a lower bound: a unit counts when the metric is
+    defined on its records alone (a pooled metric over a subset -- MIOH's LC-S queries --
+    is NaN on every other unit) or, failing ``enough`` of those, when leaving it out changes
+    the metric in either arm (metrics of two parts, such as MIOH's decomposition gap, are
+    defined on no single unit). ``units_a`` / ``units_b``: each unit's records, in the same
+    order for both arms. Where every unit the metric reads has the same outcome, leaving one
+    out changes nothing: those are counted only by the first test."""
+    alone = sum(not math.isnan(_value(metric, list(a))) for a in units_a)
+    if alone >= enough:
+        return alone
+    full_a = _value(metric, [r for u in units_a for r in u])
+    full_b = _value(metric, [r for u in units_b for r in u])
+    count = 0
+    for i in range(len(units_a)):
+        rest_a = [r for j, u in enumerate(units_a) if j != i for r in u]
+        rest_b = [r for j, u in enumerate(units_b) if j != i for r in u]
+        if (not math.isnan(_value(metric, list(units_a[i]))) or not _same(_value(metric, rest_a), full_a)
+                or not _same(_value(metric, rest_b), full_b)):
+            count += 1
+    return count
 
 
 def mcnemar_exact(baseline_correct: Sequence[bool], mitigated_correct: Sequence[bool]) -> dict[str, float]:
@@ -78,10 +128,13 @@ def mcnemar_exact(baseline_correct: Sequence[bool], mitigated_correct: Sequence[
     return {"only_baseline_right": b, "only_mitigated_right": c, "p_value": p}
 
 
-def verdict(low: float, high: float, higher_is_better: bool | None) -> str:
+def verdict(low: float, high: float, higher_is_better: bool | None, support: int | None = None) -> str:
     """*fixes* when the whole interval lies on the good side of 0, *breaks* when on the bad
-    side, otherwise *no detectable effect* (also for metrics without a direction)."""
+    side, otherwise *no detectable effect* (also for metrics without a direction, and for a
+    metric that rests on fewer than :data:`MIN_SUPPORT` units, whatever its interval)."""
     if higher_is_better is None or math.isnan(low) or math.isnan(high):
+        return "no detectable effect"
+    if support is not None and support < MIN_SUPPORT:
         return "no detectable effect"
     good_low, good_high = (low, high) if higher_is_better else (-high, -low)
     if good_low > 0:
