@@ -94,5 +94,24 @@ def test_support_of_a_two_part_metric_counts_the_units_either_part_reads():
         return _acc([r for r in records if r["condition"] == "a"]) - _acc([r for r in records if r["condition"] == "b"])
 
     rows = [{"id": i, "condition": "ab"[i % 2] if i < 10 else "c", "correct": i % 4 < 2} for i in range(30)]
-    assert support([[r] for r in rows], [[r] for r in rows], gap) == 10
-    assert support([[r] for r in rows], [[r] for r in rows], _acc) == 30
+    assert support([[r] for r in rows], gap, enough=100) == 10
+    assert support([[r] for r in rows], gap) == MIN_SUPPORT  # counted up to what a verdict needs
+    assert support([[r] for r in rows], _acc) == 30
+    # the answers do not matter: every part uniform (all wrong / all right) still reads 10 units
+    uniform = [{**r, "correct": r["condition"] == "a"} for r in rows]
+    assert support([[r] for r in uniform], gap, enough=100) == 10
+    # a subset of 4 stays 4: the other units complete nothing
+    assert support([[{**r, "condition": "x" if r["id"] < 4 else "y"}] for r in rows], _subset_acc, enough=100) == 4
+
+
+def test_support_of_a_metric_that_needs_several_units_comes_from_leaving_one_out():
+    """A metric defined only on 3 or more records (no single unit, no pair) reads every unit
+    whose removal changes it -- in either arm."""
+    def needs_three(records):
+        return _acc(records) if len(records) >= 3 else math.nan
+
+    base = [[{"id": i, "correct": i % 2 == 0}] for i in range(10)]
+    assert support(base, needs_three, enough=100) == 10
+    uniform = [[{"id": i, "correct": False}] for i in range(10)]  # removal changes nothing here ...
+    assert support(uniform, needs_three, enough=100) == 0
+    assert support(uniform, needs_three, enough=100, other=base) == 10  # ... but does in the other arm

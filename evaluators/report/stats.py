@@ -77,12 +77,8 @@ def paired_bootstrap(
     low, high = (np.percentile(deltas, [tail, 100 - tail]) if deltas else (math.nan, math.nan))
     return {"baseline": base_value, "mitigated": mit_value, "delta": mit_value - base_value,
             "low": float(low), "high": float(high), "n_units": len(units),
-            "support": support([groups_a[u] for u in units], [groups_b[u] for u in units], metric),
+            "support": support([groups_a[u] for u in units], metric, other=[groups_b[u] for u in units]),
             "dropped": dropped}
-
-
-def _same(x: float, y: float) -> bool:
-    return (math.isnan(x) and math.isnan(y)) or x == y
 
 
 def _value(metric: Callable[[list[Record]], float], records: list[Record]) -> float:
@@ -93,27 +89,49 @@ def _value(metric: Callable[[list[Record]], float], records: list[Record]) -> fl
         return math.nan
 
 
-def support(units_a: Sequence[list], units_b: Sequence[list], metric: Callable[[list[Record]], float],
-            enough: int = MIN_SUPPORT) -> int:
-    """How many units ``metric`` reads, as a lower bound: a unit counts when the metric is
-    defined on its records alone (a pooled metric over a subset -- MIOH's LC-S queries --
-    is NaN on every other unit) or, failing ``enough`` of those, when leaving it out changes
-    the metric in either arm (metrics of two parts, such as MIOH's decomposition gap, are
-    defined on no single unit). ``units_a`` / ``units_b``: each unit's records, in the same
-    order for both arms. Where every unit the metric reads has the same outcome, leaving one
-    out changes nothing: those are counted only by the first test."""
-    alone = sum(not math.isnan(_value(metric, list(a))) for a in units_a)
-    if alone >= enough:
-        return alone
-    full_a = _value(metric, [r for u in units_a for r in u])
-    full_b = _value(metric, [r for u in units_b for r in u])
-    count = 0
-    for i in range(len(units_a)):
-        rest_a = [r for j, u in enumerate(units_a) if j != i for r in u]
-        rest_b = [r for j, u in enumerate(units_b) if j != i for r in u]
-        if (not math.isnan(_value(metric, list(units_a[i]))) or not _same(_value(metric, rest_a), full_a)
-                or not _same(_value(metric, rest_b), full_b)):
+def support(units: Sequence[list], metric: Callable[[list[Record]], float], enough: int = MIN_SUPPORT,
+            other: Sequence[list] | None = None) -> int:
+    """How many of ``units`` (each a unit's records) ``metric`` reads, as a lower bound: the
+    union of three signs that it reads a unit, the later ones only while fewer than
+    ``enough`` are found (then counted up to ``enough``):
+
+    1. it is defined on the unit alone -- a pooled metric over a subset, such as MIOH's
+       LC-S queries, is NaN on every other unit;
+    2. the unit makes it defined together with a unit it is undefined on alone -- a metric
+       of two parts, such as MIOH's decomposition gap, is defined on no single unit;
+    3. leaving the unit out changes it, in these records or in ``other`` (the other arm's
+       units, same order) -- metrics that need several units at once (ReactBench's).
+
+    The first two depend on which records a unit holds, not on the answers; the third
+    misses units whose outcome equals the metric's value (all answers alike), which the
+    first two catch for the metrics they apply to."""
+    defined = [not math.isnan(_value(metric, list(u))) for u in units]
+    read = {i for i, d in enumerate(defined) if d}
+    if len(read) >= enough:
+        return len(read)
+    undefined = [u for u, d in zip(units, defined) if not d]
+    for i, u in enumerate(units):
+        if i not in read and any(v is not u and not math.isnan(_value(metric, list(u) + list(v))) for v in undefined):
+            read.add(i)
+            if len(read) >= enough:
+                return len(read)
+    for arm in (units, other) if other is not None else (units,):
+        full = _value(metric, [r for u in arm for r in u])
+        for i in range(len(arm)):
+            if i in read:
+                continue
+            rest = _value(metric, [r for j, u in enumerate(arm) if j != i for r in u])
+            if not ((math.isnan(rest) and math.isnan(full)) or rest == full):
+                read.add(i)
+                if len(read) >= enough:
+                    return len(read)
+    return len(read)
+    undefined = [u for u, d in zip(units, defined) if not d]
+    for u, d in zip(units, defined):
+        if not d and any(v is not u and not math.isnan(_value(metric, list(u) + list(v))) for v in undefined):
             count += 1
+            if count >= enough:
+                break
     return count
 
 
