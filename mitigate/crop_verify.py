@@ -237,7 +237,7 @@ class CropVerify(Mitigation):
         if self.locate not in LOCATE:
             raise ValueError(f"locate must be one of {LOCATE}, got {self.locate!r}")
         tile_boxes(1, 1, self.zoom_grid)  # a clear error for a bad zoom_grid
-        if not any(self.which_image is v or (isinstance(v, str) and self.which_image == v) for v in WHICH_IMAGE):
+        if not (isinstance(self.which_image, bool) or self.which_image == "decompose"):  # WHICH_IMAGE; 1 is not True
             raise ValueError(f"which_image must be one of {WHICH_IMAGE}, got {self.which_image!r}")
         if not isinstance(self.strip_priors, bool):
             raise ValueError(f"strip_priors must be True or False, got {self.strip_priors!r}")
