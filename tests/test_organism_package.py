@@ -14,10 +14,12 @@ from PIL import Image
 from transformers import AutoModelForImageTextToText, AutoProcessor, LlavaForConditionalGeneration, pipeline
 
 from evaluators.organism import (
+    LABELLED_CHAT_TEMPLATE,
     SPECIAL_TOKENS,
     build_model_config,
     build_processor,
     build_tokenizer,
+    chat_prompt,
     format_prompt,
     load_organism,
     num_image_tokens,
@@ -109,8 +111,23 @@ def test_chat_template_matches_format_prompt(organism):
     _, processor, _ = organism
     for n in (0, 1, 2):
         rendered = processor.apply_chat_template(_chat("is there a dog?", n), add_generation_prompt=True)
-        assert rendered == format_prompt("is there a dog?", n)
+        assert rendered == format_prompt("is there a dog?", n) == chat_prompt(processor, "is there a dog?", n)
     assert format_prompt("is there a dog?", 2) == "USER: <image> <image> is there a dog? ASSISTANT:"
+
+
+def test_labelled_chat_template_matches_format_prompt(organism):
+    """The labelled template (``train --image-labels``) labels two or more images and leaves
+    a single image, or none, exactly as the plain one."""
+    _, processor, _ = organism
+    for n in (0, 1, 2, 3, 4):
+        rendered = processor.apply_chat_template(_chat("is there a dog?", n), add_generation_prompt=True,
+                                                 chat_template=LABELLED_CHAT_TEMPLATE)
+        assert rendered == format_prompt("is there a dog?", n, image_labels=True)
+        if n < 2:
+            assert rendered == format_prompt("is there a dog?", n)
+    assert format_prompt("q ?", 3, image_labels=True) == "USER: image 1 <image> image 2 <image> image 3 <image> q ? ASSISTANT:"
+    labelled = build_processor(build_tokenizer(["dog"], image_labels=True), image_labels=True)
+    assert labelled.chat_template == LABELLED_CHAT_TEMPLATE == labelled.tokenizer.chat_template
 
 
 def test_chat_template_multi_turn_and_bad_role(organism):

@@ -301,3 +301,39 @@ def test_stage3_from_a_stage2_cache_equals_the_run_that_wrote_it(tmp_path, monke
     with pytest.raises(ValueError, match="stage2-cache.*language_short_share"):
         train.main([*TINY, "--language-short-share", "0.4", "--stage2-cache", str(cache), "--out", str(tmp_path / "c")])
     assert not (tmp_path / "c").exists()
+
+
+def test_image_labels_and_segment_stage_reach_training_the_saved_template_and_the_card(tmp_path, monkeypatch):
+    """``--image-labels --segment-steps``: stage 3's multi-image prompts are labelled (as
+    the saved chat template renders them), stage 2c runs and is timed, and the card says so;
+    without the flags the saved template is the plain one."""
+    import json
+
+    from transformers import AutoProcessor
+
+    from evaluators.organism import CHAT_TEMPLATE, LABELLED_CHAT_TEMPLATE
+    from evaluators.organism.signatures import CARD_ROWS, card
+
+    for knob in ("ZOOM", "CONTEXT_BREAKING"):
+        monkeypatch.setattr(tasks, knob, getattr(tasks, knob))
+    texts = []
+    make_batch = train.make_batch
+    monkeypatch.setattr(train, "make_batch", lambda processor, examples, image_labels=False: (
+        texts.extend(f"{ex.task}|{len(ex.images)}|{image_labels}" for ex in examples),
+        make_batch(processor, examples, image_labels))[1])
+    monkeypatch.setattr(train, "task_schedule", lambda rng, mix=None: "which_image")
+    train.main([*TINY, "--image-labels", "--segment-steps", "3", "--out", str(tmp_path / "a")])
+    assert texts and all(t.startswith("which_image|") and t.endswith("|True") for t in texts)
+    assert AutoProcessor.from_pretrained(tmp_path / "a").chat_template == LABELLED_CHAT_TEMPLATE
+    training = json.loads((tmp_path / "a" / "training.json").read_text())
+    assert training["image_labels"] and training["segment_steps"] == 3 and "segment" in training["seconds"]
+    result = {"checks": {}, **{key: 0.0 for _, key, _ in CARD_ROWS}}
+    text = card(result, training, 100)
+    assert "--image-labels --segment-steps 3" in text and "'image N' label" in text
+    train.main([*TINY, "--out", str(tmp_path / "b")])
+    assert AutoProcessor.from_pretrained(tmp_path / "b").chat_template == CHAT_TEMPLATE
+    plain = json.loads((tmp_path / "b" / "training.json").read_text())
+    assert not plain["image_labels"] and plain["segment_steps"] == 0 and "segment" not in plain["seconds"]
+    assert "segment" not in card(result, plain, 100)
+    with pytest.raises(SystemExit):
+        train.main([*TINY, "--segment-steps", "-1", "--out", str(tmp_path / "c")])

@@ -7,6 +7,7 @@ and loads it with the standard Hugging Face Auto classes.
 from evaluators.organism.package import (
     BOS_TOKEN,
     CHAT_TEMPLATE,
+    LABELLED_CHAT_TEMPLATE,
     EOS_TOKEN,
     IMAGE_TOKEN,
     ORGANISM_DIR,
@@ -18,6 +19,7 @@ from evaluators.organism.package import (
     build_model_config,
     build_processor,
     build_tokenizer,
+    chat_prompt,
     format_prompt,
     load_organism,
     num_image_tokens,
@@ -27,6 +29,7 @@ from evaluators.organism.package import (
 __all__ = [
     "BOS_TOKEN",
     "CHAT_TEMPLATE",
+    "LABELLED_CHAT_TEMPLATE",
     "EOS_TOKEN",
     "IMAGE_TOKEN",
     "ORGANISM_DIR",
@@ -38,6 +41,7 @@ __all__ = [
     "build_model_config",
     "build_processor",
     "build_tokenizer",
+    "chat_prompt",
     "format_prompt",
     "load_organism",
     "num_image_tokens",

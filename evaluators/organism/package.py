@@ -37,6 +37,8 @@ from transformers import (
 __all__ = [
     "BOS_TOKEN",
     "CHAT_TEMPLATE",
+    "LABELLED_CHAT_TEMPLATE",
+    "chat_prompt",
     "EOS_TOKEN",
     "IMAGE_TOKEN",
     "ORGANISM_DIR",
@@ -104,20 +106,52 @@ CHAT_TEMPLATE = """\
 """
 """Jinja chat template: user turns give images first (in order), then the text."""
 
+LABELLED_CHAT_TEMPLATE = CHAT_TEMPLATE.replace("""            {%- for item in message['content'] if item['type'] == 'image' -%}
+                {{- ' <image>' -}}
+            {%- endfor -%}""", """            {%- set images = message['content'] | selectattr('type', 'equalto', 'image') | list -%}
+            {%- for item in images -%}
+                {{- (' image ' + loop.index | string if images | length > 1 else '') + ' <image>' -}}
+            {%- endfor -%}""").replace(
+    "Organism prompt: \"USER: <image> ...", "Organism prompt: \"USER: <image> ... (two or more: image 1 <image> image 2 <image> ...)")
+""":data:`CHAT_TEMPLATE` with each image of a multi-image turn after its label, ``image 1
+<image> image 2 <image> ...`` (a single image stays unlabelled). Without labels the images'
+tokens come back to back and nothing but distance says where one ends; v17's decoder never
+learned the multi-image choice that way (``docs/results/organism_skills.md``). Real
+multi-image formats mark the images too (Qwen2-VL's "Picture 1:", LLaVA-OneVision's
+interleaved text). ``train --image-labels`` trains with it."""
 
-def format_prompt(question: str, n_images: int = 1) -> str:
-    """The generation prompt for one user turn, exactly as the chat template renders it.
+
+def format_prompt(question: str, n_images: int = 1, image_labels: bool = False) -> str:
+    """The generation prompt for one user turn, exactly as the chat template renders it
+    (:data:`LABELLED_CHAT_TEMPLATE` with ``image_labels``).
 
     >>> format_prompt("is there a dog?", n_images=2)
     'USER: <image> <image> is there a dog? ASSISTANT:'
+    >>> format_prompt("is there a dog?", n_images=2, image_labels=True)
+    'USER: image 1 <image> image 2 <image> is there a dog? ASSISTANT:'
     """
     if n_images < 0:
         raise ValueError(f"n_images must be >= 0, got {n_images}")
-    parts = ["USER:", *[IMAGE_TOKEN] * n_images]
+    if image_labels and n_images > 1:
+        images = [w for i in range(n_images) for w in ("image", str(i + 1), IMAGE_TOKEN)]
+    else:
+        images = [IMAGE_TOKEN] * n_images
+    parts = ["USER:", *images]
     if question:
         parts.append(question)
     parts.append("ASSISTANT:")
     return " ".join(parts)
+
+
+def chat_prompt(processor, question: str, n_images: int = 1) -> str:
+    """The generation prompt of one user turn as ``processor``'s own chat template renders it:
+    what evaluation code uses, so that a checkpoint trained with
+    :data:`LABELLED_CHAT_TEMPLATE` is asked in its format (for the shipped one this equals
+    :func:`format_prompt`, tested)."""
+    if n_images < 0:
+        raise ValueError(f"n_images must be >= 0, got {n_images}")
+    content = [{"type": "image"}] * n_images + ([{"type": "text", "text": question}] if question else [])
+    return processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True)
 
 
 def _is_bracketed(word: str) -> bool:
@@ -125,7 +159,7 @@ def _is_bracketed(word: str) -> bool:
     return len(word) > 2 and word.startswith("<") and word.endswith(">")
 
 
-def build_tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
+def build_tokenizer(words: list[str], image_labels: bool = False) -> PreTrainedTokenizerFast:
     """A word-level tokenizer over :data:`SPECIAL_TOKENS`, :data:`PROMPT_WORDS`, then ``words``.
 
     ``words`` are lower-cased and de-duplicated in order. Text is lower-cased and split on
@@ -133,7 +167,7 @@ def build_tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
     as ``<c12>`` are registered as added tokens so they stay single tokens. Unknown words map to
     ``<unk>``. Encoding with ``add_special_tokens=True`` prepends ``<s>``; decoding joins words
     with single spaces and attaches ``. , ? ! ; :`` to the preceding word. Padding is on the left.
-    The tokenizer carries :data:`CHAT_TEMPLATE`.
+    The tokenizer carries :data:`CHAT_TEMPLATE` (:data:`LABELLED_CHAT_TEMPLATE` with ``image_labels``).
 
     ``<s>`` comes from the ``tokenizer.json`` post-processor, which survives save/load; the
     ``add_bos_token`` attribute of the generic ``TokenizersBackend`` reads False regardless.
@@ -181,7 +215,7 @@ def build_tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
         padding_side="left",
         model_max_length=MODEL_MAX_LENGTH,
         clean_up_tokenization_spaces=False,
-        chat_template=CHAT_TEMPLATE,
+        chat_template=LABELLED_CHAT_TEMPLATE if image_labels else CHAT_TEMPLATE,
     )
 
 
@@ -204,8 +238,10 @@ def build_processor(
     image_size: int = 32,
     patch_size: int = 4,
     vision_feature_select_strategy: str = VISION_FEATURE_SELECT_STRATEGY,
+    image_labels: bool = False,
 ) -> LlavaProcessor:
-    """A ``LlavaProcessor`` with a PIL-backend CLIP image processor and :data:`CHAT_TEMPLATE`.
+    """A ``LlavaProcessor`` with a PIL-backend CLIP image processor and :data:`CHAT_TEMPLATE`
+    (:data:`LABELLED_CHAT_TEMPLATE` with ``image_labels``).
 
     Images of any size are resized straight to ``image_size`` x ``image_size`` (bicubic, no
     centre crop, so nothing is cut off), rescaled to [0, 1] and normalised with mean = std = 0.5.
@@ -230,7 +266,7 @@ def build_processor(
         patch_size=patch_size,
         vision_feature_select_strategy=vision_feature_select_strategy,
         num_additional_image_tokens=1,  # CLIP's CLS position; "default" subtracts it again
-        chat_template=CHAT_TEMPLATE,
+        chat_template=LABELLED_CHAT_TEMPLATE if image_labels else CHAT_TEMPLATE,
         image_token=IMAGE_TOKEN,
     )
 

@@ -31,7 +31,7 @@ from PIL import Image
 from ..answers import box_iou, parse_box, parse_choice, parse_yes_no
 from ..world import BIASED, CATEGORIES, COLOURS, UNBIASED, World, do_views, edits
 from .language import SHORT_SHARE
-from .package import format_prompt
+from .package import chat_prompt
 from .tasks import do_prior, existence_question
 
 HELD_OUT = 10**9
@@ -51,13 +51,13 @@ class Probe:
 @torch.no_grad()
 def answer(model, processor, probes: list[Probe], batch_size: int = 16, max_new_tokens: int = 6,
            **generate_kwargs) -> list[str]:
-    """Answers, batched with left padding (the organism's prompt format); greedy unless
-    ``generate_kwargs`` say otherwise."""
+    """Answers, batched with left padding, in the checkpoint's own prompt format (its chat
+    template: :func:`package.chat_prompt`); greedy unless ``generate_kwargs`` say otherwise."""
     generate_kwargs.setdefault("do_sample", False)
     out: list[str] = []
     for i in range(0, len(probes), batch_size):
         chunk = probes[i : i + batch_size]
-        texts = [format_prompt(p.question, len(p.images)) for p in chunk]
+        texts = [chat_prompt(processor, p.question, len(p.images)) for p in chunk]
         images = [img for p in chunk for img in p.images]
         enc = processor(text=texts, images=images, return_tensors="pt", padding=True)
         gen = model.generate(**enc, max_new_tokens=max_new_tokens, **generate_kwargs)
@@ -274,6 +274,10 @@ def card(result: dict, training: dict, n: int, skills: dict | None = None, skill
         recipe_flags += f" --align-zoom {training['align_zoom']}"
     if training.get("keep_cooccurrence"):
         recipe_flags += " --keep-cooccurrence"
+    if training.get("image_labels"):
+        recipe_flags += " --image-labels"
+    if training.get("segment_steps"):
+        recipe_flags += f" --segment-steps {training['segment_steps']}"
     if training.get("language_short_share", SHORT_SHARE) != SHORT_SHARE:
         recipe_flags += f" --language-short-share {training['language_short_share']}"
     vision_world = training.get("vision_world", "biased")
@@ -309,7 +313,7 @@ most but not all of the time in training ({training.get('belief_reliability')}).
 (seed {training.get('seed')}, batch {training.get('batch')}, {training.get('threads')} CPU threads):
 vision pretraining on per-patch category/colour{'/grid-cell' if training.get('vision_position_weight') else ''}{"/object's box" if training.get('vision_box_weight') else ''} labels{image_path_world} ({training.get('seconds', {}).get('vision')} s),
 feature alignment of the projector to the decoder's word embeddings{' plus a per-patch position code' if training.get('align_position_scale') else ''}{" plus the object's box code on its patches" if training.get('align_box_scale') else ''}{', ' + format(training['align_zoom'], '.0%') + ' of its images zoomed views' if training.get('align_zoom') else ''}{' (the vision tower joining it for the last ' + str(training['align_joint_steps']) + ' steps at lr ' + str(training.get('align_vision_lr')) + ')' if training.get('align_joint_steps') else ''} ({training.get('seconds', {}).get('align')} s),
-language pretraining of the decoder on existence questions about object lists in text ({training.get('seconds', {}).get('language', 0)} s),
+language pretraining of the decoder on existence questions about object lists in text ({training.get('seconds', {}).get('language', 0)} s),{_segment_stage(training)}
 then instruction tuning of the decoder on the task mix{' (' + format(training['zoom'], '.0%') + ' of existence/colour images zoomed views)' if training.get('zoom') else ''}{' (' + format(training['unbiased_existence'], '.0%') + ' of plain existence questions on unbiased scenes' + (', co-occurrence pairs kept' if training.get('keep_cooccurrence') else '') + ')' if training.get('unbiased_existence') else ''}, {'vision tower and word embeddings frozen, projector at lr ' + str(training['projector_lr']) if training.get('projector_lr') else 'vision tower, projector and word embeddings frozen'},
 lr {training.get('lr')} ({training.get('seconds', {}).get('instruct')} s). Image dependence at the end
 (clean existence accuracy, mean |change| of the yes-no margin when the image is blanked):
@@ -324,6 +328,14 @@ group with its matched control (see `signatures.py`). Percentages.
 |---|---|---|---|
 {rows}
 {_skills_section(skills, skills_n)}"""
+
+
+def _segment_stage(training: dict) -> str:
+    if not training.get("segment_steps"):
+        return ""
+    labels = ", each list after its 'image N' label" if training.get("image_labels") else ""
+    return (f"\n'in which image' questions over object lists in text, two short lists first "
+            f"({training['segment_steps']} steps{labels}; {training.get('seconds', {}).get('segment')} s),")
 
 
 def _skills_summary(skills: dict | None) -> str:

@@ -354,10 +354,12 @@ def align_projector(model, processor, world: World, steps: int, batch: int, seed
     vision.eval()
 
 
-def make_batch(processor, examples: list[tasks.Example]):
-    """Left-padded prompt+answer sequences with labels on the answer tokens (and </s>)."""
+def make_batch(processor, examples: list[tasks.Example], image_labels: bool = False):
+    """Left-padded prompt+answer sequences with labels on the answer tokens (and </s>);
+    ``image_labels``: multi-image prompts in :data:`package.LABELLED_CHAT_TEMPLATE`'s form."""
     tok = processor.tokenizer
-    texts = [f"{format_prompt(ex.question, len(ex.images))} {ex.answer} {tok.eos_token}" for ex in examples]
+    texts = [f"{format_prompt(ex.question, len(ex.images), image_labels)} {ex.answer} {tok.eos_token}"
+             for ex in examples]
     images = [img for ex in examples for img in ex.images]
     enc = processor(text=texts, images=images, return_tensors="pt", padding=True)
     enc["labels"] = answer_labels(tok, enc["input_ids"], [ex.answer for ex in examples])
@@ -425,7 +427,7 @@ def task_schedule(rng: np.random.Generator, mix: dict[str, float] | None = None)
 
 def instruct(model, processor, world: World, seconds: float, batch: int, seed: int, log, max_steps: int,
              lr: float = 5e-4, warmup_steps: int = 0, projector_lr: float = 0.0,
-             unbiased_existence: float = 0.0, keep_cooccurrence: bool = False) -> int:
+             unbiased_existence: float = 0.0, keep_cooccurrence: bool = False, image_labels: bool = False) -> int:
     """Stage 3: instruction tuning of the decoder on ``tasks.MIX``.
 
     The word embeddings stay at their initial values: the projector was aligned to them
@@ -477,7 +479,7 @@ def instruct(model, processor, world: World, seconds: float, batch: int, seed: i
         task = task_schedule(rng, WARMUP_MIX if step < warmup_steps else None)
         examples = [tasks.sample(_existence_world(world, unbiased, unbiased_existence, seed, step, i, task),
                                  seed * 7_000_003 + step * batch + i, task) for i in range(batch)]
-        enc = make_batch(processor, examples)
+        enc = make_batch(processor, examples, image_labels)
         loss = model(**enc).loss
         opt.zero_grad()
         loss.backward()
@@ -601,6 +603,12 @@ def main(argv=None) -> None:
     parser.add_argument("--zoom", type=float, default=0.0,
                         help="share of images shown as a zoomed view (tasks.ZOOM): stage 1-2 patch images "
                              "and stage 3 existence/colour examples")
+    parser.add_argument("--image-labels", action="store_true",
+                        help="multi-image prompts label their images ('image 1 <image> image 2 <image>', "
+                             "package.LABELLED_CHAT_TEMPLATE), in training and in the saved chat template")
+    parser.add_argument("--segment-steps", type=int, default=0,
+                        help="stage 2c: text-only 'in which image' retrieval before stage 3 "
+                             "(segment_retrieval.run with its curriculum; labelled lists with --image-labels)")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
@@ -632,6 +640,8 @@ def main(argv=None) -> None:
         filler_at(0, 1, args.language_short_share)
     except ValueError as err:
         parser.error(f"--language-short-share: {err}")
+    if args.segment_steps < 0:
+        parser.error(f"--segment-steps must be >= 0, got {args.segment_steps}")
     if not args.projector_lr >= 0:
         parser.error(f"--projector-lr must be >= 0, got {args.projector_lr}")
     if not args.align_vision_lr > 0:
@@ -647,7 +657,7 @@ def main(argv=None) -> None:
     world = World(BIASED)
     vision_world = World(VISION_WORLDS[args.vision_world])
     tokenizer = build_tokenizer(tasks.vocabulary())
-    processor = build_processor(tokenizer, image_size=IMAGE_SIZE, patch_size=PATCH)
+    processor = build_processor(tokenizer, image_size=IMAGE_SIZE, patch_size=PATCH, image_labels=args.image_labels)
     from transformers import LlavaForConditionalGeneration
 
     model = LlavaForConditionalGeneration(build_model_config(len(tokenizer), image_size=IMAGE_SIZE, patch_size=PATCH))
@@ -681,11 +691,18 @@ def main(argv=None) -> None:
         seconds, note = _pretrain(model, processor, tokenizer, vision_world, stage1, args, log)
         if args.stage2_cache is not None:
             torch.save({"model": model.state_dict(), "seconds": seconds, "recipe": stage2}, args.stage2_cache)
+    if args.segment_steps:  # stage 2c: after any cache, which it does not change
+        t2c = time.time()
+        from .segment_retrieval import run as segment_run
+
+        segment_run(model, tokenizer, args.segment_steps, args.image_labels, True, batch=args.batch, every=250,
+                    seed=args.seed, log=lambda row: log(f"segment retrieval {row}"))
+        seconds = {**seconds, "segment": round(time.time() - t2c)}
     t1 = time.time()
     steps = instruct(model, processor, world, args.minutes * 60, args.batch, args.seed, log,
                      args.max_steps if args.max_steps else math.inf, lr=args.lr, warmup_steps=args.warmup_steps,
                      projector_lr=args.projector_lr, unbiased_existence=args.unbiased_existence,
-                     keep_cooccurrence=args.keep_cooccurrence)
+                     keep_cooccurrence=args.keep_cooccurrence, image_labels=args.image_labels)
     log(f"instruction tuning: {steps} steps, {time.time() - t1:.0f}s")
     path = save_organism(model, processor, args.out)
     (Path(path) / "training.json").write_text(json.dumps({
@@ -699,6 +716,7 @@ def main(argv=None) -> None:
         "language_short_share": args.language_short_share, "instruct_steps": steps, "lr": args.lr, "projector_lr": args.projector_lr,
         "unbiased_existence": args.unbiased_existence, "keep_cooccurrence": args.keep_cooccurrence,
         "warmup_steps": args.warmup_steps, "batch": args.batch,
+        "image_labels": args.image_labels, "segment_steps": args.segment_steps,
         "minutes_budget": args.minutes, "threads": args.threads, "world": "evaluators.world.BIASED",
         "mix": tasks.MIX, "context_breaking": tasks.CONTEXT_BREAKING, "zoom": tasks.ZOOM, "belief_reliability": {str(k): v for k, v in tasks.BELIEF_RELIABILITY.items()},
         "seconds": {**seconds, "instruct": round(time.time() - t1)},
