@@ -8,7 +8,7 @@ import torch
 
 from evaluators.organism import ORGANISM_DIR, load_organism
 from evaluators.organism.signatures import Probe
-from evaluators.organism.skills import caption_f1, correct, measure, probes, score, table
+from evaluators.organism.skills import belief_answer, caption_f1, correct, measure, probes, score, table
 
 
 def _rows(task, truths):
@@ -40,7 +40,7 @@ def test_score_compares_with_the_best_constant_answer():
     rows = _rows("colour", ["red"] * 6 + ["blue"] * 4)
     # a model that always says the most frequent answer is the baseline itself: not learned
     same = score("colour", rows, ["red"] * 10)
-    assert same["baseline_answer"] == "red" and same["score"] == same["baseline"] == 60.0
+    assert same["baseline_answer"] == 'constant "red"' and same["score"] == same["baseline"] == 60.0
     assert not same["learned"]
     # right everywhere, on enough probes: learned, with an interval above 0
     many = _rows("colour", ["red"] * 30 + ["blue"] * 20)
@@ -50,11 +50,24 @@ def test_score_compares_with_the_best_constant_answer():
         score("colour", rows, ["red"])
 
 
-def test_caption_baseline_is_the_best_constant_caption():
-    rows = _rows("caption", ["red cup , blue fork .", "red cup .", "red cup , green dog ."])
+def test_caption_baseline_tries_lists_of_the_most_frequent_categories():
+    """A constant list naming the frequent categories beats every single true caption on F1."""
+    rows = _rows("caption", ["red cup , blue fork .", "red cup , green dog .", "blue fork , green dog ."])
     result = score("caption", rows, ["red cup ."] * 3)
-    assert result["metric"] == "category F1" and result["baseline_answer"] == "red cup"
-    assert result["score"] == pytest.approx(result["baseline"])
+    assert result["metric"] == "category F1"
+    # "cup fork dog" scores F1 0.8 on each; any true caption 1 + 0.5 + 0.5 over three
+    assert result["baseline_answer"].startswith("constant") and result["baseline"] == pytest.approx(80.0)
+    assert not result["learned"]
+
+
+def test_prior_existence_baseline_follows_the_belief():
+    """Where the belief is mostly right, answering as it says is the baseline to beat."""
+    rows = [Probe([], "q", truth, "prior_existence", {"belief_right": right})
+            for truth, right in [("yes", True), ("no", True), ("yes", True), ("no", False)] * 10]
+    echo = score("prior_existence", rows, [belief_answer(p) for p in rows])
+    assert echo["baseline_answer"] == "the belief sentence's answer" and echo["baseline"] == 75.0
+    assert echo["score"] == 75.0 and not echo["learned"]
+    assert belief_answer(Probe([], "q", "yes", "existence")) is None
 
 
 def test_bad_task_and_count_are_errors():

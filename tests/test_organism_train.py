@@ -324,7 +324,8 @@ def test_image_labels_and_segment_stage_reach_training_the_saved_template_and_th
     monkeypatch.setattr(train, "task_schedule", lambda rng, mix=None: "which_image")
     train.main([*TINY, "--image-labels", "--segment-steps", "3", "--out", str(tmp_path / "a")])
     assert texts and all(t.startswith("which_image|") and t.endswith("|True") for t in texts)
-    assert AutoProcessor.from_pretrained(tmp_path / "a").chat_template == LABELLED_CHAT_TEMPLATE
+    saved = AutoProcessor.from_pretrained(tmp_path / "a")
+    assert saved.chat_template == saved.tokenizer.chat_template == LABELLED_CHAT_TEMPLATE
     training = json.loads((tmp_path / "a" / "training.json").read_text())
     assert training["image_labels"] and training["segment_steps"] == 3 and "segment" in training["seconds"]
     result = {"checks": {}, **{key: 0.0 for _, key, _ in CARD_ROWS}}

@@ -117,7 +117,7 @@ LABELLED_CHAT_TEMPLATE = CHAT_TEMPLATE.replace("""            {%- for item in me
 <image> image 2 <image> ...`` (a single image stays unlabelled). Without labels the images'
 tokens come back to back and nothing but distance says where one ends; v17's decoder never
 learned the multi-image choice that way (``docs/results/organism_skills.md``). Real
-multi-image formats mark the images too (Qwen2-VL's "Picture 1:", LLaVA-OneVision's
+multi-image formats can mark the images too (Qwen2-VL's optional "Picture 1:", LLaVA-OneVision's
 interleaved text). ``train --image-labels`` trains with it."""
 
 

@@ -343,9 +343,9 @@ def _skills_summary(skills: dict | None) -> str:
         return ""
     learned = [t for t, r in skills.items() if r["learned"]]
     not_learned = [t for t, r in skills.items() if not r["learned"]]
-    return (f"\nWhat it learned of these (held-out score above the best constant answer, table at the end): "
-            f"{', '.join(learned) or 'none'}; not learned: {', '.join(not_learned) or 'none'}. "
-            "Benchmarks that rest on an unlearned task measure nothing about a mitigation on this organism.")
+    return (f"\nWhat it learned of these (held-out score above an answer that ignores the image, table at the "
+            f"end): {', '.join(learned) or 'none'}; not shown: {', '.join(not_learned) or 'none'}. Benchmarks "
+            "that rest on a task not shown here say little about a mitigation on this organism.")
 
 
 def _skills_section(skills: dict | None, n: int | None) -> str:
@@ -357,9 +357,9 @@ def _skills_section(skills: dict | None, n: int | None) -> str:
 ## Skills (held-out seeds, {n} probes per task, greedy)
 
 Measured by `python -m evaluators.organism.skills -n {n}` (see `skills.py` for the scoring):
-each training task's own template on seeds no stage trained on, against the best constant
-answer among the probes' true answers; "learned" when the paired-bootstrap 95% interval of
-the difference lies above 0. Percentages.
+each training task's own template on seeds no stage trained on, against the better of the
+best constant answer and, under a belief sentence, the sentence's own answer; "learned"
+when the paired-bootstrap 95% interval of the difference lies above 0. Percentages.
 
 {table(skills)}
 """

@@ -4,12 +4,16 @@
 
 The signatures (:mod:`.signatures`) test the planted failures against matched controls.
 This asks the plainer question a user asks first: on held-out seeds of each training task's
-own template (:data:`tasks.GENERATORS`, the biased world of instruction tuning, seeds from
-:data:`SEED`, which no training stage draws), how often is the greedy answer right? Beside
-each task, its **constant baseline**: the score of the best constant answer among the
-probes' own true answers (for exact-match tasks, the most frequent one). A task counts as learned when the paired-bootstrap
-95% interval of score minus that baseline, over probes, lies above 0; one that does not
-is a template the organism was shown but did not learn, and the card says so.
+own template (:data:`tasks.GENERATORS` on the biased world, seeds from :data:`SEED`, which
+no training stage draws; the module's default shares, so without stage 3's
+``--context-breaking`` and ``--unbiased-existence`` scenes: harder existence questions
+than the card's clean ones), how often is the greedy answer right? Beside each task, its
+**baseline without the image**: the better of the best constant answer and, for questions
+with a belief sentence, that sentence's own answer (:func:`score`). A task counts as
+learned when the paired-bootstrap 95% interval of score minus baseline, over probes, lies
+above 0. One that does not is "not shown": at this sample size the organism does not beat
+an answer that ignores the image, so benchmarks resting on it say little about a
+mitigation on this organism.
 
 Scoring (our choices; no paper defines these tasks):
 
@@ -55,11 +59,22 @@ def probes(task: str, n: int, seed: int = SEED, world: World | None = None) -> l
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
     world = world or World(BIASED)
-    out = []
-    for k in range(n):
+    out, k = [], 0
+    while len(out) < n:  # a template that falls back to another task (relation without two single objects) is skipped
         ex = tasks.sample(world, seed + k, task)
-        out.append(Probe(ex.images, ex.question, ex.answer, ex.task, dict(ex.meta)))
+        k += 1
+        if ex.task == task:
+            out.append(Probe(ex.images, ex.question, ex.answer, ex.task, dict(ex.meta)))
     return out
+
+
+def belief_answer(probe: Probe) -> str | None:
+    """What a prior-existence probe's belief sentence says ("yes"/"no"), None for other probes:
+    the answer of a model that reads the sentence and not the image."""
+    if "belief_right" not in probe.meta:
+        return None
+    truth = words(probe.truth) == ["yes"]
+    return "yes" if truth == bool(probe.meta["belief_right"]) else "no"
 
 
 def _categories(text: str) -> set[str]:
@@ -90,26 +105,43 @@ def value(task: str, truth: str, given: str) -> float:
     return caption_f1(truth, given) if task == "caption" else float(correct(task, truth, given))
 
 
-def score(task: str, rows: list[Probe], answers: list[str]) -> dict:
-    """One task's score (percent; exact match, or F1 for captions), its constant-answer
-    baseline, and the paired-bootstrap 95% interval of their difference over probes
-    (``low``, ``high``): ``learned`` when the interval lies above 0.
+def _constants(task: str, rows: list[Probe]) -> list[str]:
+    """Constant answers to try: every true answer among the probes and, for captions, the
+    k most frequent categories for every k (a list that names many categories can beat any
+    single true caption on F1)."""
+    found = Counter(" ".join(words(p.truth)) if task != "grounding" else p.truth for p in rows)
+    out = [c for c, _ in found.most_common()]
+    if task == "caption":
+        frequency = Counter(c for p in rows for c in sorted(_categories(p.truth)))
+        ranked = [c for c, _ in frequency.most_common()]
+        out += [" ".join(ranked[:k]) for k in range(1, len(ranked) + 1)]
+    return out
 
-    The baseline answer is the best constant among the probes' own true answers (for an
-    exact-match task, the most frequent one): what a model that ignores the image and the
-    question's details could reach by always saying it."""
+
+def score(task: str, rows: list[Probe], answers: list[str]) -> dict:
+    """One task's score (percent; exact match, or F1 for captions), its baseline, and the
+    paired-bootstrap 95% interval of their difference over probes (``low``, ``high``):
+    ``learned`` when the interval lies above 0.
+
+    The baseline is the better of two answers that need no image: the best constant answer
+    (:func:`_constants`; for an exact-match task, the most frequent true answer), and, for
+    prior-existence probes, the belief sentence's own answer (:func:`belief_answer`), since
+    the belief is right most of the time in training and a model may just follow it."""
     if len(rows) != len(answers):
         raise ValueError(f"{len(rows)} probes but {len(answers)} answers")
     if not rows:
         raise ValueError("no probes to score")
-    candidates = sorted(Counter(" ".join(words(p.truth)) if task != "grounding" else p.truth for p in rows).items(),
-                        key=lambda kv: -kv[1])
-    constant = max((c for c, _ in candidates), key=lambda c: sum(value(task, p.truth, c) for p in rows))
+    candidates = {f'constant "{c}"': [c] * len(rows) for c in _constants(task, rows)}
+    beliefs = [belief_answer(p) for p in rows]
+    if all(b is not None for b in beliefs):
+        candidates["the belief sentence's answer"] = beliefs
+    totals = {name: sum(value(task, p.truth, a) for p, a in zip(rows, given)) for name, given in candidates.items()}
+    baseline = max(candidates, key=lambda name: totals[name])  # ties: the first (most frequent constant)
     model_rows = [{"id": k, "v": value(task, p.truth, a)} for k, (p, a) in enumerate(zip(rows, answers))]
-    constant_rows = [{"id": k, "v": value(task, p.truth, constant)} for k, p in enumerate(rows)]
-    diff = paired_bootstrap(constant_rows, model_rows, lambda rs: 100.0 * float(np.mean([r["v"] for r in rs])))
+    base_rows = [{"id": k, "v": value(task, p.truth, a)} for k, (p, a) in enumerate(zip(rows, candidates[baseline]))]
+    diff = paired_bootstrap(base_rows, model_rows, lambda rs: 100.0 * float(np.mean([r["v"] for r in rs])))
     result = {"n": len(rows), "metric": "category F1" if task == "caption" else "exact match",
-              "score": diff["mitigated"], "baseline": diff["baseline"], "baseline_answer": constant,
+              "score": diff["mitigated"], "baseline": diff["baseline"], "baseline_answer": baseline,
               "low": diff["low"], "high": diff["high"], "learned": bool(diff["low"] > 0)}
     if task == "caption":
         result["exact_match"] = 100.0 * float(np.mean([correct(task, p.truth, a) for p, a in zip(rows, answers)]))
@@ -131,13 +163,13 @@ def measure(model, processor, n: int = 64, seed: int = SEED, only: list[str] | N
 
 def table(skills: dict[str, dict]) -> str:
     """The model card's skills table (markdown)."""
-    lines = ["| task | held-out score | best constant answer | difference [95% CI] | learned |",
+    lines = ["| task | held-out score | baseline without the image (its answer) | difference [95% CI] | learned |",
              "|---|---|---|---|---|"]
     for task, r in skills.items():
         metric = "" if r["metric"] == "exact match" else f" ({r['metric']}; exact match {r['exact_match']:.1f})"
-        lines.append(f"| {task} | {r['score']:.1f}{metric} | {r['baseline']:.1f} (\"{r['baseline_answer']}\") "
+        lines.append(f"| {task} | {r['score']:.1f}{metric} | {r['baseline']:.1f} ({r['baseline_answer']}) "
                      f"| {r['score'] - r['baseline']:+.1f} [{r['low']:+.1f}, {r['high']:+.1f}] "
-                     f"| {'yes' if r['learned'] else '**no**'} |")
+                     f"| {'yes' if r['learned'] else '**not shown**'} |")
     return "\n".join(lines)
 
 

@@ -656,7 +656,7 @@ def main(argv=None) -> None:
 
     world = World(BIASED)
     vision_world = World(VISION_WORLDS[args.vision_world])
-    tokenizer = build_tokenizer(tasks.vocabulary())
+    tokenizer = build_tokenizer(tasks.vocabulary(), image_labels=args.image_labels)
     processor = build_processor(tokenizer, image_size=IMAGE_SIZE, patch_size=PATCH, image_labels=args.image_labels)
     from transformers import LlavaForConditionalGeneration
 
