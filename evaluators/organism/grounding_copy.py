@@ -48,7 +48,7 @@ from evaluators.answers import box_iou, parse_box
 from evaluators.world import CATEGORIES, COLOURS, UNBIASED, World
 
 from . import tasks, train
-from .language import decoder_parameters
+from .language import train_decoder_only
 from .package import IMAGE_TOKEN, format_prompt
 
 GIVEN = ("text", "image-codes", "image-columns")
@@ -220,11 +220,7 @@ def finetune(task: CopyTask, steps: int, lr: float, batch: int, every: int, log,
     scores every ``every`` steps. ``schedule``: a curriculum of ``task.listed`` values, each
     for an equal share of the steps (the held-out scores use the current one)."""
     model = task.model
-    decoder = decoder_parameters(model)
-    for p in model.parameters():
-        p.requires_grad_(False)
-    for p in decoder:
-        p.requires_grad_(True)
+    decoder = train_decoder_only(model)
     opt = torch.optim.AdamW(decoder, lr=lr, weight_decay=0.01)
     none_id = task.tok.convert_tokens_to_ids("none")
     rows, running, start = [], None, time.time()

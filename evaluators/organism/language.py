@@ -84,6 +84,17 @@ def decoder_parameters(model) -> list:
             if n.startswith(("model.language_model.", "lm_head.")) and "embed_tokens" not in n]
 
 
+def train_decoder_only(model) -> list:
+    """Freeze every weight but :func:`decoder_parameters`, which are returned trainable: the
+    set-up of the decoder-only fine-tunes (stage 2c and the diagnostic probes)."""
+    trainable = decoder_parameters(model)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for p in trainable:
+        p.requires_grad_(True)
+    return trainable
+
+
 def pretrain_language(model, tokenizer, steps: int, batch: int, seed: int, log, lr: float = 1e-3,
                       short_share: float = SHORT_SHARE) -> None:
     """Train the decoder (not the embeddings, vision tower or projector) on :func:`example`,

@@ -8,7 +8,7 @@ v17 answers its own ``which_image`` training template no better than a constant 
 (``docs/results/organism_skills.md``). Reading the images is not the obstacle (it answers
 each image's existence question), so this isolates the step the multi-image choice adds:
 binding an object to the segment it sits in. It fine-tunes a copy of a checkpoint's decoder
-(:func:`language.decoder_parameters`: word embeddings, vision tower and projector frozen,
+(:func:`language.train_decoder_only`: word embeddings, vision tower and projector frozen,
 as in stage 2b) on text only, in the multi-image question's own words, with each "image" a
 list of coloured objects (stage 2b's stand-in for image tokens)::
 
@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from ..world import CATEGORIES, COLOURS
-from .language import decoder_parameters
+from .language import train_decoder_only
 from .tasks import OPTION_LETTERS
 
 #: (most lists, most objects per list) of the full form: ``tasks.which_image``'s 2-4 images.
@@ -92,11 +92,7 @@ def run(model, tokenizer, steps: int, labels: bool, curriculum: bool, lr: float 
     """Fine-tune ``model``'s decoder in place; returns the held-out figures at each report."""
     if steps < 1 or every < 1:
         raise ValueError(f"steps and every must be >= 1, got {steps} and {every}")
-    trainable = decoder_parameters(model)
-    for p in model.parameters():
-        p.requires_grad_(False)
-    for p in trainable:
-        p.requires_grad_(True)
+    trainable = train_decoder_only(model)
     opt = torch.optim.AdamW(trainable, lr=lr, weight_decay=0.01)
     rng = np.random.default_rng([seed, 41])
     rows = [{"step": 0, "form": form_at(0, steps, curriculum), "stage": accuracy(model, tokenizer, form_at(0, steps, curriculum), labels),
