@@ -26,6 +26,9 @@ import json
 import sys
 from typing import Any
 
+from .benchmarks.suites import SCALES
+
+
 def _value(text: str) -> Any:
     try:
         return json.loads(text)
@@ -78,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mitigations", default="", help="e.g. vcd:alpha=1;beta=0.1,prior_suppression")
     parser.add_argument("--batch_size", type=int, default=8)
     parser.add_argument("--limit", type=int, default=None, help="first N queries of each suite")
-    parser.add_argument("--scale", default="full", choices=("small", "full"),
+    parser.add_argument("--scale", default="full", choices=sorted(SCALES),
                         help="built-in suite sizes (evaluators/benchmarks/suites.py)")
     parser.add_argument("--output_path", required=True)
     parser.add_argument("--seed", type=int, default=0)

@@ -9,10 +9,18 @@ from evaluators.benchmarks.suites import SCALES, build_queries, build_suite
 
 def test_scales_size_each_suite():
     for task, n in SCALES["small"].items():
-        assert n < SCALES["full"][task]
+        assert n < SCALES["full"][task] < SCALES["large"][task]
     assert len(build_suite("dobench", seed=0, scale="small")) == 10 * SCALES["small"]["dobench"]
     queries = build_queries(["dobench", "reactbench"], seed=0, scale="small")
     assert {q.benchmark for q in queries} == {"dobench", "reactbench"}
+
+
+def test_large_mioh_has_four_times_the_questions_of_full_and_unique_ids():
+    full, large = build_suite("mioh", seed=0, scale="full"), build_suite("mioh", seed=0, scale="large")
+    assert len(large) == 4 * len(full)
+    assert len({q.id for q in large}) == len(large)
+    count = lambda qs, c: sum(q.record["condition"] == c and "decomposed_of" not in q.record for q in qs)
+    assert count(large, "LC-S") == count(large, "LC-I") == 48
 
 
 def test_bad_task_or_scale_is_named():

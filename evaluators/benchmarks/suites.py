@@ -6,7 +6,10 @@ Sizes are in the suite's own unit (scenes for DO-Bench -> 10 queries each, pairs
 Causal-HalBench and HalluSegBench, items per task / condition for ReactBench and MIOH).
 "small" keeps ``vlm-report``'s nine arms within minutes on 2 CPU cores; "full" is what an
 effect measurement on the organism uses (DO-Bench 400 queries: PriorRobust per series
-rests on 40 queries per level).
+rests on 40 queries per level); "large" is four times "full", for the cells whose
+intervals "full" leaves undecided (MIOH's LC-S / LC-I / HP rest on 12 questions each there,
+so one answer moves them 8.3 points; "large" gives 48). It costs four times "full": pick
+the tasks it is for with ``--tasks``.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ SCALES: dict[str, dict[str, int]] = {
     "small": {"dobench": 12, "mioh": 4, "causal_halbench": 12, "hallusegbench": 10, "reactbench": 5},
     "full": {"dobench": 40, "mioh": 12, "causal_halbench": 40, "hallusegbench": 30, "reactbench": 12},
 }
+SCALES["large"] = {task: 4 * n for task, n in SCALES["full"].items()}
 
 
 def _builders() -> dict[str, Callable[[int, int], list]]:
