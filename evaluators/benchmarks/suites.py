@@ -16,8 +16,6 @@ from __future__ import annotations
 
 from typing import Callable
 
-from hooks.errors import unknown
-
 SCALES: dict[str, dict[str, int]] = {
     "small": {"dobench": 12, "mioh": 4, "causal_halbench": 12, "hallusegbench": 10, "reactbench": 5},
     "full": {"dobench": 40, "mioh": 12, "causal_halbench": 40, "hallusegbench": 30, "reactbench": 12},
@@ -52,6 +50,8 @@ def check_tasks(tasks: list[str]) -> None:
 
 def build_suite(task: str, seed: int = 0, scale: str = "full") -> list:
     """The built-in queries of one suite."""
+    from hooks.errors import unknown  # here, not at the top: the CLIs read SCALES before torch loads
+
     if scale not in SCALES:
         raise ValueError(unknown("scale", scale, SCALES))
     check_tasks([task])
