@@ -96,6 +96,11 @@ def optional_arms() -> list[Arm]:
             "baseline (greedy)"),
         # the same read on 2x2 tiles of the image, for objects smaller than a patch
         Arm("crop-and-verify, zoomed search", lambda p: [CropVerify(p, locate="zoom")], {}, "baseline (greedy)"),
+        # the decomposition with the views cut where the zoomed search finds the object: MIOH's
+        # hard positives are small, where the attention localiser misses them
+        # (docs/results/crop_verify_which_image.md, "--scale large")
+        Arm("crop-and-verify, decomposed, zoomed search",
+            lambda p: [CropVerify(p, which_image="decompose", locate="zoom")], {}, "baseline (greedy)"),
     ]
 
 
