@@ -64,6 +64,8 @@ def test_named_arms_bring_their_baselines_and_controls():
         "prior suppression: context, decomposed, priors kept", "crop-and-verify, decomposed, priors kept",
         "baseline (greedy)"]
     assert names(with_references([by_name["baseline (greedy)"]], known)) == ["baseline (greedy)"]
+    assert names(with_references([by_name["crop-and-verify, decomposed, zoomed search"]], known)) == [
+        "crop-and-verify, decomposed, zoomed search", "baseline (greedy)"]
 
 
 def _subset_acc(records):
