@@ -412,8 +412,11 @@ def test_zero_strength_is_the_unmitigated_model():
 
 
 @pytest.mark.parametrize("mode", ["context", "output", "both"])
-def test_every_decoding_mode_runs_with_spans_differing_per_row(mode):
-    model = build_tiny_model("qwen2_vl")  # M-RoPE: the branch rows must keep their positions
+@pytest.mark.parametrize("model_type", TINY_MODEL_TYPES)
+def test_every_decoding_mode_runs_with_spans_differing_per_row(model_type, mode):
+    """Greedy, sampling and beam search on every supported family (issue 5's test list);
+    Qwen2-VL's M-RoPE is the case where the branch rows must keep their positions."""
+    model = build_tiny_model(model_type)
     inputs = tiny_inputs(model, batch_size=2, text_lengths=[7, 5], seed=4)
     _, strings = _span_rows(inputs, resolve(model))
     with attach(model, PriorSuppression(WordIds(), mode=mode, spans=strings)), torch.no_grad():
