@@ -10,7 +10,7 @@ from hooks.testing import PIXEL_LAYOUTS, TINY_MODEL_TYPES, build_tiny_model, tin
 
 EXPECTED = {
     "llava", "llava_next", "llava_onevision", "qwen2_vl", "qwen2_5_vl", "qwen3_vl",
-    "idefics3", "smolvlm", "paligemma", "gemma3", "mistral3", "internvl",
+    "idefics3", "smolvlm", "paligemma", "gemma3", "mistral3", "internvl", "glm4v",
 }  # fmt: skip
 BATCHES = {"single": (1, None), "padded": (3, [3, 9, 5])}
 TOKEN_TYPE_NAMES = ("token_type_ids", "mm_token_type_ids")
@@ -168,8 +168,8 @@ def test_token_types_matter(model_type):
     assert any(changed)
 
 
-@pytest.mark.parametrize("model_type", [t for t in TINY_MODEL_TYPES if t.startswith("qwen")])
-def test_qwen_uses_multimodal_rope(model_type):
+@pytest.mark.parametrize("model_type", [t for t in TINY_MODEL_TYPES if get_adapter(t).multimodal_rope])
+def test_multimodal_rope_families_use_it(model_type):
     """A 2x3 merged grid spans max(2, 3) = 3 positions for 6 tokens: rope_deltas < 0 proves M-RoPE ran."""
     model = build_tiny_model(model_type)
     with torch.no_grad():
