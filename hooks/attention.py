@@ -132,7 +132,7 @@ def add_attention_bias(
     memo = _Memo() if same_for_all_layers else None
     if memo is not None:
         handles.append(group.add_forward_pre_hook(points.language_model, memo.clear))
-    for index in points.layer_indices(layers):
+    for index in points.attention_layer_indices(layers):
         module = points.attention[index]
         handles.append(group.add_forward_pre_hook(module, _BiasHook(index, module, bias_fn, memo)))
     return handles

@@ -129,7 +129,7 @@ class AttentionCapture:
 
     def __init__(self, points: ModelPoints, layers: Iterable[int]) -> None:
         self.points = points
-        self.layers = points.layer_indices(layers)
+        self.layers = points.attention_layer_indices(layers)
         if not self.layers:
             raise ValueError("layers: at least one decoder layer to capture")
         self._armed: dict | None = None

@@ -62,7 +62,8 @@ class ModelPoints:
     projector: nn.Module = field(repr=False)
     language_model: nn.Module = field(repr=False)
     decoder_layers: tuple[nn.Module, ...] = field(repr=False)
-    attention: tuple[nn.Module, ...] = field(repr=False)
+    # per decoder layer its self-attention, None for a hybrid decoder's linear-attention layers
+    attention: tuple[nn.Module | None, ...] = field(repr=False)
     lm_head: nn.Module = field(repr=False)
     token_embeddings: nn.Module = field(repr=False)
     image_token_id: int
@@ -95,7 +96,8 @@ class ModelPoints:
     @property
     def attn_implementation(self) -> str:
         """The attention implementation the decoder uses (``sdpa``, ``eager``, ``flash_attention_2`` …)."""
-        config = getattr(self.attention[0], "config", None) or getattr(self.language_model, "config", None)
+        first = next(a for a in self.attention if a is not None)
+        config = getattr(first, "config", None) or getattr(self.language_model, "config", None)
         impl = getattr(config, "_attn_implementation", None)
         return impl or "eager"
 
@@ -133,7 +135,10 @@ class ModelPoints:
             if layers is not None:
                 raise ValueError(f"point {point!r} is not per-layer; do not pass layers")
             return [target]
-        return [target[i] for i in self.layer_indices(layers)]
+        return [target[i] for i in self._indices(attr, layers)]
+
+    def _indices(self, attr: str, layers: Iterable[int] | None) -> list[int]:
+        return self.attention_layer_indices(layers) if attr == "attention" else self.layer_indices(layers)
 
     def layer_indices(self, layers: Iterable[int] | None) -> list[int]:
         """Normalise a layer selection to sorted non-negative indices, with a clear error."""
@@ -146,6 +151,32 @@ class ModelPoints:
                 raise ValueError(f"layer index {i!r} out of range for a {n}-layer decoder ({self.model_type})")
             out.append(i % n)
         return sorted(set(out))
+
+    @property
+    def attention_layers(self) -> list[int]:
+        """Indices of the decoder layers with softmax self-attention: every layer, except a
+        hybrid decoder's linear-attention ones (the adapter's ``linear_attention``)."""
+        return [i for i, a in enumerate(self.attention) if a is not None]
+
+    def linear_attention(self, layers: Iterable[int] | None = None) -> list[tuple[int, nn.Module]]:
+        """``(index, module)`` of a hybrid decoder's linear-attention token mixers among
+        ``layers`` (None: all); empty for a decoder with softmax attention in every layer."""
+        name = self.adapter.linear_attention
+        return [(i, getattr(self.decoder_layers[i], name)) for i in self.layer_indices(layers)
+                if self.attention[i] is None and name]
+
+    def attention_layer_indices(self, layers: Iterable[int] | None) -> list[int]:
+        """:meth:`layer_indices` for the attention points: ``None`` is every attention layer,
+        and a chosen layer without softmax attention is a ``ValueError`` naming it."""
+        if layers is None:
+            return self.attention_layers
+        out = self.layer_indices(layers)
+        linear = [i for i in out if self.attention[i] is None]
+        if linear:
+            raise ValueError(
+                f"layers {linear} of this {self.model_type} decoder are {self.adapter.linear_attention} (linear "
+                f"attention, no attention scores); its attention layers are {self.attention_layers}")
+        return out
 
     def add_hook(
         self,
@@ -162,7 +193,7 @@ class ModelPoints:
         """
         attr, kind = _lookup(point)
         modules = self.modules_for(point, layers)
-        indices = self.layer_indices(layers) if attr in PER_LAYER else [None]
+        indices = self._indices(attr, layers) if attr in PER_LAYER else [None]
         register = group.add_forward_pre_hook if kind == "input" else group.add_forward_hook
         handles = []
         for index, module in zip(indices, modules):
@@ -188,7 +219,9 @@ class ModelPoints:
             "decoder_layers": f"{self.adapter.decoder_layers}[0..{self.num_layers - 1}] "
             f"({type(self.decoder_layers[0]).__name__})",
             "attention": f"{self.adapter.decoder_layers}[i].{self.adapter.self_attention} "
-            f"({type(self.attention[0]).__name__}, {self.attn_implementation})",
+            f"({type(next(a for a in self.attention if a is not None)).__name__}, {self.attn_implementation})"
+            + (f"; layers {self.attention_layers} only, the others are {self.adapter.linear_attention}"
+               if len(self.attention_layers) < self.num_layers else ""),
             "lm_head": where(self.lm_head),
             "image_token_id": self.image_token_id,
             "video_token_id": self.video_token_id,
@@ -261,10 +294,15 @@ def resolve(model: nn.Module, adapter: Adapter | None = None) -> ModelPoints:
             missing.append(f"decoder_layers ({adapter.decoder_layers} is not a non-empty ModuleList)")
         else:
             found = [getattr(layer, adapter.self_attention, None) for layer in layers]
-            if any(not isinstance(a, nn.Module) for a in found):
-                missing.append(f"attention ({adapter.decoder_layers}[i].{adapter.self_attention})")
+            # a hybrid decoder's linear-attention layers have no self-attention (None below)
+            linear = [isinstance(getattr(layer, adapter.linear_attention, None), nn.Module)
+                      if adapter.linear_attention else False for layer in layers]
+            if any(not isinstance(a, nn.Module) and not lin for a, lin in zip(found, linear)) or not any(
+                    isinstance(a, nn.Module) for a in found):
+                kinds = adapter.self_attention + (f" or .{adapter.linear_attention}" if adapter.linear_attention else "")
+                missing.append(f"attention ({adapter.decoder_layers}[i].{kinds})")
             else:
-                attention = tuple(found)
+                attention = tuple(a if isinstance(a, nn.Module) else None for a in found)
     image_token_id = _config_id(config, adapter.image_token_id)
     if image_token_id is None:
         missing.append(f"image_token_id (config attributes tried: {list(adapter.image_token_id)})")

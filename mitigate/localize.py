@@ -69,9 +69,14 @@ GENERIC_PROMPT = "describe the image ."  # ViCrop: "Write a general description 
 
 
 def default_layers(points: ModelPoints) -> list[int]:
-    """ViCrop's choice: a middle layer (and its neighbour for small models)."""
+    """ViCrop's choice: a middle layer (and its neighbour for small models). In a hybrid
+    decoder (attention in some layers only), the two attention layers nearest those."""
     n = points.num_layers
-    return sorted({max(0, n // 2 - 1), n // 2})
+    middle = sorted({max(0, n // 2 - 1), n // 2})
+    attention = points.attention_layers
+    if all(i in attention for i in middle):
+        return middle
+    return sorted(sorted(attention, key=lambda i: (min(abs(i - m) for m in middle), i))[:2])
 
 
 #: Which prompt positions' attention is read: ViCrop's last token, the mean over the text

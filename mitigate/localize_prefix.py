@@ -20,7 +20,9 @@ reuse would not be exact or cannot be checked:
 * the adapter's ``causal_image_prefix`` is false (PaliGemma's prefix-LM attends
   bidirectionally over image and prompt, so the image tokens' states depend on the
   question) or its positions are multimodal RoPE (Qwen2/2.5/3-VL: text positions after an
-  image depend on its grid, kept in model state);
+  image depend on its grid, kept in model state), or the decoder is hybrid (Qwen3.5: a
+  linear-attention layer's recurrent state holds the whole prompt and cannot be cut back
+  to the image's end);
 * the cache is not a plain :class:`~transformers.DynamicCache` of full layers on the
   model's devices (a sliding window may have dropped the image's first tokens; an
   offloaded cache keeps its layers elsewhere), or it holds more rows than the
@@ -90,8 +92,8 @@ def generic_maps_from_cache(model: nn.Module, cache, inputs: dict, rows: Sequenc
         raise ValueError(f"queries must be one of {QUERIES}, got {queries!r}")
     points = resolve(model)
     adapter = points.adapter
-    if adapter.multimodal_rope or not adapter.causal_image_prefix:
-        return None
+    if adapter.multimodal_rope or not adapter.causal_image_prefix or adapter.linear_attention:
+        return None  # a hybrid decoder's recurrent state cannot be cut back to the image's end
     if type(cache) is not DynamicCache or getattr(cache, "offloading", False) or any(cache.is_sliding):
         return None  # an offloaded cache keeps its layers on another device; a window may have dropped the image
     if groups_on(model):

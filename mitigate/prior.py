@@ -20,6 +20,15 @@ Attribute) measure:
   while a sliding window (Gemma3's: 1024 tokens, 512 on the 1B model) covers the whole
   prompt; in a longer prompt, a window that holds the masked span reaches that many tokens
   less far back than the deleted prompt's (the window counts cache slots, not positions).
+  Hybrid decoders (Qwen3.5: Gated DeltaNet layers between full-attention ones) have no
+  attention scores in their linear-attention layers; there the span's input to the token
+  mixer is multiplied by ``1 - strength`` at the prefill -- at ``strength = 1`` exactly
+  what transformers does to a position the attention mask removes (it zeroes the padding's
+  input to those layers), so full suppression still equals removing the span from the
+  mask; the scaling in between is our choice, the recurrent analogue of down-weighting a
+  key. ``compact_positions`` is refused there: a recurrent layer steps through the zeroed
+  positions (its short convolution still mixes their neighbours in), so no position shift
+  makes the prompt read as if the span were deleted.
 * **output mode** -- *output* tokens the language model favours whatever the image shows.
   An image-free contrast branch (the image tokens hidden from attention) gives the
   language prior ``l(y|x)``, and the logits become ``l(y|v,x) - gamma * l(y|x)`` on the
@@ -61,7 +70,8 @@ class PriorSuppression(Mitigation):
     ``span_texts`` gives per row the string they index -- the text passed to the
     processor, chat template and all -- in which case each offset range is found in the
     decoded prompt as the same text at the same occurrence (``spans.user_spans``).
-    ``layers``: decoder layers that get the bias (None = all).
+    ``layers``: decoder layers that get the bias (None = all; a hybrid decoder's
+    linear-attention layers among them get the span's input scaled instead).
     """
 
     tokenizer: Any = field(default=None, repr=False)  # results.json records the config, not the vocabulary
@@ -261,8 +271,34 @@ class PriorSuppression(Mitigation):
                 kwargs["attention_mask"] = torch.ones(rows, past + length, dtype=torch.long, device=lead.device)
             return args, kwargs
 
+        def scale_linear(module, args, kwargs):
+            """A hybrid decoder's linear-attention layer at the prefill: the span's input
+            times ``1 - strength`` (decoding steps carry no span)."""
+            keys = span_keys()
+            hidden = kwargs.get("hidden_states", args[0] if args else None)
+            if keys is None or hidden is None or hidden.shape[1] == 1:
+                return None
+            if hidden.shape[1] != keys.shape[1]:
+                raise ValueError(f"prior suppression: a linear-attention layer got {hidden.shape[1]} positions, the "
+                                 f"prompt has {keys.shape[1]}: do not use prefill_chunk_size with context mode")
+            keep = 1.0 - self.strength * row_keys(hidden.shape[0], hidden.device).to(hidden.dtype)
+            hidden = hidden * keep[..., None]
+            if "hidden_states" in kwargs:
+                return args, {**kwargs, "hidden_states": hidden}
+            return (hidden, *args[1:]), kwargs
+
+        linear = points.linear_attention(self.layers)
+        if linear and self.compact_positions:
+            raise ValueError(f"compact_positions: {points.model_type} has linear-attention layers "
+                             f"{[i for i, _ in linear]}, which step through a masked span's positions; no position "
+                             "shift reads the prompt as if it were deleted (use compact_positions=False)")
         group.add_forward_pre_hook(points.model, capture, prepend=True)
-        add_attention_bias(group, points, bias, layers=self.layers, same_for_all_layers=True)
+        chosen = points.layer_indices(self.layers)
+        attention = [i for i in chosen if i in points.attention_layers]
+        if attention:
+            add_attention_bias(group, points, bias, layers=attention, same_for_all_layers=True)
+        for _, module in linear:
+            group.add_forward_pre_hook(module, scale_linear)
         if self.compact_positions:
             group.add_forward_pre_hook(points.language_model, compact)
 

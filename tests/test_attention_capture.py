@@ -16,7 +16,10 @@ from hooks import HookGroup, resolve
 from hooks.capture import AttentionCapture, attention_probabilities
 from hooks.testing import TINY_MODEL_TYPES, build_tiny_model, tiny_inputs
 
-LAYERS = [0, -1]
+def _layers(points):
+    """The first and the last layer with softmax attention (every layer but a hybrid
+    decoder's linear-attention ones)."""
+    return [points.attention_layers[0], points.attention_layers[-1]]
 
 
 def _eager_reference(model_type, inputs):
@@ -25,7 +28,8 @@ def _eager_reference(model_type, inputs):
     with torch.no_grad():
         out = eager(**inputs, output_attentions=True, use_cache=False)
     points = resolve(eager)
-    return [out.attentions[i] for i in points.layer_indices(LAYERS)]
+    # transformers returns the weights of the attention layers only, in layer order
+    return [out.attentions[points.attention_layers.index(i)] for i in _layers(points)]
 
 
 @pytest.mark.parametrize("impl", ["sdpa", "eager"])
@@ -41,7 +45,7 @@ def test_captured_rows_equal_eager_weights(model_type, impl):
     weights[0, -4:] = torch.tensor([0.1, 0.2, 0.3, 0.4])
     weights[1, -2:] = 0.5
     for w in (None, weights):
-        capture = AttentionCapture(points, LAYERS)
+        capture = AttentionCapture(points, _layers(points))
         with HookGroup("capture") as group, torch.no_grad():
             capture.attach(group)
             capture.arm(rows, seq, w)
@@ -59,11 +63,12 @@ def test_capture_leaves_generate_unchanged_and_detaches(model_type):
     model = build_tiny_model(model_type)
     inputs = tiny_inputs(model, batch_size=2, text_lengths=[2, 5], seed=3)
     points = resolve(model)
-    configs = [m.config for m in points.attention]
+    attention = [m for m in points.attention if m is not None]
+    configs = [m.config for m in attention]
     kwargs = dict(max_new_tokens=4, do_sample=False, output_scores=True, return_dict_in_generate=True)
     with torch.no_grad():
         plain = model.generate(**inputs, **kwargs)
-        capture = AttentionCapture(points, LAYERS)
+        capture = AttentionCapture(points, _layers(points))
         with HookGroup("capture") as group:
             capture.attach(group)
             capture.arm(*inputs["input_ids"].shape)
@@ -75,8 +80,8 @@ def test_capture_leaves_generate_unchanged_and_detaches(model_type):
         assert torch.equal(a, b)
     assert maps.shape[-1] == inputs["input_ids"].shape[1]
     assert torch.allclose(maps.sum(-1), torch.ones(()), atol=1e-4)  # each head's row is a distribution
-    assert [m.config for m in points.attention] == configs and all(
-        a is b for a, b in zip((m.config for m in points.attention), configs))
+    assert [m.config for m in attention] == configs and all(
+        a is b for a, b in zip((m.config for m in attention), configs))
     assert torch.equal(plain.sequences, again.sequences)
 
 

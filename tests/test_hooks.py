@@ -67,8 +67,12 @@ def test_forward_fires_every_point_with_expected_shapes(tiny):
     assert seen["lm_head.output"] == [(batch, seq, vocab)]
     assert seen["token_embeddings.output"][0] == (batch, seq, hidden)
     assert seen["language_model.input"][0] == (batch, seq, hidden)
-    for point in ("decoder_layer.input", "decoder_layer.output", "attention.input", "attention.output"):
+    for point in ("decoder_layer.input", "decoder_layer.output"):
         assert seen[point] == [(batch, seq, hidden)] * n, point
+    attention = len(resolve(model).attention_layers)  # a hybrid decoder's linear layers have none
+    assert attention == n or resolve(model).adapter.linear_attention
+    for point in ("attention.input", "attention.output"):
+        assert seen[point] == [(batch, seq, hidden)] * attention, point
     assert len(seen["vision_encoder.output"]) >= 1
     assert len(seen["projector.output"]) >= 1
     assert all(shape[-1] == hidden for shape in seen["projector.output"])
@@ -238,14 +242,19 @@ def test_attention_bias_of_minus_inf_equals_removing_keys_from_the_mask(model_ty
         if captured["pos"] is not None:
             return args, {**kwargs, "position_ids": captured["pos"]}
 
+    def unmasked(module, args, kwargs):  # a hybrid decoder's linear layers read the keys as before
+        return args, {**kwargs, "attention_mask": inputs["attention_mask"]}
+
     masked_inputs = {**inputs, "attention_mask": inputs["attention_mask"].masked_fill(keys, 0)}
     with HookGroup() as group, torch.no_grad():
         group.add_forward_pre_hook(points.language_model, pin)
+        for _, module in points.linear_attention():
+            group.add_forward_pre_hook(module, unmasked)
         reference = model(**masked_inputs).logits
 
     with HookGroup() as group, torch.no_grad():
         hooks.add_attention_bias(group, points, hooks.key_bias(keys, -math.inf))
-        assert len(group) == points.num_layers
+        assert len(group) == len(points.attention_layers)  # every layer, but a hybrid's linear ones
         biased = model(**inputs).logits
 
     real = inputs["attention_mask"].bool()
@@ -426,3 +435,29 @@ def test_groups_on_lists_the_live_groups_acting_on_a_models_forward():
         a.remove()
         assert groups_on(model) == []
     assert groups_on(other) == []
+
+
+def test_hybrid_decoder_attention_points_skip_its_linear_layers():
+    """Qwen3.5's Gated DeltaNet layers have no attention scores: the attention points, the
+    bias and the capture use its full-attention layers, and asking for a linear layer by
+    index is an error naming the attention layers; the linear mixers are listed apart."""
+    from hooks.capture import AttentionCapture
+
+    model = build_tiny_model("qwen3_5")
+    points = resolve(model)
+    assert points.attention_layers == [1, 3] and points.num_layers == 4
+    assert [i for i, _ in points.linear_attention()] == [0, 2]
+    assert all(type(m).__name__.endswith("GatedDeltaNet") for _, m in points.linear_attention())
+    assert points.attention_layer_indices(None) == [1, 3] and points.attention_layer_indices([-1]) == [3]
+    assert "layers [1, 3] only" in points.describe()["attention"]
+    with pytest.raises(ValueError, match=r"layers \[0\] .*linear_attn.*attention layers are \[1, 3\]"):
+        points.attention_layer_indices([0, 1])
+    with HookGroup() as group:
+        with pytest.raises(ValueError, match="linear attention"):
+            hooks.add_attention_bias(group, points, lambda ctx: None, layers=[2])
+        with pytest.raises(ValueError, match="linear attention"):
+            points.add_hook(group, "attention.input", lambda i, m, a, k: None, layers=[0])
+        with pytest.raises(ValueError, match="linear attention"):
+            AttentionCapture(points, [0])
+        assert len(points.add_hook(group, "decoder_layer.input", lambda i, m, a, k: None)) == 4
+    assert resolve(model, adapter=hooks.introspect_adapter(model)).attention == points.attention

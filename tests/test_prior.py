@@ -10,9 +10,15 @@ import pytest
 import torch
 
 from hooks import HookGroup, resolve
+from hooks.adapters import get_adapter
 from hooks.testing import TINY_MODEL_TYPES, build_tiny_model, tiny_inputs
 from mitigate import VCD, PriorSuppression, attach, find_prior_spans
 from mitigate.vcd import plausibility_mask
+
+# decoders with softmax attention in every layer: a position shift can make a masked span
+# read as deleted; a hybrid decoder's recurrent layers step through it (compact_positions refused)
+ATTENTION_ONLY = [t for t in TINY_MODEL_TYPES if get_adapter(t).linear_attention is None]
+HYBRID = [t for t in TINY_MODEL_TYPES if get_adapter(t).linear_attention is not None]
 
 
 class WordIds:
@@ -165,6 +171,36 @@ def test_full_suppression_equals_removing_the_span_from_the_mask(model_type, att
     torch.testing.assert_close(ours[real], reference[real], rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("model_type", HYBRID)
+def test_hybrid_linear_layers_see_the_span_scaled_by_one_minus_strength(model_type):
+    """In a hybrid decoder's linear-attention layer the span's input is scaled by
+    1 - strength: at strength 1 on that layer alone it equals transformers' own masking of
+    the span for that layer (its input zeroed where the 2-D mask is 0), a lower strength
+    lies between, and the full-attention layers are untouched."""
+    model = build_tiny_model(model_type)
+    inputs = tiny_inputs(model, batch_size=2, text_lengths=[7, 5], seed=3)
+    points = resolve(model)
+    (layer, module), *_ = points.linear_attention()
+    keys, strings = _span_rows(inputs, points)
+
+    def masked(mod, args, kwargs):  # the reference: the span zeroed in this layer's 2-D mask
+        return args, {**kwargs, "attention_mask": inputs["attention_mask"].masked_fill(keys, 0)}
+
+    with torch.no_grad():
+        plain = model(**inputs).logits
+        with HookGroup() as group:
+            group.add_forward_pre_hook(module, masked)
+            reference = model(**inputs).logits
+        with attach(model, PriorSuppression(WordIds(), spans=strings, layers=[layer])):
+            full = model(**inputs).logits
+        with attach(model, PriorSuppression(WordIds(), spans=strings, layers=[layer], strength=0.5)):
+            half = model(**inputs).logits
+    real = inputs["attention_mask"].bool()
+    assert not torch.allclose(plain[real], reference[real])
+    torch.testing.assert_close(full[real], reference[real], rtol=0, atol=1e-5)
+    assert not torch.allclose(half[real], plain[real]) and not torch.allclose(half[real], full[real])
+
+
 def _widen_sliding_window(model, length):
     """Make a sliding-window decoder (Gemma3's tiny one: 16) see ``length`` tokens back.
 
@@ -190,7 +226,7 @@ def _compact_masked_deleted(model, inputs, keys, strings):
     return ours, masked, reference
 
 
-@pytest.mark.parametrize("model_type", TINY_MODEL_TYPES)
+@pytest.mark.parametrize("model_type", ATTENTION_ONLY)
 def test_compact_positions_equal_deleting_the_span(model_type):
     """Full masking plus compact_positions reads the prompt as if the span's tokens were
     deleted from it (last-token logits within 1e-5), where masking alone does not (the
@@ -260,7 +296,26 @@ def _deleted_rows(inputs, keys, pad_id):
     return out
 
 
-@pytest.mark.parametrize("model_type", TINY_MODEL_TYPES)
+@pytest.mark.parametrize("model_type", HYBRID)
+def test_compact_positions_are_refused_on_hybrid_decoders(model_type):
+    """Qwen3.5's Gated DeltaNet layers step through a masked span's positions, so no
+    position shift reads the prompt as if the span were deleted: a clear error, before any
+    hook is left behind; context mode without it still runs."""
+    from hooks import hook_state
+
+    model = build_tiny_model(model_type)
+    inputs = tiny_inputs(model, batch_size=1, text_lengths=[7], seed=3)
+    _, strings = _span_rows(inputs, resolve(model))
+    before = hook_state(model)
+    with pytest.raises(ValueError, match="compact_positions.*linear-attention layers"):
+        with attach(model, PriorSuppression(WordIds(), spans=strings, compact_positions=True)):
+            pass
+    assert hook_state(model) == before
+    with torch.no_grad(), attach(model, PriorSuppression(WordIds(), spans=strings)):
+        model.generate(**inputs, max_new_tokens=2, do_sample=False)
+
+
+@pytest.mark.parametrize("model_type", ATTENTION_ONLY)
 def test_compact_positions_generate_as_the_deleted_prompt(model_type):
     """generate() with compact_positions gives the logits, at every step, that the prompts
     with their spans deleted give: batch 2, left padding, a different span per row (row 0's

@@ -72,6 +72,11 @@ class Adapter:
     # (mitigate.localize_prefix). False for a prefix-LM (PaliGemma) and, to be safe, for an
     # architecture known only by introspection.
     causal_image_prefix: bool = False
+    # hybrid decoders (Qwen3.5's Gated DeltaNet layers between its full-attention ones): the
+    # module name, on a decoder layer, of the token mixer that is not softmax attention. Such
+    # layers have no attention scores to bias or capture, so the attention points skip them
+    # and asking for one by index is an error (ModelPoints.attention_layer_indices).
+    linear_attention: str | None = None
     notes: str = ""
     source: str = field(default="table", compare=False)
 
@@ -97,6 +102,8 @@ class Adapter:
                              f"per-image inputs {self.image_inputs}, got {self.pixel_grids!r}")
         if not self.image_token_id:
             raise ValueError(f"adapter {self.model_type!r}: image_token_id must name at least one config attribute")
+        if self.linear_attention is not None and (not isinstance(self.linear_attention, str) or not self.linear_attention):
+            raise ValueError(f"adapter {self.model_type!r}: linear_attention must be a module name or null")
         if not isinstance(self.causal_image_prefix, bool):
             raise ValueError(f"adapter {self.model_type!r}: causal_image_prefix must be true or false")
 

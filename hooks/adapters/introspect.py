@@ -19,6 +19,8 @@ PROJECTOR_NAMES = ("multi_modal_projector", "connector", "mm_projector", "merger
 LANGUAGE_NAMES = ("language_model", "text_model", "llm", "decoder")
 LAYER_LIST_NAMES = ("layers", "h", "blocks", "decoder_layers")
 ATTENTION_NAMES = ("self_attn", "attn", "self_attention", "attention")
+# the token mixer of a hybrid decoder's layers without softmax attention (Qwen3-Next / 3.5's Gated DeltaNet)
+LINEAR_ATTENTION_NAMES = ("linear_attn",)
 
 
 class HookPointError(ValueError):
@@ -85,10 +87,18 @@ def introspect_adapter(model: nn.Module) -> Adapter:
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     found["lm_head"] = _path_of(model, head) if head is not None else None
 
-    attention = None
+    attention = linear = None
     if found["decoder_layers"] is not None:
-        layer0 = model.get_submodule(found["decoder_layers"])[0]
-        attention = next((n for n in ATTENTION_NAMES if isinstance(getattr(layer0, n, None), nn.Module)), None)
+        layers = list(model.get_submodule(found["decoder_layers"]))
+        # the first name some layer has; the layers without it must all have a linear mixer
+        attention = next((n for n in ATTENTION_NAMES for layer in layers
+                          if isinstance(getattr(layer, n, None), nn.Module)), None)
+        others = [layer for layer in layers if not isinstance(getattr(layer, attention or "", None), nn.Module)]
+        if others:
+            linear = next((n for n in LINEAR_ATTENTION_NAMES
+                           if all(isinstance(getattr(layer, n, None), nn.Module) for layer in others)), None)
+            if linear is None:
+                attention = None  # some layers have neither: report it rather than guess
     found["self_attention"] = attention
 
     missing = sorted(k for k, v in found.items() if v is None)
@@ -103,4 +113,5 @@ def introspect_adapter(model: nn.Module) -> Adapter:
             )
             + "Add an adapter with hooks.register_adapter({...}) naming these module paths."
         )
-    return Adapter(model_type=model_type, source="introspection", **found)  # type: ignore[arg-type]
+    return Adapter(model_type=model_type, source="introspection", linear_attention=linear,
+                   **found)  # type: ignore[arg-type]
