@@ -28,14 +28,20 @@ Attribute) measure:
   mask; the scaling in between is our choice, the recurrent analogue of down-weighting a
   key. ``compact_positions`` is refused there: a recurrent layer steps through the zeroed
   positions (its short convolution still mixes their neighbours in), so no position shift
-  makes the prompt read as if the span were deleted.
+  makes the prompt read as if the span were deleted. The whole prompt must come in one
+  forward there (no ``prefill_chunk_size``): the span mask is found on the prompt's tokens.
+  A zeroed position is not a deleted one: the layer's state still decays across it.
 * **output mode** -- *output* tokens the language model favours whatever the image shows.
   An image-free contrast branch (the image tokens hidden from attention) gives the
   language prior ``l(y|x)``, and the logits become ``l(y|v,x) - gamma * l(y|x)`` on the
   plausible set ``p(y|v,x) >= beta * max p`` (VCD Eq. 4), as in VDD, M3ID and PAI. Default
   ``gamma = 0.1``: PAI (Liu et al., ECCV 2024) uses ``1.1 * l(y|v,x) - 0.1 * l(y|x)``, which
   has the same argmax and, up to its temperature of 1.1, the same distribution; ``beta =
-  0.1`` as in VCD/PAI.
+  0.1`` as in VCD/PAI. On a hybrid decoder (Qwen3.5) the hidden image tokens are zeroed
+  inputs to the linear-attention layers (transformers' masking of a 0 in the 2-D mask),
+  not removed: each still decays the recurrent state, so over hundreds of image tokens those
+  layers keep less of the text before the image than a text-only prompt would, and
+  ``l(y|x)`` is further from a text-only model's there than on attention-only families.
 """
 
 from __future__ import annotations
@@ -187,6 +193,9 @@ class PriorSuppression(Mitigation):
                 state.clear()  # embeddings alone carry no text to find spans in: nothing to suppress
                 if ids is not None:
                     state["keys"] = self.span_mask(points, ids)
+                state["prompt_forward"] = True
+            else:  # a decoding step, or more prompt after a cached part (chunked prefill, a continued chat)
+                state["prompt_forward"] = False
 
         def row_keys(rows: int, device: torch.device) -> torch.Tensor:
             """``(rows, prompt_len)``: the span mask of every row a forward runs, on ``device``."""
@@ -271,6 +280,14 @@ class PriorSuppression(Mitigation):
                 kwargs["attention_mask"] = torch.ones(rows, past + length, dtype=torch.long, device=lead.device)
             return args, kwargs
 
+        def linear_keep(rows: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+            """``(rows, prompt_len, 1)``: ``1 - strength`` on the span, 1 elsewhere, built once per prompt."""
+            memo = (rows, dtype, device)
+            if state.get("keep_key") != memo:
+                state["keep_key"] = memo
+                state["keep"] = (1.0 - self.strength * row_keys(rows, device).to(dtype))[..., None]
+            return state["keep"]
+
         def scale_linear(module, args, kwargs):
             """A hybrid decoder's linear-attention layer at the prefill: the span's input
             times ``1 - strength`` (decoding steps carry no span)."""
@@ -278,11 +295,14 @@ class PriorSuppression(Mitigation):
             hidden = kwargs.get("hidden_states", args[0] if args else None)
             if keys is None or hidden is None or hidden.shape[1] == 1:
                 return None
-            if hidden.shape[1] != keys.shape[1]:
-                raise ValueError(f"prior suppression: a linear-attention layer got {hidden.shape[1]} positions, the "
-                                 f"prompt has {keys.shape[1]}: do not use prefill_chunk_size with context mode")
-            keep = 1.0 - self.strength * row_keys(hidden.shape[0], hidden.device).to(hidden.dtype)
-            hidden = hidden * keep[..., None]
+            if not state.get("prompt_forward") or hidden.shape[1] != keys.shape[1]:
+                # the span mask was found on the first forward's tokens; a later multi-token
+                # forward (prefill_chunk_size, a chat continued over its cache) is not those tokens
+                raise ValueError(f"prior suppression: a linear-attention layer got {hidden.shape[1]} positions that "
+                                 f"are not the prompt whose spans were found ({keys.shape[1]} tokens): on a hybrid "
+                                 "decoder context mode needs the whole prompt in one forward (no prefill_chunk_size, "
+                                 "no continuation of a cached prompt)")
+            hidden = hidden * linear_keep(hidden.shape[0], hidden.dtype, hidden.device)
             if "hidden_states" in kwargs:
                 return args, {**kwargs, "hidden_states": hidden}
             return (hidden, *args[1:]), kwargs

@@ -201,6 +201,23 @@ def test_hybrid_linear_layers_see_the_span_scaled_by_one_minus_strength(model_ty
     assert not torch.allclose(half[real], plain[real]) and not torch.allclose(half[real], full[real])
 
 
+@pytest.mark.parametrize("model_type", HYBRID)
+def test_hybrid_context_mode_refuses_a_prompt_split_over_forwards(model_type):
+    """The span mask is found on the prompt's first forward; a chunked prefill's later
+    chunks are other tokens, so a linear-attention layer must not scale them by that mask:
+    a clear error, whatever the chunk length (one that divides the prompt included)."""
+    model = build_tiny_model(model_type)
+    inputs = tiny_inputs(model, batch_size=1, text_lengths=[7], seed=3)
+    _, strings = _span_rows(inputs, resolve(model))
+    length = inputs["input_ids"].shape[1]
+    chunks = {length // 2, next(c for c in range(2, length) if length % c == 0)}
+    for chunk in sorted(chunks):
+        with attach(model, PriorSuppression(WordIds(), spans=strings)), torch.no_grad():
+            with pytest.raises(ValueError, match="whole prompt in one forward"):
+                model.generate(**inputs, max_new_tokens=2, do_sample=False, prefill_chunk_size=chunk)
+            model.generate(**inputs, max_new_tokens=2, do_sample=False)  # the whole prompt at once runs
+
+
 def _widen_sliding_window(model, length):
     """Make a sliding-window decoder (Gemma3's tiny one: 16) see ``length`` tokens back.
 
