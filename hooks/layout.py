@@ -32,6 +32,12 @@ processor's per-image inputs:
   original image's size for tiled layouts; without it a square grid is assumed, and a
   non-square tile count is an error.
 
+* ``patch_positions`` -- Gemma 4's variable resolution: the processor resizes the whole
+  image to a patch grid whose (x, y) it passes per patch (``image_position_ids``, -1 on
+  padding), and the tower average-pools ``k x k`` patches into one token in raster order
+  (``Gemma4VisionPooler``: token = x // k + (width // k) * (y // k)), ``k`` the square root
+  of patches per token.
+
 Every layout checks that its regions account for exactly the row's image tokens and
 raises a ``ValueError`` saying what it expected otherwise -- a wrong map would silently
 localise the wrong place.
@@ -211,3 +217,22 @@ def _tiles(config, n_tokens, inputs, row, image_size) -> list[Region]:
     regions = [Region(per * (r * cols + c), side, side, side, (c / cols, r / rows, (c + 1) / cols, (r + 1) / rows))
                for r in range(rows) for c in range(cols)]
     return regions + [Region(per * (count - 1), side, side, side)]  # the global image / thumbnail, last
+
+
+@register_layout("patch_positions")
+def _patch_positions(config, n_tokens, inputs, row, image_size) -> list[Region]:
+    value = inputs.get("image_position_ids")
+    if value is None:
+        raise ValueError("this layout needs the processor's 'image_position_ids' to place image tokens; pass the "
+                         "processor output")
+    if row >= len(value):
+        raise ValueError(f"'image_position_ids' has {len(value)} entries, no entry for row {row} (one image per row)")
+    positions = torch.as_tensor(value[row], device="cpu")  # integer bookkeeping, wherever the inputs live
+    real = positions[(positions != -1).all(-1)]
+    if len(real) == 0 or len(real) % n_tokens:
+        raise ValueError(f"row {row}: {len(real)} patches cannot pool into {n_tokens} image tokens")
+    kernel = math.isqrt(len(real) // n_tokens)
+    width, height = int(real[:, 0].max()) + 1, int(real[:, 1].max()) + 1
+    if kernel * kernel * n_tokens != len(real) or width % kernel or height % kernel:
+        raise ValueError(f"row {row}: a {width}x{height} patch grid does not pool into {n_tokens} tokens")
+    return [Region(0, height // kernel, width // kernel, width // kernel)]

@@ -83,6 +83,7 @@ HOST_SIDE = {  # (file, function): why a host tensor is right there
     ("mitigate/localize.py", "region_heat"): "the heat canvas lives on the host, where best_window searches it",
     ("hooks/layout.py", "indices"): "geometry: small index tensors, moved to the maps' device where they index",
     ("hooks/layout.py", "_anyres"): "an empty shape probe for transformers' unpad_image (geometry only)",
+    ("hooks/layout.py", "_patch_positions"): "geometry: the patch grid read off the processor's positions",
 }
 
 

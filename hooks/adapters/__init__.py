@@ -33,7 +33,9 @@ MODULE_FIELDS = (
     "lm_head",
     "token_embeddings",
 )
-PIXEL_LAYOUTS = ("batch_chw", "batch_tiles_chw", "flat_patches", "batch_images_chw", "tiles_chw")
+# batch_patches: (images, max_patches, C*P*P) patch rows padded per image, their grid
+# positions in a per-image input (Gemma 4's image_position_ids)
+PIXEL_LAYOUTS = ("batch_chw", "batch_tiles_chw", "flat_patches", "batch_images_chw", "tiles_chw", "batch_patches")
 
 
 @dataclass(frozen=True)

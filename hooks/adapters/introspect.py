@@ -15,7 +15,8 @@ from . import Adapter
 # Candidate attribute names, in order of preference, searched on the top model and on its
 # inner ``model`` (the usual HF split into ``XModel`` + ``XForConditionalGeneration``).
 VISION_NAMES = ("vision_tower", "visual", "vision_model", "vision_encoder", "image_encoder", "vision")
-PROJECTOR_NAMES = ("multi_modal_projector", "connector", "mm_projector", "merger", "projector", "mlp1")
+PROJECTOR_NAMES = ("multi_modal_projector", "connector", "mm_projector", "merger", "projector", "mlp1",
+                   "embed_vision")
 LANGUAGE_NAMES = ("language_model", "text_model", "llm", "decoder")
 LAYER_LIST_NAMES = ("layers", "h", "blocks", "decoder_layers")
 ATTENTION_NAMES = ("self_attn", "attn", "self_attention", "attention")

@@ -285,6 +285,31 @@ class InternVLTilesLayout(PixelLayout):
         return [sum(unit_counts[i : i + per_image]) for i in range(0, len(unit_counts), per_image)]
 
 
+class PositionedPatchesLayout(PixelLayout):
+    """Gemma 4: ``(num_images, max_patches, C * P * P)`` patch rows, each image's patches in
+    raster order and zero-padded to the batch's longest, plus ``image_position_ids``
+    ``(num_images, max_patches, 2)`` = each patch's (x, y) in the patch grid, -1 on padding.
+    The tower pools ``pooling_kernel_size`` squared patches into one token."""
+
+    def build(self, config, sizes, images_per_sample, generator, options):
+        vision = config.vision_config
+        patch, kernel = vision.patch_size, vision.pooling_kernel_size
+        grids = []
+        for height, width in sizes:
+            if height % (patch * kernel) or width % (patch * kernel):
+                raise ValueError(f"Gemma 4 image size {height}x{width} must be a multiple of {patch * kernel}")
+            grids.append((height // patch, width // patch))
+        longest = max(h * w for h, w in grids)
+        pixel_values = torch.zeros(len(sizes), longest, _channels(config) * patch * patch)
+        positions = torch.full((len(sizes), longest, 2), -1, dtype=torch.long)
+        for index, (rows, cols) in enumerate(grids):
+            n = rows * cols
+            pixel_values[index, :n] = torch.rand(n, pixel_values.shape[-1], generator=generator)
+            y, x = torch.meshgrid(torch.arange(rows), torch.arange(cols), indexing="ij")
+            positions[index, :n] = torch.stack([x.flatten(), y.flatten()], dim=-1)
+        return {"pixel_values": pixel_values, "image_position_ids": positions}
+
+
 PIXEL_LAYOUTS: dict[str, PixelLayout] = {
     "standard": StandardLayout(),
     "tiled_anyres": TiledAnyResLayout(),
@@ -292,6 +317,7 @@ PIXEL_LAYOUTS: dict[str, PixelLayout] = {
     "idefics_images": IdeficsImagesLayout(),
     "padded_sizes": PaddedSizesLayout(),
     "internvl_tiles": InternVLTilesLayout(),
+    "positioned_patches": PositionedPatchesLayout(),
 }
 
 
