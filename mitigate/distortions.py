@@ -39,7 +39,7 @@ def _as_images(pixels: torch.Tensor, what: str) -> tuple[torch.Tensor, tuple[int
     if pixels.dim() < 4:
         raise ValueError(
             f"{what} needs pixels laid out as images (..., C, H, W); this model takes {pixels.dim()}-D "
-            "flattened patches -- use distortion='diffusion_noise' or 'no_image'"
+            "patch rows -- use distortion='diffusion_noise', 'patch_mask' or 'no_image'"
         )
     shape = pixels.shape
     return pixels.reshape(-1, *shape[-3:]), shape
@@ -72,13 +72,14 @@ def patch_mask(
 ) -> torch.Tensor:
     """Zero (the normalised mean) a random ``ratio`` of ``patch x patch`` cells of each image/tile.
 
-    On flattened patches (Qwen) whole patches are zeroed instead.
+    On patch rows -- flattened ``(patches, features)`` (Qwen-VL, GLM-4V) or per image
+    ``(images, patches, features)`` (Gemma 4) -- whole patches are zeroed instead.
     """
     if not 0.0 < ratio <= 1.0:
         raise ValueError(f"mask_ratio must be in (0, 1], got {ratio!r}")
-    if pixels.dim() == 2:  # flattened patches: drop whole rows
-        keep = torch.rand(pixels.shape[0], generator=generator) >= ratio
-        return pixels * keep.to(pixels.device, pixels.dtype)[:, None]
+    if pixels.dim() in (2, 3):  # patch rows: drop whole patches
+        keep = torch.rand(pixels.shape[:-1], generator=generator) >= ratio
+        return pixels * keep.to(pixels.device, pixels.dtype)[..., None]
     images, shape = _as_images(pixels, "patch_mask")
     n, _, h, w = images.shape
     gh, gw = math.ceil(h / patch), math.ceil(w / patch)

@@ -358,6 +358,37 @@ def test_flat_patch_images_are_distorted_one_by_one(model_type):
     assert not torch.equal(distorted[:rows], original[:rows])
 
 
+@pytest.mark.parametrize("model_type", [t for t in TINY_MODEL_TYPES if get_adapter(t).pixel_layout
+                                        in ("flat_patches", "batch_patches")])
+def test_patch_row_pixels_mask_whole_patches_and_refuse_blur(model_type):
+    """Pixels given as patch rows (Qwen-VL / GLM-4V flat, Gemma 4 per image) cannot be
+    blurred as images: a clear error naming the distortions that apply; patch masking zeroes
+    whole patch rows, about ``mask_ratio`` of them, and generate() runs with it."""
+    model = build_tiny_model(model_type)
+    points = resolve(model)
+    inputs = tiny_inputs(model, batch_size=2, text_lengths=[3, 5], seed=4)
+    pixels = inputs[points.pixel_inputs[0]]
+    with pytest.raises(ValueError, match="patch rows.*patch_mask"):
+        with attach(model, VCD(distortion="gaussian_blur")):
+            _gen(model, inputs, do_sample=False)
+    seen = []
+    handle = points.vision_encoder.register_forward_pre_hook(
+        lambda m, a, k: seen.append((a[0] if a else k.get("hidden_states", k.get("pixel_values"))).clone()),
+        with_kwargs=True)
+    try:
+        with attach(model, VCD(distortion="patch_mask", mask_ratio=0.5, seed=1)):
+            _gen(model, inputs, do_sample=False)
+    finally:
+        handle.remove()
+    original, distorted = seen[0], seen[1]
+    assert original.shape == distorted.shape == pixels.shape
+    rows = original.reshape(-1, original.shape[-1])
+    masked = (distorted.reshape(-1, distorted.shape[-1]) == 0).all(-1) & (rows != 0).any(-1)
+    kept = (distorted.reshape(-1, distorted.shape[-1]) == rows).all(-1)
+    assert bool((masked | kept).all())  # every patch row either zeroed whole or untouched
+    assert 0.25 < float(masked.float().sum() / (rows != 0).any(-1).sum()) < 0.75
+
+
 @pytest.mark.parametrize("model_type", TINY_MODEL_TYPES)
 def test_every_architecture_matches_two_plain_forwards_per_token(model_type):
     """Per family, ours against the naive reference with no hooks at all: each step, one
