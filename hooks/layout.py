@@ -22,7 +22,7 @@ processor's per-image inputs:
   aspect ratio, with one newline token closing each row. The tile grid and the unpadding
   are computed with transformers' own ``get_anyres_image_grid_shape`` / ``unpad_image``;
   OneVision's ``anyres_max_N`` down-sampling follows its ``pack_image_features``.
-* ``tiles`` -- Idefics3 / SmolVLM and InternVL: ``k`` equal tiles of ``t`` tokens each
+* ``tiles`` -- Idefics3 / SmolVLM, InternVL and Aya Vision: ``k`` equal tiles of ``t`` tokens each
   (``t`` = the tower's patch grid over the pixel-shuffle factor), row-major, then one
   global image (thumbnail) of the whole image when ``k > 1``. Neither family passes the
   tile grid to the model, so ``rows x cols`` is the factorisation of ``k - 1`` whose
@@ -207,6 +207,8 @@ def _tiles(config, n_tokens, inputs, row, image_size) -> list[Region]:
         side //= int(config.scale_factor)
     elif getattr(config, "downsample_ratio", None):  # InternVL pixel shuffle
         side = int(side * float(config.downsample_ratio))
+    elif getattr(config, "downsample_factor", None):  # Aya Vision pixel shuffle
+        side //= int(config.downsample_factor)
     per = side * side
     if n_tokens % per:
         raise ValueError(f"tiles layout: {n_tokens} image tokens are not whole tiles of {per}")
