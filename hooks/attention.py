@@ -177,6 +177,17 @@ class _BiasHook:
         names = [p.name for p in params]
         self.mask_index = names.index("attention_mask") if "attention_mask" in names else None
         self.cache_index = cache_parameter(module.forward)[1]
+        # Gemma 4's KV-shared layers read the keys an earlier layer of their type stored
+        # (``shared_kv_states``; a sliding window's last positions), hold nothing in the
+        # cache, and at generate()'s prefill compute only the last query: their queries are
+        # the last of the tokens seen, their keys the last ``len(keys)`` of them
+        self.layer_type = getattr(module, "layer_type", None)
+        self.kv_shared = bool(getattr(module, "is_kv_shared_layer", False))
+        if self.kv_shared:  # the cache layer that counts the tokens: the last earlier one of its type holding keys
+            modes = getattr(module.config, "kv_sharing_modes", None) or []
+            owners = [j for j in range(min(self.cache_layer, len(modes)))
+                      if modes[j] != "reuse" and types and types[j] == self.layer_type]
+            self.cache_layer = owners[-1] if owners else 0
 
     def _arg(self, args: tuple, kwargs: dict, name: str, index: int | None):
         if name in kwargs:
@@ -212,7 +223,17 @@ class _BiasHook:
         cache = cache_of(kwargs)
         if cache is None and self.cache_index is not None and self.cache_index < len(args):
             cache = args[self.cache_index]
-        if cache is not None:
+        shared = (kwargs.get("shared_kv_states") or {}).get(self.layer_type) if self.kv_shared else None
+        if self.kv_shared and shared is None:
+            raise RuntimeError(f"attention bias: layer {self.layer} shares another layer's keys, which its call did "
+                               "not carry (shared_kv_states)")
+        if shared is not None:
+            # the owner layer has already added this forward's tokens; a sliding window's
+            # shared keys are its last kv_len positions
+            kv_len = shared[0].shape[-2]
+            total = int(cache.get_seq_length(self.cache_layer)) if cache is not None else kv_len
+            q_start, kv_offset = total - q_len, total - kv_len
+        elif cache is not None:
             q_start = int(cache.get_seq_length(self.cache_layer))
             kv_len, kv_offset = cache.get_mask_sizes(q_len, self.cache_layer)
         else:

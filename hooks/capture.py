@@ -162,9 +162,16 @@ class AttentionCapture:
 
     def record(self, layer: int, query: torch.Tensor, key: torch.Tensor, mask, kwargs: dict) -> None:
         armed = self._armed
-        if query.shape[2] == 1 and armed["seq_len"] > 1:
+        # a KV-shared layer (Gemma 4) at generate()'s prefill: transformers computes its last
+        # query only, over the whole prompt's keys
+        last_only = query.shape[2] == 1 and armed["seq_len"] > 1 and key.shape[2] == armed["seq_len"]
+        if query.shape[2] == 1 and armed["seq_len"] > 1 and not last_only:
             return  # a decoding step of an un-captured prefill: take() will say so
-        if query.shape[2] != armed["seq_len"]:
+        if last_only and armed["positions"] is not None:
+            raise ValueError(f"layer {layer} shares an earlier layer's keys: at the prefill transformers computes only "
+                             "its last query, so only the last token's attention (queries='last') can be read there; "
+                             "choose a layer that is not KV-shared")
+        if query.shape[2] != armed["seq_len"] and not last_only:
             raise ValueError(
                 f"attention capture expected the whole prompt ({armed['seq_len']} positions) in one call, layer "
                 f"{layer} got {query.shape[2]}: do not use prefill_chunk_size while capturing")

@@ -132,12 +132,20 @@ class ContrastBranches:
         return torch.cat(parts, dim=0)
 
     def _image_rows(self, name: str, kwargs: dict) -> list[int] | None:
-        """Rows of the flat pixel input ``name`` that each image owns (the adapter's
-        ``pixel_grids``: Qwen's ``image_grid_thw``), or None for image-shaped layouts."""
+        """Rows of the patch pixel input ``name`` that each image owns (the adapter's
+        ``pixel_grids``: Qwen's ``image_grid_thw`` for flat patches; for Gemma 4's padded
+        per-image rows, how many lead rows of each image are real patches, from
+        ``image_position_ids``), or None for image-shaped layouts."""
         grid_name = self.points.adapter.pixel_grids.get(name)
         grid = kwargs.get(grid_name) if grid_name else None
         if not isinstance(grid, torch.Tensor):
             return None
+        if self.points.adapter.pixel_layout == "batch_patches":
+            real = (grid != -1).all(-1)
+            counts = real.sum(-1)
+            if not bool((real == (torch.arange(real.shape[1], device=real.device)[None] < counts[:, None])).all()):
+                raise ValueError(f"{grid_name}: padding (-1) patches must follow each image's real ones")
+            return [int(n) for n in counts.tolist()]
         rows = [int(n) for n in grid.prod(-1).tolist()]
         pixels = kwargs.get(name)
         if isinstance(pixels, torch.Tensor) and sum(rows) != pixels.shape[0]:
@@ -159,10 +167,20 @@ class ContrastBranches:
 
     def _distorted(self, branch: Branch, pixels: torch.Tensor, rows: list[int] | None = None) -> torch.Tensor:
         """``branch``'s distortion of ``pixels``, image by image: ``rows`` splits flattened
-        patches into their images (so an image is distorted the same whatever batch it is in)."""
+        patches into their images, or gives each padded image's real patches (so an image is
+        distorted the same whatever batch it is in, its padding left as it was). Pixels in
+        the unit range are distorted in the normalised space the model maps them to."""
+        distort = branch.pixels
+        if self.points.adapter.pixel_range == "unit":
+            distort = lambda x: (branch.pixels(2 * x - 1) + 1) / 2  # noqa: E731 -- the model's own 2x - 1
+        if rows is not None and self.points.adapter.pixel_layout == "batch_patches":
+            out = pixels.clone()
+            for i, n in enumerate(rows):
+                out[i, :n] = distort(pixels[i : i + 1, :n])[0]
+            return out
         if rows is not None and len(rows) > 1:
-            return torch.cat([branch.pixels(part) for part in pixels.split(rows, dim=0)], dim=0)
-        out = branch.pixels(pixels)
+            return torch.cat([distort(part) for part in pixels.split(rows, dim=0)], dim=0)
+        out = distort(pixels)
         if self.points.adapter.pixel_layout == "batch_images_chw" and pixels.dim() == 5:
             # all-zero images are the processor's padding, dropped by the model: keep them so
             # every branch has the same images as the original

@@ -70,13 +70,16 @@ GENERIC_PROMPT = "describe the image ."  # ViCrop: "Write a general description 
 
 def default_layers(points: ModelPoints) -> list[int]:
     """ViCrop's choice: a middle layer (and its neighbour for small models). In a hybrid
-    decoder (attention in some layers only), the two attention layers nearest those."""
+    decoder (attention in some layers only), the two attention layers nearest those; layers
+    that reuse an earlier layer's keys (Gemma 4's KV-shared ones, which compute only the last
+    query at generate()'s prefill) are passed over while others remain."""
     n = points.num_layers
     middle = sorted({max(0, n // 2 - 1), n // 2})
-    attention = points.attention_layers
-    if all(i in attention for i in middle):
+    usable = [i for i in points.attention_layers
+              if not getattr(points.attention[i], "is_kv_shared_layer", False)] or points.attention_layers
+    if all(i in usable for i in middle):
         return middle
-    return sorted(sorted(attention, key=lambda i: (min(abs(i - m) for m in middle), i))[:2])
+    return sorted(sorted(usable, key=lambda i: (min(abs(i - m) for m in middle), i))[:2])
 
 
 #: Which prompt positions' attention is read: ViCrop's last token, the mean over the text

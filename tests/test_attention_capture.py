@@ -120,3 +120,35 @@ def test_bad_use_is_a_clear_error():
         capture.attach(group)
         with pytest.raises(ValueError, match="already being captured"):
             AttentionCapture(points, [0]).attach(HookGroup("b"))
+
+
+def test_kv_shared_layers_capture_the_last_query_at_the_prefill():
+    """Gemma 4's KV-shared layers compute only the last query at generate()'s prefill: the
+    capture reads that row (equal to a full forward's last row on the same layer), and asks
+    for any other query rows with a clear error; the default layers pass them over."""
+    from mitigate.localize import default_layers
+
+    model = build_tiny_model("gemma4")
+    points = resolve(model)
+    shared = [i for i in points.attention_layers if getattr(points.attention[i], "is_kv_shared_layer", False)]
+    assert shared and not set(shared) & set(default_layers(points))
+    inputs = tiny_inputs(model, batch_size=2, text_lengths=[3, 7], seed=1)
+    rows, seq = inputs["input_ids"].shape
+    with torch.no_grad():
+        reference = AttentionCapture(points, shared)
+        with HookGroup("capture") as group:
+            reference.attach(group)
+            reference.arm(rows, seq)
+            model(**inputs, use_cache=False)  # a plain forward computes every query
+            full = reference.take()
+        capture = AttentionCapture(points, shared)
+        with HookGroup("capture") as group:
+            capture.attach(group)
+            capture.arm(rows, seq)
+            model.generate(**inputs, max_new_tokens=2, do_sample=False)
+            torch.testing.assert_close(capture.take(), full, atol=1e-5, rtol=1e-4)
+            weights = torch.zeros(rows, seq)
+            weights[:, -2:] = 0.5
+            capture.arm(rows, seq, weights)
+            with pytest.raises(ValueError, match="queries='last'"):
+                model.generate(**inputs, max_new_tokens=1, do_sample=False)

@@ -407,8 +407,12 @@ def test_register_adapter_for_a_new_model_type():
         hooks.Adapter.from_dict({**row, "vision_towr": "x"})
     with pytest.raises(ValueError, match="pixel_layout"):
         hooks.Adapter.from_dict({**row, "pixel_layout": "weird"})
-    with pytest.raises(ValueError, match="pixel_grids is for the flat_patches layout"):
+    with pytest.raises(ValueError, match="pixel_grids is for the patch layouts"):
         hooks.Adapter.from_dict({**row, "pixel_grids": {"pixel_values": "image_sizes"}})
+    with pytest.raises(ValueError, match="pixel_range"):
+        hooks.Adapter.from_dict({**row, "pixel_range": "0-255"})
+    with pytest.raises(ValueError, match="linear_attention"):
+        hooks.Adapter.from_dict({**row, "linear_attention": ""})
     qwen = {**hooks.get_adapter("qwen2_vl").to_dict(), "model_type": "my_qwen"}
     qwen.pop("source")
     with pytest.raises(ValueError, match="pixel_grids must map"):

@@ -383,10 +383,38 @@ def test_patch_row_pixels_mask_whole_patches_and_refuse_blur(model_type):
     original, distorted = seen[0], seen[1]
     assert original.shape == distorted.shape == pixels.shape
     rows = original.reshape(-1, original.shape[-1])
-    masked = (distorted.reshape(-1, distorted.shape[-1]) == 0).all(-1) & (rows != 0).any(-1)
+    mean = 0.5 if points.adapter.pixel_range == "unit" else 0.0  # the normalised space's 0
+    masked = (distorted.reshape(-1, distorted.shape[-1]) == mean).all(-1) & (rows != 0).any(-1)
     kept = (distorted.reshape(-1, distorted.shape[-1]) == rows).all(-1)
     assert bool((masked | kept).all())  # every patch row either zeroed whole or untouched
     assert 0.25 < float(masked.float().sum() / (rows != 0).any(-1).sum()) < 0.75
+
+
+def test_padded_patch_rows_distort_each_image_alone():
+    """Gemma 4 pads each image's patch rows to the batch's longest: the distortion acts on an
+    image's real patches only, so the same image is distorted the same alone and beside a
+    larger one, and the padding stays as the processor left it."""
+    model = build_tiny_model("gemma4")
+    points = resolve(model)
+    pair = tiny_inputs(model, batch_size=2, seed=4)  # 32x48 (96 patches) and 32x32 (64, padded to 96)
+    alone = {k: v[1:] for k, v in pair.items()}
+    real = (pair["image_position_ids"][1] != -1).all(-1)
+    assert int(real.sum()) == 64 and pair["pixel_values"].shape[1] == 96
+    seen = []
+    handle = points.vision_encoder.register_forward_pre_hook(
+        lambda m, a, k: seen.append(k.get("pixel_values", a[0] if a else None).clone()), with_kwargs=True)
+    try:
+        for distortion in ("diffusion_noise", "patch_mask"):
+            for inputs in (pair, alone):
+                with attach(model, VCD(distortion=distortion, seed=2)):
+                    _gen(model, inputs, do_sample=False)
+    finally:
+        handle.remove()
+    for start in (0, 4):  # per distortion: pair original, pair distorted, alone original, alone distorted
+        both, single = seen[start + 1], seen[start + 3]
+        torch.testing.assert_close(both[1, :64], single[0, :64], rtol=0, atol=0)
+        assert torch.equal(both[1, 64:], pair["pixel_values"][1, 64:])  # padding untouched
+        assert not torch.equal(both[1, :64], pair["pixel_values"][1, :64])
 
 
 @pytest.mark.parametrize("model_type", TINY_MODEL_TYPES)
@@ -399,7 +427,10 @@ def test_every_architecture_matches_two_plain_forwards_per_token(model_type):
     points = resolve(model)
     vcd = VCD(alpha=1.0, beta=0.1, seed=7)
     pixel = points.pixel_inputs[0]
-    distorted = {**inputs, pixel: vcd._distort(inputs[pixel])}
+    if points.adapter.pixel_range == "unit":  # [0, 1] pixels (Gemma 4): noise where the model maps them, 2x - 1
+        distorted = {**inputs, pixel: (vcd._distort(2 * inputs[pixel] - 1) + 1) / 2}
+    else:
+        distorted = {**inputs, pixel: vcd._distort(inputs[pixel])}
     ids, steps = inputs["input_ids"], []
     per_token = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor) and v.shape == ids.shape}
     # what a generated token gets: mask 1; token type 0 (text), except PaliGemma's prefix-LM

@@ -55,10 +55,16 @@ class Adapter:
     pixel_inputs: tuple[str, ...] = ("pixel_values",)
     image_inputs: tuple[str, ...] = ()
     pixel_layout: str = "batch_chw"
-    # flat_patches only: per pixel input, the per-image input saying how many of its rows
-    # each image owns (rows of image i = product of grid row i), so a distortion can treat
-    # each image on its own (mitigate.branches); {} for the image-shaped layouts
+    # patch layouts only: per pixel input, the per-image input saying which of its rows each
+    # image owns -- flat_patches: rows of image i = product of grid row i (Qwen's
+    # image_grid_thw); batch_patches: the rows of image i whose positions are not -1 (Gemma
+    # 4's image_position_ids) -- so a distortion treats each image's own patches alone,
+    # whatever batch it is in (mitigate.branches); {} for the image-shaped layouts
     pixel_grids: dict = field(default_factory=dict, hash=False)
+    # the range the pixel inputs come in: "normalised" (mean-centred by the processor, as
+    # VCD's noise schedule assumes) or "unit" ([0, 1]; the model maps x to 2x - 1 itself,
+    # Gemma 4), so distortions act in the normalised space either way
+    pixel_range: str = "normalised"
     multimodal_rope: bool = False
     rope_state: str | None = None
     # True when the rows the decoder receives at image positions are a rearrangement of the
@@ -95,8 +101,11 @@ class Adapter:
             raise ValueError(f"adapter {self.model_type!r}: token_layout {self.token_layout!r} is not one of {sorted(LAYOUTS)}")
         for name in ("image_token_id", "video_token_id", "pixel_inputs", "image_inputs"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
-        if self.pixel_grids and self.pixel_layout != "flat_patches":
-            raise ValueError(f"adapter {self.model_type!r}: pixel_grids is for the flat_patches layout, "
+        if self.pixel_range not in ("normalised", "unit"):
+            raise ValueError(f"adapter {self.model_type!r}: pixel_range must be 'normalised' or 'unit', "
+                             f"got {self.pixel_range!r}")
+        if self.pixel_grids and self.pixel_layout not in ("flat_patches", "batch_patches"):
+            raise ValueError(f"adapter {self.model_type!r}: pixel_grids is for the patch layouts, "
                              f"this one is {self.pixel_layout!r}")
         if not isinstance(self.pixel_grids, dict) or any(
                 k not in self.pixel_inputs or v not in self.image_inputs for k, v in self.pixel_grids.items()):
