@@ -10,7 +10,7 @@ from hooks.testing import PIXEL_LAYOUTS, TINY_MODEL_TYPES, build_tiny_model, tin
 
 EXPECTED = {
     "llava", "llava_next", "llava_onevision", "qwen2_vl", "qwen2_5_vl", "qwen3_vl",
-    "idefics3", "smolvlm", "paligemma", "gemma3", "mistral3", "internvl", "glm4v", "qwen3_5", "gemma4", "aya_vision",
+    "idefics3", "smolvlm", "paligemma", "gemma3", "mistral3", "internvl", "glm4v", "glm46v", "qwen3_5", "gemma4", "aya_vision",
     "qwen3_5_moe", "qwen3_vl_moe", "glm4v_moe",
 }  # fmt: skip
 BATCHES = {"single": (1, None), "padded": (3, [3, 9, 5])}
