@@ -122,13 +122,18 @@ def content_indices(regions: list[Region]) -> torch.Tensor:
     return torch.cat([r.indices().flatten() for r in regions]).unique()
 
 
-def _per_image(inputs: dict, name: str, row: int) -> list[int]:
+def _row_entry(inputs: dict, name: str, row: int):
+    """Row ``row``'s entry of the processor's per-image input ``name``, with a clear error."""
     value = inputs.get(name)
     if value is None:
         raise ValueError(f"this layout needs the processor's {name!r} to place image tokens; pass the processor output")
     if row >= len(value):
         raise ValueError(f"{name!r} has {len(value)} entries, no entry for row {row} (one image per row)")
-    return [int(v) for v in value[row]]
+    return value[row]
+
+
+def _per_image(inputs: dict, name: str, row: int) -> list[int]:
+    return [int(v) for v in _row_entry(inputs, name, row)]
 
 
 def _vision(config: Any, name: str):
@@ -223,13 +228,8 @@ def _tiles(config, n_tokens, inputs, row, image_size) -> list[Region]:
 
 @register_layout("patch_positions")
 def _patch_positions(config, n_tokens, inputs, row, image_size) -> list[Region]:
-    value = inputs.get("image_position_ids")
-    if value is None:
-        raise ValueError("this layout needs the processor's 'image_position_ids' to place image tokens; pass the "
-                         "processor output")
-    if row >= len(value):
-        raise ValueError(f"'image_position_ids' has {len(value)} entries, no entry for row {row} (one image per row)")
-    positions = torch.as_tensor(value[row], device="cpu")  # integer bookkeeping, wherever the inputs live
+    # integer bookkeeping, wherever the inputs live
+    positions = torch.as_tensor(_row_entry(inputs, "image_position_ids", row), device="cpu")
     real = positions[(positions != -1).all(-1)]
     if len(real) == 0 or len(real) % n_tokens:
         raise ValueError(f"row {row}: {len(real)} patches cannot pool into {n_tokens} image tokens")

@@ -158,6 +158,12 @@ class ModelPoints:
         hybrid decoder's linear-attention ones (the adapter's ``linear_attention``)."""
         return [i for i, a in enumerate(self.attention) if a is not None]
 
+    @property
+    def kv_shared_layers(self) -> list[int]:
+        """Attention layers that reuse an earlier layer's keys and values (Gemma 4's
+        ``is_kv_shared_layer``): at ``generate()``'s prefill they compute only the last query."""
+        return [i for i in self.attention_layers if getattr(self.attention[i], "is_kv_shared_layer", False)]
+
     def linear_attention(self, layers: Iterable[int] | None = None) -> list[tuple[int, nn.Module]]:
         """``(index, module)`` of a hybrid decoder's linear-attention token mixers among
         ``layers`` (None: all); empty for a decoder with softmax attention in every layer."""

@@ -75,8 +75,8 @@ def default_layers(points: ModelPoints) -> list[int]:
     query at generate()'s prefill) are passed over while others remain."""
     n = points.num_layers
     middle = sorted({max(0, n // 2 - 1), n // 2})
-    usable = [i for i in points.attention_layers
-              if not getattr(points.attention[i], "is_kv_shared_layer", False)] or points.attention_layers
+    shared = set(points.kv_shared_layers)
+    usable = [i for i in points.attention_layers if i not in shared] or points.attention_layers
     if all(i in usable for i in middle):
         return middle
     return sorted(sorted(usable, key=lambda i: (min(abs(i - m) for m in middle), i))[:2])

@@ -313,8 +313,8 @@ class PriorSuppression(Mitigation):
                              f"{[i for i, _ in linear]}, which step through a masked span's positions; no position "
                              "shift reads the prompt as if it were deleted (use compact_positions=False)")
         group.add_forward_pre_hook(points.model, capture, prepend=True)
-        chosen = points.layer_indices(self.layers)
-        attention = [i for i in chosen if i in points.attention_layers]
+        attention_layers = set(points.attention_layers)
+        attention = [i for i in points.layer_indices(self.layers) if i in attention_layers]
         if attention:
             add_attention_bias(group, points, bias, layers=attention, same_for_all_layers=True)
         for _, module in linear:

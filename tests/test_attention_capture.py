@@ -130,7 +130,7 @@ def test_kv_shared_layers_capture_the_last_query_at_the_prefill():
 
     model = build_tiny_model("gemma4")
     points = resolve(model)
-    shared = [i for i in points.attention_layers if getattr(points.attention[i], "is_kv_shared_layer", False)]
+    shared = points.kv_shared_layers
     assert shared and not set(shared) & set(default_layers(points))
     inputs = tiny_inputs(model, batch_size=2, text_lengths=[3, 7], seed=1)
     rows, seq = inputs["input_ids"].shape
