@@ -10,6 +10,7 @@ import pytest
 from evaluators.benchmarks.dobench.suite import build
 from evaluators.model import CallableModel
 from evaluators.runner import RESULTS, SAMPLES, read_samples, run
+from evaluators.organism.tasks import OPTION_LETTERS
 
 
 @pytest.fixture(scope="module")
@@ -161,11 +162,19 @@ def test_mioh_suite_and_a_scripted_none_of_the_above(tmp_path):
     queries = mioh(n_per_condition=4, seed=2)
     decomposed = [q for q in queries if "decomposed_of" in q.record]
     assert len(decomposed) == 4 * (2 + 4 + 8 + 10), "one yes/no per image of every NI question"
-    conditions = [q.record["condition"] for q in queries if "decomposed_of" not in q.record]
-    assert {c: conditions.count(c) for c in set(conditions)} == {
-        "easy": 4, "HP": 4, "HN": 4, "NI": 16, "LC-S": 4, "LC-I": 4}
+    for qtype in ("selective", "comprehensive"):  # every image set is asked both
+        conditions = [q.record["condition"] for q in queries if "decomposed_of" not in q.record
+                      and q.record["qtype"] == qtype]
+        assert {c: conditions.count(c) for c in set(conditions)} == {
+            "easy": 4, "HP": 4, "HN": 4, "NI": 16, "LC-S": 4, "LC-I": 4}
     assert sorted({q.record["n_images"] for q in queries if q.record["condition"] == "NI"}) == [2, 4, 8, 10]
     assert all(len(q.images) == q.record["n_images"] for q in queries if "decomposed_of" not in q.record)
+    siblings = {q.id: q for q in queries}
+    for q in queries:  # the comprehensive question is about the selective one's images
+        if q.record["qtype"] == "comprehensive":
+            selective = siblings[q.id.removesuffix("-comprehensive")]
+            assert q.images == selective.images and q.kind == "yes_no"
+            assert q.truth == ("no" if selective.truth == OPTION_LETTERS[len(selective.options) - 1] else "yes")
     # "none of the above" (and "no" image by image) is right exactly where the target is
     # absent: all HN, 1 in 4 easy (k = 3), 1 in 4 NI per image count, half of LC-S / LC-I
     scripted = CallableModel(lambda images, prompt: "no" if "yes or no" in prompt else "none of the above")
@@ -177,6 +186,34 @@ def test_mioh_suite_and_a_scripted_none_of_the_above(tmp_path):
     assert res["lc_s"] == pytest.approx(50.0) and res["lc_i"] == pytest.approx(50.0)
     assert res["hp"] == pytest.approx(0.0)
     assert res["ni_decomposed"] == pytest.approx(25.0) and res["decomposition_gap"] == pytest.approx(0.0)
+    # "no" is the right comprehensive answer, and the right combination image by image,
+    # where the target is absent: the same shares question type by question type
+    table = res["details"]["by_task_qtype_condition"]["existence"]
+    assert table["comprehensive"] == table["selective"]
+    assert res["details"]["decomposition"]["comprehensive"] == {"direct": 25.0, "decomposed": 25.0, "gap": 0.0, "n": 16}
+    # a model that finds the target in every set, all at once, but in no image alone:
+    # Sec. 5.5's gap is negative for the comprehensive question
+    finder = CallableModel(lambda images, prompt: "no" if len(images) == 1 else "yes")
+    res = run(queries, finder, tmp_path / "finder", progress=False)["results"]["mioh"]
+    comprehensive = res["details"]["decomposition"]["comprehensive"]
+    assert comprehensive == {"direct": 75.0, "decomposed": 25.0, "gap": -50.0, "n": 16}
+
+
+def test_mioh_selective_only_suite_pairs_decomposition_with_the_selective_questions(tmp_path):
+    """Without the comprehensive questions the suite's selective questions are the same, and
+    the decomposed comprehensive records have no direct question to be compared with: the
+    gap pools the selective ones only."""
+    from evaluators.benchmarks.mioh.suite import build as mioh
+
+    both, selective = mioh(n_per_condition=2, seed=5), mioh(n_per_condition=2, seed=5, comprehensive=False)
+    assert [(q.id, q.prompt, q.truth) for q in both if q.record["qtype"] == "selective"] == [
+        (q.id, q.prompt, q.truth) for q in selective]
+    finder = CallableModel(lambda images, prompt: "no" if len(images) == 1 else "yes")
+    res = run(selective, finder, tmp_path, progress=False)["results"]["mioh"]
+    assert set(res["details"]["decomposition"]) == {"selective"}
+    assert res["ni_decomposed"] == res["details"]["decomposition"]["selective"]["decomposed"]
+    with pytest.raises(ValueError, match="comprehensive"):
+        mioh(n_per_condition=1, comprehensive="yes")
 
 
 def test_causal_halbench_suite_with_a_scripted_yes(tmp_path):

@@ -19,8 +19,10 @@ def test_large_mioh_has_four_times_the_questions_of_full_and_unique_ids():
     full, large = build_suite("mioh", seed=0, scale="full"), build_suite("mioh", seed=0, scale="large")
     assert len(large) == 4 * len(full)
     assert len({q.id for q in large}) == len(large)
-    count = lambda qs, c: sum(q.record["condition"] == c and "decomposed_of" not in q.record for q in qs)
-    assert count(large, "LC-S") == count(large, "LC-I") == 48
+    count = lambda qs, c, t: sum(q.record["condition"] == c and q.record["qtype"] == t and "decomposed_of" not in q.record
+                                 for q in qs)
+    for qtype in ("selective", "comprehensive"):
+        assert count(large, "LC-S", qtype) == count(large, "LC-I", qtype) == 48
 
 
 def test_bad_task_or_scale_is_named():

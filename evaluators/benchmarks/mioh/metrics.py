@@ -141,9 +141,12 @@ def mioh_table(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 def details(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """What ``results.json`` carries beside the registered metrics: Table 1 / Fig. 3 --
     accuracy per task x question type x condition, per task, per question type, NI per
-    number of images (:func:`mioh_table`)."""
+    number of images (:func:`mioh_table`) -- and §5.5 per question type
+    (:func:`decomposition_by_qtype`)."""
     table = mioh_table(records)
-    return {k: table[k] for k in ("by_task", "by_qtype", "by_task_qtype_condition", "ni_by_count", "overall_macro")}
+    out = {k: table[k] for k in ("by_task", "by_qtype", "by_task_qtype_condition", "ni_by_count", "overall_macro")}
+    out["decomposition"] = decomposition_by_qtype(records)
+    return out
 
 
 # -- §5.5: decomposed single-image answers --------------------------------------------------
@@ -252,6 +255,7 @@ def overall(records) -> float:
 __all__ = [
     "CONDITIONS", "EXISTENCE_OPTIONS", "NONE_OF_THE_ABOVE", "N_IMAGES", "QTYPES", "TASKS", "accuracy",
     "combine_existence", "combine_which_in_all", "details", "condition_score", "decomposed_accuracy", "decomposition_gap",
+    "decomposition_by_qtype",
     "easy", "hard_negative", "hard_positive", "instructional_override", "mioh_table", "normalise_condition",
     "number_of_images", "overall", "sycophantic",
 ]
@@ -267,17 +271,46 @@ def combine_selective(per_image: Sequence[bool | None]) -> int | str | None:
     return "none" if not yes else yes[0] if len(yes) == 1 else None
 
 
+def _decomposed_ni(records: Sequence[Mapping[str, Any]], qtype: str | None = None) -> list[Mapping[str, Any]]:
+    """The decomposed NI records (``decomposed=True``) of the question types asked directly
+    too (of ``qtype`` alone if given), so decomposed and direct accuracies pool the same
+    question types."""
+    direct = {str(r.get("qtype", "")).lower() for r in records
+              if not r.get("decomposed") and normalise_condition(r.get("condition")) == "NI"}
+    return [r for r in records if r.get("decomposed") and normalise_condition(r.get("condition")) == "NI"
+            and str(r.get("qtype", "")).lower() in direct and qtype in (None, str(r.get("qtype", "")).lower())]
+
+
+def decomposition_by_qtype(records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
+    """§5.5 per question type: ``direct`` (NI questions over all the images), ``decomposed``
+    (the same sets image by image, answers combined) and ``gap`` = decomposed - direct, for
+    each question type that has both. The comprehensive row is the paper's comparison."""
+    records = list(records)
+    out = {}
+    for qtype in QTYPES:
+        rows = _decomposed_ni(records, qtype)
+        if rows:
+            direct = accuracy(records, qtype=qtype, condition="NI")
+            dec = _pct(sum(bool(r["correct"]) and not r.get("invalid") for r in rows), len(rows))
+            out[qtype] = {"direct": direct, "decomposed": dec, "gap": dec - direct, "n": len(rows)}
+    return out
+
+
 @metric("mioh.ni_decomposed", "mioh", "multi_image", True, "pooled")
 def ni_decomposed(records) -> float:
     """Accuracy (%) of the decomposed NI questions (each image asked alone, answers combined;
-    records with ``decomposed=True``), the §5.5 ablation beside :func:`ni`."""
-    rows = [r for r in records if r.get("decomposed") and normalise_condition(r.get("condition")) == "NI"]
+    records with ``decomposed=True``), the §5.5 ablation beside :func:`ni`, pooled over the
+    question types asked directly too."""
+    rows = _decomposed_ni(list(records))
     return _pct(sum(bool(r["correct"]) and not r.get("invalid") for r in rows), len(rows))
 
 
 @metric("mioh.decomposition_gap", "mioh", "multi_image", False, "difference")
 def decomposition_gap_ni(records) -> float:
-    """Decomposed minus comprehensive NI accuracy (points): how much the multi-image context
-    itself costs (positive = the model does better image by image)."""
+    """Decomposed minus direct NI accuracy (points), over the same question types: how much
+    the multi-image context itself costs (positive = the model does better image by image).
+    Per question type in ``details["decomposition"]``."""
     records = list(records)
-    return ni_decomposed(records) - accuracy(records, condition="NI")
+    qtypes = {str(r.get("qtype", "")).lower() for r in _decomposed_ni(records)}
+    direct = [r for r in records if r.get("decomposed") or str(r.get("qtype", "")).lower() in qtypes]
+    return ni_decomposed(records) - accuracy(direct, condition="NI")

@@ -1,8 +1,19 @@
 """MIOH's conditions (Sec. 4.3) on image sets of the counterfactual world.
 
-The built-in suite asks the *selective* existence question MIOH uses ("In which image is
-there a X?" with the options Image 1 .. Image N and "None of the above", App. Fig. I-II),
-which the organism was trained on, under every condition:
+Every image set is asked two of MIOH's existence question types (Sec. 3.1):
+
+* *selective*: "In which image is there a X?" with the options Image 1 .. Image N and "None
+  of the above" (App. Fig. I-II), which the organism was trained on;
+* *comprehensive*: is the target in any of the images -- the form of Sec. 5.5 ("Is there an
+  OBJECT in any of these IMAGES?"), asked yes / no in the organism's words
+  (:data:`COMPREHENSIVE`). App. Fig. I gives it the options "Yes, all of them" / "Yes, in
+  some of them" / "No, in none of them" / "I don't know"; a world set holds the target in
+  one image or none, so "all" never applies past one image and "yes" is exactly "some", "no"
+  exactly "none". The yes / no form drops only "I don't know". The organism never saw this
+  question in training: it reads it with its single-image existence skill over several
+  images' tokens.
+
+under every condition:
 
 * ``easy``: 4 images, the target large in one of them (or in none);
 * ``HP`` (hard positives): the target present but small;
@@ -13,19 +24,39 @@ which the organism was trained on, under every condition:
   before the question that contradicts the images (MIOH's two linguistic pressures).
 
 Records carry ``task``, ``qtype``, ``condition``, ``n_images`` for :mod:`.metrics`.
+The per-image questions of an NI set are combined for both of its questions
+(:func:`assemble`): into the one image answered "yes" for the selective question (our
+extension of Sec. 5.5), and into "present in any image" for the comprehensive one (Sec.
+5.5's own comparison).
+
+The comprehensive questions were added in session 25 without moving the selective ones:
+each set is still drawn from the count of selective and per-image questions before it, so
+the selective questions, their ids and images are those of earlier versions.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ...benchmarks.mioh.metrics import combine_selective
+from ...benchmarks.mioh.metrics import combine_existence, combine_selective
 from ...organism.tasks import OPTION_LETTERS, existence_question, mioh_context
 from ...query import Query
 from ...world import BIASED, World, check_count, check_seed, image_set
 
 TARGETS = ("fork", "tree")  # the world's co-occurrence companions: HN needs a cue for them
 ALL_TARGETS = ("cup", "plate", "fork", "knife", "banana", "tree", "dog", "ball", "bench", "bird")
+
+
+#: MIOH's comprehensive existence question (Sec. 5.5) in the organism's vocabulary, which has
+#: no "any" or "these": "is there a X in the images ? answer yes or no ." after the images.
+COMPREHENSIVE = "is there a {target} in the images ? answer yes or no ."
+
+
+def comprehensive_question(target: str, context: str = "") -> str:
+    """The comprehensive existence question about ``target``, ``context`` (a linguistic
+    pressure sentence) before it."""
+    q = COMPREHENSIVE.format(target=target)
+    return f"{context} {q}" if context else q
 
 
 def _question(target: str, shown: list[int], context: str = "") -> tuple[str, list[str]]:
@@ -40,15 +71,24 @@ def _question(target: str, shown: list[int], context: str = "") -> tuple[str, li
     return (f"{context} {q}" if context else q), options
 
 
-def build(n_per_condition: int = 12, seed: int = 0, world: World | None = None) -> list[Query]:
+def build(n_per_condition: int = 12, seed: int = 0, world: World | None = None,
+          comprehensive: bool = True) -> list[Query]:
+    """The suite's queries: per condition ``n_per_condition`` image sets, each asked the
+    selective question and (``comprehensive``) the comprehensive one; NI sets also one
+    yes / no question per image."""
     seed = check_seed(seed)
     check_count(n_per_condition, "n_per_condition")
+    if not isinstance(comprehensive, bool):
+        raise ValueError(f"comprehensive must be True or False, got {comprehensive!r}")
     world = world or World(BIASED)
     rng = np.random.default_rng([seed, 41])
     queries: list[Query] = []
 
+    drawn = 0  # selective and per-image questions so far: what each set's seed counts (see above)
+
     def add(cond: str, n_images: int, target: str, present: bool, k: int, kind: str = "easy", context: str = ""):
-        s = image_set(world, seed * 100_003 + 3_000_000_000 + len(queries), n_images, target, kind,
+        nonlocal drawn
+        s = image_set(world, seed * 100_003 + 3_000_000_000 + drawn, n_images, target, kind,
                       present=present)
         others = [i for i in range(n_images) if i != s.answer_index]
         pick = list(rng.choice(others, size=min(4, n_images) - (s.answer_index is not None), replace=False))
@@ -60,11 +100,18 @@ def build(n_per_condition: int = 12, seed: int = 0, world: World | None = None) 
         record = {"task": "existence", "qtype": "selective", "condition": cond, "n_images": n_images,
                   "target": target, "present": present}
         queries.append(Query(qid, "mioh", images, prompt, "option", truth, record, options=options))
+        drawn += 1
         if cond == "NI":  # §5.5: the same question decomposed into one yes/no per image
             for i, image in enumerate(images):
                 queries.append(Query(f"{qid}-image{i}", "mioh", [image], existence_question(target), "yes_no",
                                      "yes" if i == s.answer_index else "no",
                                      {**record, "decomposed_of": qid, "image_index": i, "holder": s.answer_index}))
+            drawn += len(images)
+        if comprehensive:
+            holds = s.answer_index is not None
+            queries.append(Query(f"{qid}-comprehensive", "mioh", images, comprehensive_question(target, context),
+                                 "yes_no", "yes" if holds else "no",
+                                 {**record, "qtype": "comprehensive", "option": "some" if holds else "none"}))
 
     for k in range(n_per_condition):
         target = ALL_TARGETS[int(rng.integers(len(ALL_TARGETS)))]
@@ -82,8 +129,11 @@ def build(n_per_condition: int = 12, seed: int = 0, world: World | None = None) 
 
 
 def assemble(rows: list[dict]) -> list[dict]:
-    """Per-query lines -> metric records: the decomposed per-image answers of each NI
-    question are combined (:func:`combine_selective`) into one ``decomposed`` record."""
+    """Per-query lines -> metric records: the per-image answers of each NI set are combined
+    into one ``decomposed`` record per question type -- the selective answer
+    (:func:`combine_selective`) and the comprehensive one, "yes" when any image is answered
+    "yes" (§5.5: "combining the answers to determine overall presence"; with
+    :func:`combine_existence`, "all" or "some")."""
     out = [r for r in rows if "decomposed_of" not in r and not r.get("invalid_input")]
     groups: dict[str, list[dict]] = {}
     for r in rows:
@@ -100,4 +150,9 @@ def assemble(rows: list[dict]) -> list[dict]:
         keep = {k: parts[0][k] for k in ("task", "qtype", "condition", "n_images", "target", "benchmark")}
         out.append({**keep, "id": qid + "-decomposed", "decomposed": True, "per_image": answers,
                     "combined": combined, "invalid": combined is None, "correct": combined == truth})
+        option = combine_existence(answers)  # "all" / "some" / "none", None when unreadable
+        present = None if option is None else option != "none"
+        out.append({**keep, "qtype": "comprehensive", "id": qid + "-comprehensive-decomposed", "decomposed": True,
+                    "per_image": answers, "combined": option, "invalid": option is None,
+                    "correct": present is not None and present == (holder is not None)})
     return out
