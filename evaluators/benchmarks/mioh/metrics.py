@@ -305,11 +305,16 @@ def ni_decomposed(records) -> float:
     return _pct(sum(bool(r["correct"]) and not r.get("invalid") for r in rows), len(rows))
 
 
-@metric("mioh.decomposition_gap", "mioh", "multi_image", False, "difference")
+@metric("mioh.decomposition_gap", "mioh", "multi_image", None, "difference")
 def decomposition_gap_ni(records) -> float:
     """Decomposed minus direct NI accuracy (points), over the same question types: how much
     the multi-image context itself costs (positive = the model does better image by image).
-    Per question type in ``details["decomposition"]``."""
+    Per question type in ``details["decomposition"]``.
+
+    No direction (``higher_is_better=None``), so it never decides a report verdict: a gap
+    closes as much when the per-image answers get worse as when the multi-image ones get
+    better (VCD on the organism narrows it by breaking the per-image answers). Whether the
+    multi-image mechanism is fixed is read from ``mioh.ni`` and ``mioh.ni_decomposed``."""
     records = list(records)
     qtypes = {str(r.get("qtype", "")).lower() for r in _decomposed_ni(records)}
     direct = [r for r in records if r.get("decomposed") or str(r.get("qtype", "")).lower() in qtypes]
