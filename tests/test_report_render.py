@@ -52,3 +52,9 @@ def test_cell_number_is_the_metric_that_decides_the_verdict():
     # nothing decided: the largest effect, whatever its interval
     assert headline(rows[:1] + rows[2:], "language_prior") == "-50.0 [-100.0,+0.0]"
     assert headline(rows, "perception") == ""
+    gap = {"mechanism": "multi_image", "metric": "mioh.decomposition_gap", "delta": -31.2, "low": -54.1,
+           "high": -7.3, "verdict": "no detectable effect", "higher_is_better": None}
+    ni = {"mechanism": "multi_image", "metric": "mioh.ni", "delta": 12.5, "low": -3.4, "high": 30.8,
+          "verdict": "no detectable effect", "higher_is_better": True}
+    assert headline([gap, ni], "multi_image") == "+12.5 [-3.4,+30.8]"  # the gap has no direction
+    assert headline([gap], "multi_image") == "-31.2 [-54.1,-7.3]"  # unless it is all there is

@@ -15,9 +15,12 @@ def headline(rows: list[dict], mechanism: str) -> str:
     cell, see ``attribution.cell_verdicts``), the largest |delta|; only when none is
     decided, the largest |delta| of all. Otherwise a FIXES cell could show a wide,
     undecided metric of the same mechanism (first seen as "FIXES -50.0 [-100, 0]": the
-    fix was DO-Bench PriorRobust +11.1 [+1.4, +21.5]).
+    fix was DO-Bench PriorRobust +11.1 [+1.4, +21.5]). A metric without a direction (MIOH's
+    decomposition gap) heads a cell only when the mechanism has no other: its delta says
+    nothing about better or worse (first seen as "- -31.2 [-54.1, -7.3]" under VCD).
     """
     cands = [r for r in rows if r.get("mechanism") == mechanism and "delta" in r and r["delta"] == r["delta"]]
+    cands = [r for r in cands if r.get("higher_is_better") is not None] or cands
     if not cands:
         return ""
     decided = [r for r in cands if r.get("verdict") in ("fixes", "breaks")]
