@@ -19,6 +19,7 @@ median of the per-round ratios, ``paired_ratio``: the headline figure.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -29,8 +30,13 @@ ROUNDS = 15
 
 @pytest.fixture(scope="session")
 def rounds() -> int:
-    """Timed rounds per benchmark (after 2 warm-up rounds)."""
-    return ROUNDS
+    """Timed rounds per benchmark (after 2 warm-up rounds): ``ROUNDS``, or the environment's
+    ``VLM_BENCH_ROUNDS`` for a ratio near its target (the quartiles of 15 paired rounds on
+    this shared machine span about 0.15x)."""
+    value = os.environ.get("VLM_BENCH_ROUNDS", str(ROUNDS))
+    if not value.isdigit() or int(value) < 3:
+        raise ValueError(f"VLM_BENCH_ROUNDS must be an integer >= 3, got {value!r}")
+    return int(value)
 
 
 @pytest.fixture

@@ -63,7 +63,8 @@ print(f"generate() under attach: {answers}  stats: {verified.stats}")
 # image by image where the first answer is not confident
 from evaluators.benchmarks.mioh.suite import build  # noqa: E402
 
-multi = [q for q in build(n_per_condition=1, seed=0) if len(q.images) > 1 and q.record["condition"] in ("easy", "NI")][:4]
+multi = [q for q in build(n_per_condition=1, seed=0) if len(q.images) > 1 and q.record["qtype"] == "selective"
+         and q.record["condition"] in ("easy", "NI")][:4]
 decompose = CropVerify(processor, which_image="decompose", locate=args.locate)
 for q, result in zip(multi, decompose.answer_which_image(model, [q.images for q in multi], [q.prompt for q in multi])):
     print(f"{len(q.images)} images, {q.prompt[:40]!r}...: {result['first_answer']} -> {result['answer']}"
