@@ -271,14 +271,14 @@ def combine_selective(per_image: Sequence[bool | None]) -> int | str | None:
     return "none" if not yes else yes[0] if len(yes) == 1 else None
 
 
-def _decomposed_ni(records: Sequence[Mapping[str, Any]], qtype: str | None = None) -> list[Mapping[str, Any]]:
-    """The decomposed NI records (``decomposed=True``) of the question types asked directly
-    too (of ``qtype`` alone if given), so decomposed and direct accuracies pool the same
-    question types."""
-    direct = {str(r.get("qtype", "")).lower() for r in records
-              if not r.get("decomposed") and normalise_condition(r.get("condition")) == "NI"}
-    return [r for r in records if r.get("decomposed") and normalise_condition(r.get("condition")) == "NI"
-            and str(r.get("qtype", "")).lower() in direct and qtype in (None, str(r.get("qtype", "")).lower())]
+def _decomposed_ni(records: Sequence[Mapping[str, Any]], qtype: str) -> list[Mapping[str, Any]]:
+    """The decomposed NI records (``decomposed=True``) of ``qtype``, empty when no NI
+    question of that type was asked directly (nothing to compare them with)."""
+    of_type = [r for r in records if normalise_condition(r.get("condition")) == "NI"
+               and str(r.get("qtype", "")).lower() == qtype]
+    if not any(not r.get("decomposed") for r in of_type):
+        return []
+    return [r for r in of_type if r.get("decomposed")]
 
 
 def decomposition_by_qtype(records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
