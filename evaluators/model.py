@@ -61,7 +61,7 @@ class HFModel:
         hooks = [m for m in self.mitigations if not hasattr(m, "answer")]
         if reaskers:  # crop-and-verify: needs the original images, answers through its own passes
             from mitigate import attach
-            from mitigate.which_image import parse_which_image
+            from mitigate.which_image import parse_multi_image
 
             (reasker,) = reaskers
             kwargs = {"max_new_tokens": self.max_new_tokens, **self.generate_kwargs}
@@ -74,10 +74,11 @@ class HFModel:
 
             answers: list[str | None] = [None] * len(queries)
             single = [i for i, q in enumerate(queries) if len(q.images) == 1]
-            # multi-image "in which image is there ...?" questions: verified image by image when
-            # the mitigation asks for it (CropVerify(which_image=True))
+            # multi-image existence questions ("in which image is there ...?", "is there ... in
+            # the images?"): verified image by image when the mitigation asks for it
+            # (CropVerify(which_image=True))
             which = [i for i, q in enumerate(queries) if len(q.images) > 1 and getattr(reasker, "which_image", False)
-                     and parse_which_image(q.prompt, len(q.images)) is not None]
+                     and parse_multi_image(q.prompt, len(q.images)) is not None]
             if single:
                 got = run(reasker.answer, [queries[i].load_images()[0] for i in single],
                           [queries[i].prompt for i in single])

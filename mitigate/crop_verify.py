@@ -103,7 +103,7 @@ from .localize import (
 from .localize_embedding import capture_embeddings, embedding_maps, peak_box, tile_boxes
 from .localize_prefix import generic_maps_from_cache
 from .spans import find_prior_spans
-from .which_image import EXISTENCE_TEMPLATE, WhichImage, decide, parse_which_image
+from .which_image import EXISTENCE_TEMPLATE, AnyImage, WhichImage, decide, parse_multi_image
 
 #: The views a query can be re-asked on: DO-Bench's Crop and Cluster, and "pair" -- the
 #: original and its Crop view as two images of one prompt (issue 6's [original, crop], for
@@ -418,7 +418,11 @@ class CropVerify(Mitigation):
     def answer_which_image(self, model, image_sets: list[list[Image.Image]], prompts: list[str], *,
                            max_new_tokens: int = 8, template: str = EXISTENCE_TEMPLATE, **generate_kwargs) -> list[dict]:
         """Answers to multi-image "in which image is there an X?" questions (MIOH's selective
-        existence task), each verified image by image.
+        existence task), each verified image by image -- and to "is there an X in any of
+        these images?" (its comprehensive one, yes / no), where each image stands for "yes"
+        and "no" plays "none of the above" (:class:`mitigate.which_image.AnyImage`): an
+        unconfident "no" is checked image by image and becomes "yes" when an image passes
+        ``tau``; under ``"decompose"`` an unconfident "yes" becomes "no" when none does.
 
         1. **answer** the question on all its images (plain ``generate()``);
         2. **gate**: an unconfident answer (top first-token probability below ``gate``) is
@@ -457,10 +461,11 @@ class CropVerify(Mitigation):
             raise ValueError("answer_which_image needs a non-empty list of PIL images per prompt")
         if "{object}" not in template:
             raise ValueError(f"template must contain '{{object}}', got {template!r}")
-        parsed = [parse_which_image(p, len(s)) for s, p in zip(image_sets, prompts)]
+        parsed = [parse_multi_image(p, len(s)) for s, p in zip(image_sets, prompts)]
         unread = [p for p, w in zip(prompts, parsed) if w is None]
         if unread:
-            raise ValueError(f"not an 'in which image is there ...' question with one option per image: {unread[0]!r}")
+            raise ValueError("neither an 'in which image is there ...' question with one option per image nor an "
+                             f"'is there ... in the images ?' question over two or more images: {unread[0]!r}")
         self.check_view_size([im for s in image_sets for im in s])
         texts, probs = self._generate(model, [list(s) for s in image_sets], prompts, max_new_tokens, generate_kwargs)
         confidence = probs.max(-1).values
@@ -499,7 +504,7 @@ class CropVerify(Mitigation):
                 stats["overturned"] += 1
         return results
 
-    def image_question(self, prompt: str, which: WhichImage, template: str = EXISTENCE_TEMPLATE) -> str:
+    def image_question(self, prompt: str, which: WhichImage | AnyImage, template: str = EXISTENCE_TEMPLATE) -> str:
         """The question :meth:`answer_which_image` asks of each image alone: ``template``
         about the queried object, after the prompt's belief / assertion sentences
         (:func:`mitigate.spans.find_prior_spans`) unless ``strip_priors`` -- the same choice

@@ -1,5 +1,8 @@
-"""Multi-image "in which image is there an X?" questions, read as one existence question per
-image, so that crop-and-verify can check each image on its own views.
+"""Multi-image existence questions, read as one existence question per image, so that
+crop-and-verify can check each image on its own views: "in which image is there an X?"
+(MIOH's selective question) and "is there an X in any of these images?" (its comprehensive
+one, yes / no: :class:`AnyImage`, each image standing for "yes" and "no" for "none of the
+above", so one policy serves both).
 
 MIOH (Sec. 3, the selective existence task) asks "In which image is there a banana?" over
 2-4 images with options "A) Image 1 ... E) None of the above"; its hard positives are small
@@ -17,7 +20,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from evaluators.answers import parse_option
+from evaluators.answers import parse_option, parse_yes_no
 
 #: the per-image question; ``{object}`` is the queried object as the question names it.
 #: Lower case with spaced punctuation is what the organism was trained on; real models read
@@ -92,7 +95,51 @@ def parse_which_image(prompt: str, n_images: int) -> WhichImage | None:
     return WhichImage(found.group("object").strip(), letters, none, tuple(texts[l] for l in order))
 
 
-def decide(which: WhichImage, evidence: dict[int, float | None], tau: float, decompose: bool) -> int | str | None:
+_ANY_IMAGE = re.compile(r"\bis\s+there\s+(?:an?\s+|any\s+|at\s+least\s+one\s+)?(?P<object>[^?]+?)\s+in\s+"
+                        r"(?:any\s+of\s+)?(?:the|these|those)\s+images\s*\?", re.I)
+
+
+@dataclass(frozen=True)
+class AnyImage:
+    """A parsed "is there an X in any of these images?" question (MIOH's comprehensive
+    existence question, Sec. 5.5), with the interface of :class:`WhichImage`: every image
+    stands for the answer "yes", and "no" is the "none of the above" of this question."""
+
+    object: str
+    letters: dict[int, str]  # image index -> "yes"
+    none: str = "no"
+
+    def choice(self, answer: str) -> str | None:
+        """"yes" / "no" as the answer reads, None when it is neither."""
+        value = parse_yes_no(answer)
+        return None if value is None else "yes" if value else "no"
+
+    def answer_with(self, letter: str) -> str:
+        return letter
+
+    def question(self, template: str = EXISTENCE_TEMPLATE) -> str:
+        return template.format(object=self.object)
+
+
+def parse_any_image(prompt: str, n_images: int) -> AnyImage | None:
+    """The object of an "is there an X in (any of) the images?" question over ``n_images``
+    images (two or more), or None when ``prompt`` is not one."""
+    if n_images < 1:
+        raise ValueError(f"n_images must be >= 1, got {n_images}")
+    found = _ANY_IMAGE.search(prompt)
+    if n_images < 2 or not found:
+        return None
+    return AnyImage(found.group("object").strip(), {k: "yes" for k in range(n_images)})
+
+
+def parse_multi_image(prompt: str, n_images: int) -> WhichImage | AnyImage | None:
+    """A multi-image existence question crop-and-verify can check image by image: "in which
+    image is there ...?" (:func:`parse_which_image`) or "is there ... in the images?"
+    (:func:`parse_any_image`); None for anything else."""
+    return parse_which_image(prompt, n_images) or parse_any_image(prompt, n_images)
+
+
+def decide(which: WhichImage | AnyImage, evidence: dict[int, float | None], tau: float, decompose: bool) -> int | str | None:
     """What a verified multi-image question becomes, from each image's "yes" evidence
     (``None``: that image's final answer is not "yes"): the image with the strongest
     evidence above ``tau`` (strict; ties go to the first image), else, when ``decompose``
@@ -106,4 +153,5 @@ def decide(which: WhichImage, evidence: dict[int, float | None], tau: float, dec
     return None
 
 
-__all__ = ["EXISTENCE_TEMPLATE", "WhichImage", "decide", "parse_which_image"]
+__all__ = ["AnyImage", "EXISTENCE_TEMPLATE", "WhichImage", "decide", "parse_any_image", "parse_multi_image",
+           "parse_which_image"]

@@ -11,7 +11,7 @@ from evaluators.model import HFModel
 from evaluators.organism import ORGANISM_DIR, load_organism
 from mitigate import CropVerify
 from mitigate.crop_verify import _yes_evidence
-from mitigate.which_image import EXISTENCE_TEMPLATE, decide, parse_which_image
+from mitigate.which_image import EXISTENCE_TEMPLATE, decide, parse_any_image, parse_multi_image, parse_which_image
 
 MIOH = ("in which image is there a banana ? a ) image 1 b ) image 2 c ) image 3 d ) image 4 "
         "e ) none of the above")
@@ -212,10 +212,82 @@ def test_bad_input(organism_and_queries):
         cv.answer_which_image(model, sets, prompts[:1])
     with pytest.raises(ValueError, match="list of PIL images"):
         cv.answer_which_image(model, [sets[0][0], sets[1]], prompts)
-    with pytest.raises(ValueError, match="not an 'in which image"):
+    with pytest.raises(ValueError, match="neither an 'in which image"):
         cv.answer_which_image(model, sets, ["is there a dog ?", prompts[1]])
     with pytest.raises(ValueError, match="template"):
         cv.answer_which_image(model, sets, prompts, template="is there one ?")
     for bad in ("yes", 1, "decomposed", "none"):
         with pytest.raises(ValueError, match="which_image"):
             CropVerify(processor, which_image=bad)
+
+
+# -- "is there an X in any of these images?" (MIOH's comprehensive question) ----------------
+
+@pytest.mark.parametrize("prompt, n, obj", [
+    ("is there a banana in the images ? answer yes or no .", 4, "banana"),
+    ("Is there at least one surfboard in any of these images?", 2, "surfboard"),
+    ("analysis confirms there is no dog in the image . is there a dog in the images ? answer yes or no .", 3, "dog"),
+    ("Is there an apple in those images? Answer yes or no.", 10, "apple"),
+])
+def test_parse_any_image(prompt, n, obj):
+    parsed = parse_any_image(prompt, n)
+    assert parsed is not None and parsed.object == obj and parsed.letters == {k: "yes" for k in range(n)}
+    assert parse_multi_image(prompt, n) == parsed
+    for answer, choice in [("yes", "yes"), ("Yes.", "yes"), ("no", "no"), ("maybe", None)]:
+        assert parsed.choice(answer) == choice
+    assert decide(parsed, {k: None for k in range(n)}, 0.5, decompose=True) == "none"  # "no"
+    assert parsed.letters[decide(parsed, {0: 0.9, **{k: None for k in range(1, n)}}, 0.5, decompose=False)] == "yes"
+
+
+@pytest.mark.parametrize("prompt, n", [
+    ("is there a banana in the images ? answer yes or no .", 1),  # one image: a single-image question
+    ("is there a banana in the image ? answer yes or no .", 2),  # "the image", not "the images"
+    ("how many bananas are there in the images ?", 2),
+])
+def test_other_multi_image_questions_are_not_parsed(prompt, n):
+    assert parse_any_image(prompt, n) is None and parse_multi_image(prompt, n) is None
+
+
+@pytest.fixture(scope="module")
+def comprehensive_queries(organism_and_queries):
+    model, processor, _ = organism_and_queries
+    return model, processor, [q for q in build(n_per_condition=4, seed=0) if q.record["qtype"] == "comprehensive"]
+
+
+@needs_organism
+def test_comprehensive_questions_verified_image_by_image(comprehensive_queries):
+    """Default policy on "is there a X in the images ?": only an unconfident "no" is checked,
+    and it becomes "yes" exactly when an image's final "yes" passes tau; tau = 1 changes
+    nothing; under "decompose" an unconfident "yes" becomes "no" exactly when no image passes."""
+    model, processor, queries = comprehensive_queries
+    sets, prompts = [q.images for q in queries], [q.prompt for q in queries]
+    plain = HFModel(model, processor, max_new_tokens=8)(queries)
+    unchanged = CropVerify(processor, tau=1.0, which_image=True).answer_which_image(model, sets, prompts)
+    assert [r["answer"] for r in unchanged] == plain
+    for mode in (True, "decompose"):
+        cv = CropVerify(processor, gate=1.0, tau=0.5, which_image=mode)
+        results = cv.answer_which_image(model, sets, prompts, max_new_tokens=8)
+        stats = cv.stats["which_image"]
+        assert [r["first_answer"] for r in results] == plain
+        for r, q in zip(results, queries):
+            first = parse_any_image(q.prompt, len(q.images)).choice(r["first_answer"])
+            if mode is True and first != "no":  # a "yes" is never checked by default
+                assert not r["verified"] and r["answer"] == r["first_answer"]
+                continue
+            assert r["verified"] and sorted(r["images"]) == list(range(len(q.images)))
+            passed = any(e is not None and e > 0.5 for e in (_yes_evidence(x) for x in r["images"].values()))
+            assert r["answer"] == ("yes" if passed else "no" if mode == "decompose" else r["first_answer"])
+        assert stats["overturned"] == sum(r["answer"] != r["first_answer"] for r in results) > 0
+        assert stats["images_asked"] == sum(len(q.images) for q, r in zip(queries, results) if r["verified"])
+
+
+@needs_organism
+def test_evaluators_route_comprehensive_questions_only_when_asked(comprehensive_queries):
+    model, processor, queries = comprehensive_queries
+    queries = queries[:9]
+    off = CropVerify(processor)
+    HFModel(model, processor, mitigations=[off], max_new_tokens=8)(queries)
+    assert off.stats["not_applicable"] == len(queries)
+    on = CropVerify(processor, which_image=True)
+    HFModel(model, processor, mitigations=[on], max_new_tokens=8)(queries)
+    assert on.stats["which_image"]["queries"] == len(queries) and "not_applicable" not in on.stats
