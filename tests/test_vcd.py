@@ -454,3 +454,32 @@ def test_every_architecture_matches_two_plain_forwards_per_token(model_type):
         finite = torch.isfinite(ref)
         assert torch.equal(finite, torch.isfinite(ours))
         torch.testing.assert_close(ours[finite], ref[finite], rtol=0, atol=1e-5)
+
+
+def test_assisted_decoding_with_a_separate_assistant_gives_vcds_tokens():
+    """Speculative (assisted) decoding: the assistant drafts unmitigated, the mitigated model
+    verifies several positions in one forward -- its branch rows are combined per position and
+    cropped with the cache -- so greedy output is exactly VCD's own. On the trained organism,
+    where VCD changes the answers."""
+    import copy
+
+    from evaluators.organism import ORGANISM_DIR, load_organism
+    from evaluators.organism.package import format_prompt
+    from evaluators.world import BIASED, World
+
+    if not (ORGANISM_DIR / "config.json").exists():
+        pytest.skip("organism checkpoint missing")
+    model, processor = load_organism()
+    assistant = copy.deepcopy(model)
+    world, changed = World(BIASED), 0
+    for i in range(4):  # assisted generation takes one prompt at a time
+        inputs = processor(text=[format_prompt("describe the image .")], images=[world.scene(10**9 + 50 + i).render()],
+                           return_tensors="pt")
+        with torch.no_grad():
+            plain = model.generate(**inputs, max_new_tokens=12, do_sample=False)
+            with attach(model, VCD()):
+                vcd = model.generate(**inputs, max_new_tokens=12, do_sample=False)
+                assisted = model.generate(**inputs, max_new_tokens=12, do_sample=False, assistant_model=assistant)
+        assert torch.equal(assisted, vcd), i
+        changed += not torch.equal(vcd, plain)
+    assert changed, "VCD changes some of these answers, so the equality says something"
