@@ -271,7 +271,8 @@ class ContrastBranches:
             if any(b.needs_pixels for b in self.branches) and not has_pixels:
                 raise ValueError(
                     f"branch {next(b.name for b in self.branches if b.needs_pixels)!r} distorts the image, but the call "
-                    f"has no pixel inputs (expected one of {list(self.points.pixel_inputs)})"
+                    f"has no pixel inputs (expected one of {list(self.points.pixel_inputs)}); if this model is also "
+                    "the assistant_model of assisted decoding, pass a separate copy as the assistant"
                 )
             if any(b.hide_image for b in self.branches) and (image is None or not bool(image.any())):
                 raise ValueError("an image-free branch needs image tokens in input_ids; the call has none")

@@ -483,3 +483,5 @@ def test_assisted_decoding_with_a_separate_assistant_gives_vcds_tokens():
         assert torch.equal(assisted, vcd), i
         changed += not torch.equal(vcd, plain)
     assert changed, "VCD changes some of these answers, so the equality says something"
+    with attach(model, VCD()), pytest.raises(ValueError, match="separate copy as the assistant"):
+        model.generate(**inputs, max_new_tokens=4, do_sample=False, assistant_model=model)  # itself: the drafts
