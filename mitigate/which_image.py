@@ -121,15 +121,26 @@ class AnyImage:
         return template.format(object=self.object)
 
 
+#: objects that make the question something else: "is there no X ...", "is there a
+#: difference between ...", "is there the same X ..." (MIOH's comparative questions)
+_NOT_AN_OBJECT = re.compile(r"^(?:no|not|any\s+difference|a\s+difference|difference|the\s+same|same)\b", re.I)
+_LETTERED_OPTION = re.compile(r"(?:^|\s)\(?[a-e]\s*\)", re.I)
+
+
 def parse_any_image(prompt: str, n_images: int) -> AnyImage | None:
-    """The object of an "is there an X in (any of) the images?" question over ``n_images``
-    images (two or more), or None when ``prompt`` is not one."""
+    """The object of an "is there an X in (any of) the images?" yes / no question over
+    ``n_images`` images (two or more), or None when ``prompt`` is not one -- also when
+    lettered options follow it (MIOH's multiple-choice form, "A) Yes, all of them ..."),
+    whose answers are option letters, not yes / no."""
     if n_images < 1:
         raise ValueError(f"n_images must be >= 1, got {n_images}")
     found = _ANY_IMAGE.search(prompt)
-    if n_images < 2 or not found:
+    if n_images < 2 or not found or _LETTERED_OPTION.search(prompt[found.end():]):
         return None
-    return AnyImage(found.group("object").strip(), {k: "yes" for k in range(n_images)})
+    obj = found.group("object").strip()
+    if _NOT_AN_OBJECT.match(obj):
+        return None
+    return AnyImage(obj, {k: "yes" for k in range(n_images)})
 
 
 def parse_multi_image(prompt: str, n_images: int) -> WhichImage | AnyImage | None:

@@ -117,3 +117,15 @@ def test_support_of_a_metric_that_needs_several_units_comes_from_leaving_one_out
     uniform = [[{"id": i, "correct": False}] for i in range(10)]  # removal changes nothing here ...
     assert support(uniform, needs_three, enough=100) == 0
     assert support(uniform, needs_three, enough=100, other=base) == 10  # ... but does in the other arm
+
+
+def test_mioh_records_of_one_image_set_are_resampled_together():
+    """MIOH asks each image set two questions and decomposes NI sets twice: the bootstrap
+    unit is the set, so correlated questions never count as independent evidence."""
+    from evaluators.report.attribution import UNITS
+
+    unit = UNITS["mioh"]
+    ids = ["mioh-0-NI-4-3", "mioh-0-NI-4-3-comprehensive", "mioh-0-NI-4-3-decomposed",
+           "mioh-0-NI-4-3-comprehensive-decomposed"]
+    assert {unit({"id": i}) for i in ids} == {"mioh-0-NI-4-3"}
+    assert unit({"id": "mioh-0-NI-4-13"}) != unit({"id": "mioh-0-NI-4-1"})

@@ -208,6 +208,11 @@ def test_mioh_selective_only_suite_pairs_decomposition_with_the_selective_questi
     both, selective = mioh(n_per_condition=2, seed=5), mioh(n_per_condition=2, seed=5, comprehensive=False)
     assert [(q.id, q.prompt, q.truth) for q in both if q.record["qtype"] == "selective"] == [
         (q.id, q.prompt, q.truth) for q in selective]
+    import numpy as np
+
+    assert all(len(a.images) == len(b.images) and all(np.array_equal(np.asarray(x), np.asarray(y))
+                                                      for x, y in zip(a.images, b.images))
+               for a, b in zip([q for q in both if q.record["qtype"] == "selective"], selective))
     finder = CallableModel(lambda images, prompt: "no" if len(images) == 1 else "yes")
     res = run(selective, finder, tmp_path, progress=False)["results"]["mioh"]
     assert set(res["details"]["decomposition"]) == {"selective"}

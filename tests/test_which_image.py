@@ -243,6 +243,11 @@ def test_parse_any_image(prompt, n, obj):
     ("is there a banana in the images ? answer yes or no .", 1),  # one image: a single-image question
     ("is there a banana in the image ? answer yes or no .", 2),  # "the image", not "the images"
     ("how many bananas are there in the images ?", 2),
+    # MIOH's multiple-choice form: its answers are option letters, not yes / no
+    ("Is there at least one dog in any of these images? A) Yes, all of them B) Yes, in some of them "
+     "C) No, in none of them D) I don't know", 4),
+    ("is there a difference between the dogs in these images ?", 2),  # comparative
+    ("is there no dog in the images ?", 2),
 ])
 def test_other_multi_image_questions_are_not_parsed(prompt, n):
     assert parse_any_image(prompt, n) is None and parse_multi_image(prompt, n) is None

@@ -18,6 +18,7 @@ plausibility-only arm matches (their paired interval includes 0) is flagged as
 from __future__ import annotations
 
 import math
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -31,6 +32,8 @@ SAMPLING = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
 UNITS: dict[str, Callable[[dict], Any]] = {
     "dobench": lambda r: r["scene_id"] if "scene_id" in r else r["id"],
     "causal_halbench": lambda r: r["pair_id"] if "pair_id" in r else r["id"],
+    # one image set: its selective and comprehensive questions and their decompositions
+    "mioh": lambda r: re.sub(r"(-comprehensive)?(-decomposed)?$", "", str(r["id"])),
 }
 YES_NO_BENCHMARKS = ("dobench", "causal_halbench")
 

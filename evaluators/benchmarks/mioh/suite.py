@@ -152,7 +152,9 @@ def assemble(rows: list[dict]) -> list[dict]:
                     "combined": combined, "invalid": combined is None, "correct": combined == truth})
         option = combine_existence(answers)  # "all" / "some" / "none", None when unreadable
         present = None if option is None else option != "none"
+        # the same per-image answers as the selective record: an unreadable one is counted
+        # invalid there once, not twice (it is wrong here all the same)
         out.append({**keep, "qtype": "comprehensive", "id": qid + "-comprehensive-decomposed", "decomposed": True,
-                    "per_image": answers, "combined": option, "invalid": option is None,
+                    "per_image": answers, "combined": option, "unreadable": option is None,
                     "correct": present is not None and present == (holder is not None)})
     return out
