@@ -354,6 +354,78 @@ def test_a_layer_independent_bias_is_built_once_per_forward_with_the_same_result
     assert n_memo == masks and n_memo2 == 2 * n_memo
 
 
+SHARED_MASK = [t for t in ARCHS if hooks.get_adapter(t).shared_causal_mask]
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("model_type", SHARED_MASK)
+def test_one_biased_mask_on_the_language_model_equals_a_bias_per_layer(model_type, attn):
+    """A layer-independent bias on every layer is folded into the mask the language model
+    builds once (one hook, none on the attention modules): the same greedy tokens and scores
+    as the per-layer hooks, at the padded prefill and at every decoding step."""
+    from hooks.attention import shares_one_mask
+
+    model = build_tiny_model(model_type, attn_implementation=attn)
+    inputs = tiny_inputs(model, batch_size=2, text_lengths=[7, 4], seed=4)
+    points = resolve(model)
+    keys = _removable_positions(inputs["input_ids"], points.image_token_mask(inputs["input_ids"]), inputs["attention_mask"])
+    runs = {}
+    for shared in (False, True):
+        with HookGroup() as group, torch.no_grad():
+            hooks.add_attention_bias(group, points, hooks.key_bias(keys, -1.5), same_for_all_layers=shared)
+            state = hook_state(model)
+            on_attention = [name for name, module in model.named_modules()
+                            if any(module is a for a in points.attention) and state[name]["_forward_pre_hooks"]]
+            out = model.generate(**inputs, max_new_tokens=4, do_sample=False, output_scores=True,
+                                 return_dict_in_generate=True)
+            runs[shared] = (out.sequences, torch.stack(out.scores), len(group), on_attention)
+    with torch.no_grad():
+        plain = torch.stack(model.generate(**inputs, max_new_tokens=4, do_sample=False, output_scores=True,
+                                           return_dict_in_generate=True).scores)
+    (seq, scores, n, attention), (seq_shared, scores_shared, n_shared, attention_shared) = runs[False], runs[True]
+    assert n == len(points.attention_layers) and len(attention) == n
+    if shares_one_mask(points, points.attention_layer_indices(None)):
+        assert n_shared == 1 and attention_shared == [], "one hook on the language model, none per layer"
+    else:  # Aya Vision's Cohere2 decoder has sliding-window layers: a hook per layer, the mask memoised
+        assert model_type == "aya_vision" and n_shared == n + 1
+    assert not torch.allclose(scores, plain, atol=1e-4), "the bias must matter"
+    assert torch.equal(seq, seq_shared)
+    torch.testing.assert_close(scores_shared, scores, rtol=0, atol=1e-5)
+
+
+def test_the_shared_mask_leaves_a_static_caches_empty_slots_masked():
+    """A static cache holds slots past the current token; at a decoding step the shared
+    mask keeps them out of attention as transformers' own mask does."""
+    model = build_tiny_model("llava")
+    inputs = tiny_inputs(model, batch_size=2, text_lengths=[7, 4], seed=4)
+    points = resolve(model)
+    keys = _removable_positions(inputs["input_ids"], points.image_token_mask(inputs["input_ids"]), inputs["attention_mask"])
+    scores = {}
+    for shared in (False, True):
+        with HookGroup() as group, torch.no_grad():
+            hooks.add_attention_bias(group, points, hooks.key_bias(keys, -1.5), same_for_all_layers=shared)
+            out = model.generate(**inputs, max_new_tokens=4, do_sample=False, output_scores=True,
+                                 return_dict_in_generate=True, cache_implementation="static")
+            scores[shared] = torch.stack(out.scores)
+    torch.testing.assert_close(scores[True], scores[False], rtol=0, atol=1e-5)
+
+
+def test_the_shared_mask_is_used_only_where_one_mask_serves_every_layer():
+    from hooks.attention import shares_one_mask
+
+    points = resolve(build_tiny_model("mistral3"))
+    every = points.attention_layer_indices(None)
+    assert shares_one_mask(points, every)
+    assert not shares_one_mask(points, every[:-1]), "a bias on some layers needs a hook on each"
+    points.language_model.config.sliding_window = 16  # Mistral's window: its mask is not a full layer's
+    assert not shares_one_mask(points, every)
+    gemma = resolve(build_tiny_model("gemma3"))  # the wrapper builds the masks (image blocks, sliding layers)
+    assert not shares_one_mask(gemma, gemma.attention_layer_indices(None))
+    with HookGroup() as group:  # so the bias goes on through a hook per attention module
+        hooks.add_attention_bias(group, points, lambda ctx: None, same_for_all_layers=True)
+        assert len(group) == 1 + len(every)  # the memo's reset on the language model, one per layer
+
+
 def test_bias_refuses_flash_attention():
     model = build_tiny_model("llava")
     points = resolve(model)

@@ -85,6 +85,16 @@ class Adapter:
     # layers have no attention scores to bias or capture, so the attention points skip them
     # and asking for one by index is an error (ModelPoints.attention_layer_indices).
     linear_attention: str | None = None
+    # True when the wrapper hands its language model the 2-D padding mask and the language
+    # model builds one causal mask for all its layers with transformers' create_causal_mask,
+    # which returns a 4-D mask it is given as it is. An attention bias that is the same in
+    # every layer is then folded into that one mask by a single hook on the language model
+    # (hooks.attention) instead of a hook per attention module. False where the wrapper
+    # builds the masks itself (Gemma 3 and PaliGemma's image / prefix blocks, Gemma 4), for
+    # hybrid decoders (their linear layers read the 2-D mask) and for multimodal-RoPE text
+    # models (their positions are not the 1-D ones the mask builder reads); the per-layer
+    # hooks serve those. Sliding-window layers are checked on the config at attach time.
+    shared_causal_mask: bool = False
     notes: str = ""
     source: str = field(default="table", compare=False)
 
@@ -115,8 +125,9 @@ class Adapter:
             raise ValueError(f"adapter {self.model_type!r}: image_token_id must name at least one config attribute")
         if self.linear_attention is not None and (not isinstance(self.linear_attention, str) or not self.linear_attention):
             raise ValueError(f"adapter {self.model_type!r}: linear_attention must be a module name or null")
-        if not isinstance(self.causal_image_prefix, bool):
-            raise ValueError(f"adapter {self.model_type!r}: causal_image_prefix must be true or false")
+        for name in ("causal_image_prefix", "shared_causal_mask"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"adapter {self.model_type!r}: {name} must be true or false")
 
     @classmethod
     def from_dict(cls, data: dict, source: str = "table") -> "Adapter":
