@@ -177,19 +177,60 @@ def user_spans(prompt: str, spans: Iterable[tuple[int, int] | str], source: str 
     return out
 
 
+#: tokens of left context kept when a token's text is decoded (:func:`decode_with_offsets`)
+DECODE_WINDOW = 8
+
+
 def decode_with_offsets(tokenizer, ids: Sequence[int], skip: set[int]) -> tuple[str, list[tuple[int, int]]]:
     """Text of ``ids`` and each token's ``(start, end)`` character range in it.
 
-    Incremental decoding (text of the first k tokens) keeps each tokenizer's own spacing
-    rules; tokens in ``skip`` (image and special tokens) get an empty range.
+    Incremental decoding keeps each tokenizer's own spacing rules: a token's text is what
+    decoding it adds after the tokens before it; when that text does not extend the text so
+    far (a token that completes a multi-byte character rewrites the replacement character
+    before it), the token gets an empty range at the end. Tokens in ``skip`` (image and
+    special tokens) get an empty range.
+
+    Each step decodes a window of the last ``DECODE_WINDOW`` to ``2 * DECODE_WINDOW`` kept
+    tokens, not the whole prefix (as text-generation servers detokenise a stream), so a
+    prompt of n tokens costs O(n) decoding, not O(n^2): a 2,000-token prompt took seconds
+    the quadratic way. Where a window's text does not extend the previous window's (a
+    completed character), the window's new text replaces its old one at the end of the
+    text; and if the pieces do not add up to the whole decoded prompt, the whole-prefix
+    decoding is redone for every token, so the text is always the tokenizer's own.
     """
+    def decode(tokens: list[int]) -> str:
+        return tokenizer.decode(tokens, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    windowed = _decode_with_offsets(decode, ids, skip, DECODE_WINDOW)
+    kept = [int(t) for t in ids if t not in skip]
+    if windowed[0] == decode(kept):
+        return windowed
+    return _decode_with_offsets(decode, ids, skip, None)
+
+
+def _decode_with_offsets(decode, ids, skip, window: int | None) -> tuple[str, list[tuple[int, int]]]:
+    """:func:`decode_with_offsets` with a left context of ``window`` tokens (None: all)."""
     text, offsets, kept = "", [], []
+    first, before = 0, ""  # the window's first kept token, and the window's text so far
     for tok in ids:
         if tok in skip:
             offsets.append((len(text), len(text)))
             continue
         kept.append(int(tok))
-        new = tokenizer.decode(kept, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        if window is None:
+            new = decode(kept)
+        else:
+            now = decode(kept[first:])
+            if now.startswith(before):
+                new = text + now[len(before):]
+            elif text.endswith(before):  # the token rewrote the window's text (a completed character)
+                new = text[: len(text) - len(before)] + now
+            else:
+                new = decode(kept)
+            before = now
+            if len(kept) - first >= 2 * window:  # slide: keep the last `window` tokens as context
+                first = len(kept) - window
+                before = decode(kept[first:])
         start = len(text) if new.startswith(text) else len(new)
         offsets.append((start, len(new)))
         text = new

@@ -445,6 +445,43 @@ def test_offsets_into_the_callers_templated_text_mark_the_occurrence_pointed_at(
         user_spans(decoded, [(0, len(templated) + 1)], source=templated)
 
 
+def _offsets_by_whole_prefixes(tok, ids, skip):
+    """The reference: decode every prefix whole (what decode_with_offsets did until it
+    decoded windows)."""
+    text, offsets, kept = "", [], []
+    for t in ids:
+        if t in skip:
+            offsets.append((len(text), len(text)))
+            continue
+        kept.append(t)
+        new = tok.decode(kept, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        offsets.append((len(text) if new.startswith(text) else len(new), len(new)))
+        text = new
+    return text, offsets
+
+
+def test_windowed_decoding_gives_the_offsets_of_decoding_every_prefix():
+    from hooks.testing import trained_tokenizers
+    from mitigate.spans import DECODE_WINDOW, decode_with_offsets
+
+    prompt = ("I am certain there is no dog in the image. Le café est très bon ☕, 日本の猫. " * 12
+              + "Is there a dog in the image? Answer yes or no.")
+    for name, tok in trained_tokenizers().items():
+        ids = tok(prompt)["input_ids"]
+        assert len(ids) > 6 * DECODE_WINDOW, name
+        skip = {ids[5], ids[40]}  # ids the caller skips (image, special: every occurrence) get empty ranges
+        assert decode_with_offsets(tok, ids, skip) == _offsets_by_whole_prefixes(tok, ids, skip), name
+        whole = tok.decode([i for i in ids if i not in skip], skip_special_tokens=True,
+                           clean_up_tokenization_spaces=False)
+        assert decode_with_offsets(tok, ids, skip)[0] == whole
+        text, _ = decode_with_offsets(tok, ids, set())
+        if name != "wordpiece":  # WordPiece writes its pieces apart ("caf ##e" -> "caf e")
+            assert "café" in text and "日本の猫" in text and "☕" in text, name
+    organism = _chat_tokenizer()
+    ids = organism(prompt)["input_ids"]
+    assert decode_with_offsets(organism, ids, set()) == _offsets_by_whole_prefixes(organism, ids, set())
+
+
 def test_span_texts_offsets_give_the_same_suppression_as_the_substring():
     model = build_tiny_model("llava")
     inputs = tiny_inputs(model, batch_size=2, text_lengths=[7, 5], seed=3)
