@@ -161,23 +161,30 @@ class PriorSuppression(Mitigation):
         source_row = None if self.spans is None else [r // (rows // len(self.spans)) for r in range(rows)]
         mask = torch.zeros_like(input_ids, dtype=torch.bool)
         self.found, self.token_spans = [], []
+        # a row repeated (beams, return sequences, one prompt asked of a batch) is read once
+        seen: dict[tuple, tuple[list[Span], torch.Tensor, list[tuple[int, int]]]] = {}
         for row in range(input_ids.shape[0]):
-            text, offsets = decode_with_offsets(tok, input_ids[row].tolist(), skip)
-            if source_row is None:
-                # an image ends a sentence: a tokenizer that drops the template's newlines
-                # would otherwise join "user" before the image to the belief after it
-                spans = find_prior_spans_between(text, [offsets[i][0] for i in image[row].nonzero().flatten().tolist()])
-            else:
-                given = source_row[row]
-                spans = user_spans(text, self.spans[given], None if self.span_texts is None else self.span_texts[given])
-            row_mask = spans_to_mask(offsets, spans, input_ids.shape[1])
-            if row_mask.any():
-                idx = row_mask.nonzero().flatten()
-                if bool(image[row, int(idx.min()) : int(idx.max()) + 1].any()):
-                    raise ValueError(f"spans: a span in row {row} overlaps the image tokens")
+            ids = input_ids[row].tolist()
+            key = (tuple(ids), None if source_row is None else source_row[row])
+            if key not in seen:
+                text, offsets = decode_with_offsets(tok, ids, skip)
+                if source_row is None:
+                    # an image ends a sentence: a tokenizer that drops the template's newlines
+                    # would otherwise join "user" before the image to the belief after it
+                    spans = find_prior_spans_between(text, [offsets[i][0] for i in image[row].nonzero().flatten().tolist()])
+                else:
+                    given = source_row[row]
+                    spans = user_spans(text, self.spans[given], None if self.span_texts is None else self.span_texts[given])
+                row_mask = spans_to_mask(offsets, spans, input_ids.shape[1])
+                if row_mask.any():
+                    idx = row_mask.nonzero().flatten()
+                    if bool(image[row, int(idx.min()) : int(idx.max()) + 1].any()):
+                        raise ValueError(f"spans: a span in row {row} overlaps the image tokens")
+                seen[key] = spans, row_mask, _runs(row_mask)
+            spans, row_mask, runs = seen[key]
             mask[row] = row_mask
-            self.found.append(spans)
-            self.token_spans.append(_runs(row_mask))
+            self.found.append(list(spans))
+            self.token_spans.append(list(runs))
         return mask
 
     def attach_hooks(self, points: ModelPoints, group: HookGroup) -> None:

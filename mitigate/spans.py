@@ -198,14 +198,29 @@ def decode_with_offsets(tokenizer, ids: Sequence[int], skip: set[int]) -> tuple[
     text; and if the pieces do not add up to the whole decoded prompt, the whole-prefix
     decoding is redone for every token, so the text is always the tokenizer's own.
     """
-    def decode(tokens: list[int]) -> str:
-        return tokenizer.decode(tokens, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-
+    decode = _decoder(tokenizer)
     windowed = _decode_with_offsets(decode, ids, skip, DECODE_WINDOW)
     kept = [int(t) for t in ids if t not in skip]
     if windowed[0] == decode(kept):
         return windowed
     return _decode_with_offsets(decode, ids, skip, None)
+
+
+def _decoder(tokenizer):
+    """``ids -> text`` without special tokens or clean-up. A transformers fast tokenizer that
+    does not change how it decodes is read through its Rust backend directly: the Python
+    wrapper around it (argument checks, a conversion of every id) cost three times the
+    decoding of a short window."""
+    try:
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    except ImportError:  # pragma: no cover - older transformers
+        TokenizersBackend = None
+    kind = type(tokenizer)
+    if (TokenizersBackend is not None and isinstance(tokenizer, TokenizersBackend)
+            and kind.decode is TokenizersBackend.decode and kind._decode is TokenizersBackend._decode):
+        backend = tokenizer.backend_tokenizer
+        return lambda tokens: backend.decode(tokens, skip_special_tokens=True)
+    return lambda tokens: tokenizer.decode(tokens, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
 
 def _decode_with_offsets(decode, ids, skip, window: int | None) -> tuple[str, list[tuple[int, int]]]:

@@ -507,6 +507,34 @@ def test_span_texts_offsets_give_the_same_suppression_as_the_substring():
         PriorSuppression(WordIds(), spans=offsets, span_texts=written[:1])
 
 
+def test_a_repeated_row_is_read_once_and_gets_its_own_copy_of_the_spans():
+    """Beams, return sequences and a batch asking one prompt repeat a row: its text is
+    decoded and its spans found once, and each row still gets them."""
+    model = build_tiny_model("llava")
+    points = resolve(model)
+    inputs = tiny_inputs(model, batch_size=1, seed=3)
+    _, strings = _span_rows(inputs, points)
+
+    class Counting(WordIds):
+        calls = 0
+
+        def decode(self, ids, **kwargs):
+            Counting.calls += 1
+            return super().decode(ids, **kwargs)
+
+    for spans in (strings, None):  # the caller's substring, and the detector
+        mitigation = PriorSuppression(Counting(), spans=spans)
+        Counting.calls = 0
+        alone = mitigation.span_mask(points, inputs["input_ids"])
+        once, found, token_spans = Counting.calls, mitigation.found[0], mitigation.token_spans[0]
+        Counting.calls = 0
+        repeated = mitigation.span_mask(points, inputs["input_ids"].repeat(3, 1))
+        assert Counting.calls == once and torch.equal(repeated, alone.repeat(3, 1))
+        assert mitigation.found == [found] * 3 and mitigation.token_spans == [token_spans] * 3
+        assert mitigation.found[0] is not mitigation.found[1]
+        assert bool(token_spans) == (spans is not None)  # the detector finds no belief in "w12 w5 ..."
+
+
 def test_zero_strength_is_the_unmitigated_model():
     model = build_tiny_model("llava")
     inputs = tiny_inputs(model, batch_size=2, text_lengths=[7, 5], seed=3)
