@@ -335,18 +335,24 @@ class _SharedMaskHook:
             return None  # the language model builds its own mask, unchanged
         if q_len == 1 and cache is not None and (mask is None or mask.dim() == 2):
             # a decoding step: what create_causal_mask gives a single query, built directly
-            # (a third of this hook's time otherwise): keys up to the query's position (a
-            # static cache holds empty slots beyond it), minus the 2-D mask's zeros, padded
-            # with zeros past its end as transformers pads it
-            allowed = (k_pos <= q_start)[None, :]
+            # (it was a third of this hook's time): the keys the 2-D mask keeps (zeros past
+            # its end, as transformers pads it), up to the query's position (a static cache
+            # holds empty slots beyond it)
+            keep = None
             if mask is not None:
-                padding = mask.to(device=device, dtype=torch.bool)
-                short = int(kv_offset) + int(kv_len) - padding.shape[-1]
-                if short > 0:
-                    padding = torch.nn.functional.pad(padding, (0, short))
-                allowed = allowed & padding[:, int(kv_offset) : int(kv_offset) + int(kv_len)]
-            mask = allowed[:, None, None, :]
-        elif mask is None or mask.dim() == 2:
+                end = int(kv_offset) + int(kv_len)
+                keep = mask[:, int(kv_offset) : end].to(device=device, dtype=torch.bool)
+                if keep.shape[-1] < int(kv_len):
+                    keep = torch.nn.functional.pad(keep, (0, int(kv_len) - keep.shape[-1]))
+            if int(kv_offset) + int(kv_len) - 1 > q_start:
+                causal = (k_pos <= q_start)[None, :]
+                keep = causal if keep is None else keep & causal
+            bias = bias.to(dtype)
+            if keep is not None:
+                bias = torch.where(keep[:, None, None, :], bias, torch.finfo(dtype).min)
+            new_mask = bias.clamp(min=torch.finfo(dtype).min)
+            return self._replace(args, kwargs, new_mask)
+        if mask is None or mask.dim() == 2:
             use_cache = self._arg(args, kwargs, "use_cache")
             caches = cache is not None or (use_cache if use_cache is not None else getattr(self.config, "use_cache", True))
             built = self.create(
@@ -357,7 +363,9 @@ class _SharedMaskHook:
                 **{self.create_cache: cache},
             )
             mask = built if isinstance(built, torch.Tensor) else None
-        new_mask = _fold(mask, bias, q_pos, k_pos, True, dtype)
+        return self._replace(args, kwargs, _fold(mask, bias, q_pos, k_pos, True, dtype))
+
+    def _replace(self, args: tuple, kwargs: dict, new_mask: torch.Tensor):
         if "attention_mask" in kwargs or "attention_mask" not in self.names \
                 or self.names.index("attention_mask") >= len(args):
             return args, {**kwargs, "attention_mask": new_mask}
