@@ -359,7 +359,7 @@ class _SharedMaskHook:
                 config=self.config,
                 inputs_embeds=embeds if embeds is not None else torch.empty(batch, q_len, 0, dtype=dtype, device=device),
                 attention_mask=mask,
-                position_ids=None if caches else self._arg(args, kwargs, "position_ids"),
+                position_ids=None if caches else _mask_positions(self._arg(args, kwargs, "position_ids")),
                 **{self.create_cache: cache},
             )
             mask = built if isinstance(built, torch.Tensor) else None
@@ -371,6 +371,17 @@ class _SharedMaskHook:
             return args, {**kwargs, "attention_mask": new_mask}
         index = self.names.index("attention_mask")
         return (*args[:index], new_mask, *args[index + 1 :]), kwargs
+
+
+def _mask_positions(position_ids: torch.Tensor | None) -> torch.Tensor | None:
+    """The positions a language model hands its mask builder (which reads them for packed
+    sequences): 1-D rotary positions as they are; of multimodal rotary positions, the
+    text row when the caller prepended one (4 rows: Qwen2/2.5/3-VL, GLM-4V), else none."""
+    if position_ids is None or position_ids.dim() == 2:
+        return position_ids
+    if position_ids.dim() == 3 and position_ids.shape[0] == 4:
+        return position_ids[0]
+    return None
 
 
 def _fold(mask, bias, q_pos, k_pos, is_causal: bool, dtype: torch.dtype) -> torch.Tensor:

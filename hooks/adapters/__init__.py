@@ -90,10 +90,11 @@ class Adapter:
     # which returns a 4-D mask it is given as it is. An attention bias that is the same in
     # every layer is then folded into that one mask by a single hook on the language model
     # (hooks.attention) instead of a hook per attention module. False where the wrapper
-    # builds the masks itself (Gemma 3 and PaliGemma's image / prefix blocks, Gemma 4), for
-    # hybrid decoders (their linear layers read the 2-D mask) and for multimodal-RoPE text
-    # models (their positions are not the 1-D ones the mask builder reads); the per-layer
-    # hooks serve those. Sliding-window layers are checked on the config at attach time.
+    # builds the masks itself (Gemma 3 and PaliGemma's image / prefix blocks, Gemma 4) and
+    # for hybrid decoders (their linear layers read the 2-D mask); the per-layer hooks serve
+    # those. Multimodal-RoPE text models (Qwen2/2.5/3-VL, GLM-4V) qualify: they hand the
+    # mask builder their text row of positions, as the hook does. Sliding-window layers
+    # are checked on the config at attach time.
     shared_causal_mask: bool = False
     notes: str = ""
     source: str = field(default="table", compare=False)
