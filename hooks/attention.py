@@ -296,6 +296,7 @@ class _SharedMaskHook:
         self.names = [p.name for p in inspect.signature(model.forward).parameters.values()]
         self.cache_name = cache_parameter(model.forward)[0]
         self.model_type = points.model_type
+        self.multimodal_rope = points.adapter.multimodal_rope
 
     def _arg(self, args: tuple, kwargs: dict, name: str | None):
         if name is None:
@@ -307,11 +308,19 @@ class _SharedMaskHook:
 
     def __call__(self, module: nn.Module, args: tuple, kwargs: dict):
         mask = self._arg(args, kwargs, "attention_mask")
-        if mask is not None and (not isinstance(mask, torch.Tensor) or mask.dim() not in (2, 4)):
+        mapping = isinstance(mask, dict)
+        if mapping:
+            # masks prepared per layer type (generate() does this for a static cache on text
+            # configs with layer_types): one type here, checked at attach time
+            if set(mask) != {"full_attention"}:
+                raise RuntimeError(f"attention bias: the {self.model_type} language model received masks for layer "
+                                   f"types {sorted(mask)}; one mask for all layers was expected (full attention only)")
+            mask = mask["full_attention"]
+        if mask is not None and (not isinstance(mask, torch.Tensor) or mask.dim() not in (2, 4) or (mapping and mask.dim() != 4)):
             raise RuntimeError(
                 f"attention bias: the {self.model_type} language model received an attention mask of type "
                 f"{type(mask).__name__}{'' if not isinstance(mask, torch.Tensor) else f' and {mask.dim()} dims'}, "
-                "not the 2-D mask its adapter (shared_causal_mask) says it builds its causal mask from")
+                "neither a 2-D padding mask nor a prepared 4-D mask")
         embeds = self._arg(args, kwargs, "inputs_embeds")
         lead = embeds if embeds is not None else self._arg(args, kwargs, "input_ids")
         if not isinstance(lead, torch.Tensor):
@@ -319,7 +328,9 @@ class _SharedMaskHook:
                                "inputs_embeds nor input_ids")
         batch, q_len, device = lead.shape[0], lead.shape[1], lead.device
         dtype = embeds.dtype if embeds is not None else module.get_input_embeddings().weight.dtype
-        cache = self._arg(args, kwargs, self.cache_name)
+        cache = cache_of(kwargs)  # either keyword (past_key_values before transformers 5.24, or still accepted)
+        if cache is None:
+            cache = self._arg(args, kwargs, self.cache_name)
         if cache is not None:
             q_start = int(cache.get_seq_length(self.layer))
             kv_len, kv_offset = cache.get_mask_sizes(q_len, self.layer)
@@ -351,7 +362,7 @@ class _SharedMaskHook:
             if keep is not None:
                 bias = torch.where(keep[:, None, None, :], bias, torch.finfo(dtype).min)
             new_mask = bias.clamp(min=torch.finfo(dtype).min)
-            return self._replace(args, kwargs, new_mask)
+            return self._replace(args, kwargs, new_mask, mapping)
         if mask is None or mask.dim() == 2:
             use_cache = self._arg(args, kwargs, "use_cache")
             caches = cache is not None or (use_cache if use_cache is not None else getattr(self.config, "use_cache", True))
@@ -359,29 +370,39 @@ class _SharedMaskHook:
                 config=self.config,
                 inputs_embeds=embeds if embeds is not None else torch.empty(batch, q_len, 0, dtype=dtype, device=device),
                 attention_mask=mask,
-                position_ids=None if caches else _mask_positions(self._arg(args, kwargs, "position_ids")),
+                position_ids=None if caches or mask is not None else self._mask_positions(args, kwargs),
                 **{self.create_cache: cache},
             )
             mask = built if isinstance(built, torch.Tensor) else None
-        return self._replace(args, kwargs, _fold(mask, bias, q_pos, k_pos, True, dtype))
+        return self._replace(args, kwargs, _fold(mask, bias, q_pos, k_pos, True, dtype), mapping)
 
-    def _replace(self, args: tuple, kwargs: dict, new_mask: torch.Tensor):
+    def _mask_positions(self, args: tuple, kwargs: dict) -> torch.Tensor | None:
+        """The positions the language model hands its mask builder, which reads them for
+        packed sequences when there is neither a cache nor a 2-D mask: 1-D rotary
+        positions as they are; multimodal rotary positions only through a text row the
+        caller prepended (4 rows: Qwen2/2.5/3-VL, GLM-4V). What such a text model does with
+        2-D positions differs by family (Qwen3-VL reads them, Qwen2-VL does not), so that
+        one case is refused rather than guessed."""
+        positions = self._arg(args, kwargs, "position_ids")
+        if positions is None or (positions.dim() == 2 and not self.multimodal_rope):
+            return positions
+        if positions.dim() == 3 and positions.shape[0] == 4:
+            return positions[0]
+        if positions.dim() == 2:
+            raise ValueError(
+                f"attention bias: a {self.model_type} language model called with 2-D position_ids, no cache and no "
+                "attention mask builds its mask from them or not depending on the family; pass an attention_mask "
+                "(or use_cache=True), or its 4-row multimodal positions")
+        return None
+
+    def _replace(self, args: tuple, kwargs: dict, new_mask: torch.Tensor, mapping: bool = False):
+        if mapping:
+            new_mask = {"full_attention": new_mask}
         if "attention_mask" in kwargs or "attention_mask" not in self.names \
                 or self.names.index("attention_mask") >= len(args):
             return args, {**kwargs, "attention_mask": new_mask}
         index = self.names.index("attention_mask")
         return (*args[:index], new_mask, *args[index + 1 :]), kwargs
-
-
-def _mask_positions(position_ids: torch.Tensor | None) -> torch.Tensor | None:
-    """The positions a language model hands its mask builder (which reads them for packed
-    sequences): 1-D rotary positions as they are; of multimodal rotary positions, the
-    text row when the caller prepended one (4 rows: Qwen2/2.5/3-VL, GLM-4V), else none."""
-    if position_ids is None or position_ids.dim() == 2:
-        return position_ids
-    if position_ids.dim() == 3 and position_ids.shape[0] == 4:
-        return position_ids[0]
-    return None
 
 
 def _fold(mask, bias, q_pos, k_pos, is_causal: bool, dtype: torch.dtype) -> torch.Tensor:

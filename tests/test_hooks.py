@@ -393,10 +393,13 @@ def test_one_biased_mask_on_the_language_model_equals_a_bias_per_layer(model_typ
     torch.testing.assert_close(scores_shared, scores, rtol=0, atol=1e-5)
 
 
-def test_the_shared_mask_leaves_a_static_caches_empty_slots_masked():
+@pytest.mark.parametrize("model_type", ["llava", "qwen2_vl", "llava_onevision"])
+def test_the_shared_mask_leaves_a_static_caches_empty_slots_masked(model_type):
     """A static cache holds slots past the current token; at a decoding step the shared
-    mask keeps them out of attention as transformers' own mask does."""
-    model = build_tiny_model("llava")
+    mask keeps them out of attention as transformers' own mask does. For text configs
+    with layer types (Qwen2's) generate() hands the language model its masks prepared
+    per layer type, which the shared mask takes too."""
+    model = build_tiny_model(model_type)
     inputs = tiny_inputs(model, batch_size=2, text_lengths=[7, 4], seed=4)
     points = resolve(model)
     keys = _removable_positions(inputs["input_ids"], points.image_token_mask(inputs["input_ids"]), inputs["attention_mask"])
@@ -408,6 +411,44 @@ def test_the_shared_mask_leaves_a_static_caches_empty_slots_masked():
                                  return_dict_in_generate=True, cache_implementation="static")
             scores[shared] = torch.stack(out.scores)
     torch.testing.assert_close(scores[True], scores[False], rtol=0, atol=1e-5)
+
+
+def test_the_shared_mask_reads_the_cache_under_either_keyword():
+    """A language model called directly with the pre-5.24 ``past_key_values`` keyword: the
+    decoding step's query is at its cached position, not at 0."""
+    from transformers import DynamicCache
+
+    model = build_tiny_model("llava", attn_implementation="eager")
+    inputs = tiny_inputs(model, batch_size=2, text_lengths=[7, 4], seed=4)
+    points = resolve(model)
+    keys = _removable_positions(inputs["input_ids"], points.image_token_mask(inputs["input_ids"]), inputs["attention_mask"])
+    ids = inputs["input_ids"].masked_fill(points.image_token_mask(inputs["input_ids"]), 5)  # text only
+    step = torch.full((2, 1), 6)
+    mask = torch.cat([inputs["attention_mask"], torch.ones(2, 1, dtype=torch.long)], 1)
+    states = {}
+    for shared in (False, True):
+        with HookGroup() as group, torch.no_grad():
+            hooks.add_attention_bias(group, points, hooks.key_bias(keys, -1.5, query_from=3), same_for_all_layers=shared)
+            cache = DynamicCache(config=model.config.text_config)
+            points.language_model(input_ids=ids, attention_mask=inputs["attention_mask"], past_key_values=cache)
+            states[shared] = points.language_model(input_ids=step, attention_mask=mask, past_key_values=cache).last_hidden_state
+    torch.testing.assert_close(states[True], states[False], rtol=0, atol=1e-5)
+
+
+def test_the_shared_mask_refuses_to_guess_how_a_multimodal_rope_model_reads_2d_positions():
+    model = build_tiny_model("qwen2_vl")
+    points = resolve(model)
+    keys = torch.zeros(1, 6, dtype=torch.bool)
+    keys[0, 2] = True
+    with HookGroup() as group, torch.no_grad():
+        hooks.add_attention_bias(group, points, hooks.key_bias(keys, -1.5), same_for_all_layers=True)
+        with pytest.raises(ValueError, match="2-D position_ids, no cache and no attention mask"):
+            points.language_model(input_ids=torch.full((1, 6), 5), position_ids=torch.arange(6)[None], use_cache=False)
+        # with a mask, or the 4-row positions, nothing is left to guess
+        points.language_model(input_ids=torch.full((1, 6), 5), position_ids=torch.arange(6)[None], use_cache=False,
+                              attention_mask=torch.ones(1, 6, dtype=torch.long))
+        points.language_model(input_ids=torch.full((1, 6), 5), position_ids=torch.arange(6).expand(4, 1, 6),
+                              use_cache=False)
 
 
 def test_the_shared_mask_is_used_only_where_one_mask_serves_every_layer():

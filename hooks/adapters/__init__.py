@@ -92,9 +92,9 @@ class Adapter:
     # (hooks.attention) instead of a hook per attention module. False where the wrapper
     # builds the masks itself (Gemma 3 and PaliGemma's image / prefix blocks, Gemma 4) and
     # for hybrid decoders (their linear layers read the 2-D mask); the per-layer hooks serve
-    # those. Multimodal-RoPE text models (Qwen2/2.5/3-VL, GLM-4V) qualify: they hand the
-    # mask builder their text row of positions, as the hook does. Sliding-window layers
-    # are checked on the config at attach time.
+    # those. Multimodal-RoPE text models (Qwen2/2.5/3-VL, GLM-4V) qualify: with a cache or
+    # a 2-D mask their positions do not enter the mask. Sliding-window layers are checked
+    # on the config at attach time.
     shared_causal_mask: bool = False
     notes: str = ""
     source: str = field(default="table", compare=False)
