@@ -357,12 +357,16 @@ def test_a_layer_independent_bias_is_built_once_per_forward_with_the_same_result
 SHARED_MASK = [t for t in ARCHS if hooks.get_adapter(t).shared_causal_mask]
 
 
+@pytest.mark.parametrize("cache", [None, "static"])
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 @pytest.mark.parametrize("model_type", SHARED_MASK)
-def test_one_biased_mask_on_the_language_model_equals_a_bias_per_layer(model_type, attn):
+def test_one_biased_mask_on_the_language_model_equals_a_bias_per_layer(model_type, attn, cache):
     """A layer-independent bias on every layer is folded into the mask the language model
     builds once (one hook, none on the attention modules): the same greedy tokens and scores
-    as the per-layer hooks, at the padded prefill and at every decoding step."""
+    as the per-layer hooks, at the padded prefill and at every decoding step. A static
+    cache holds slots past the current token, which the mask keeps out of attention; for
+    text configs with layer types (Qwen2's) generate() then hands the language model its
+    masks prepared per layer type, which the shared mask takes too."""
     from hooks.attention import shares_one_mask
 
     model = build_tiny_model(model_type, attn_implementation=attn)
@@ -377,11 +381,11 @@ def test_one_biased_mask_on_the_language_model_equals_a_bias_per_layer(model_typ
             on_attention = [name for name, module in model.named_modules()
                             if any(module is a for a in points.attention) and state[name]["_forward_pre_hooks"]]
             out = model.generate(**inputs, max_new_tokens=4, do_sample=False, output_scores=True,
-                                 return_dict_in_generate=True)
+                                 return_dict_in_generate=True, cache_implementation=cache)
             runs[shared] = (out.sequences, torch.stack(out.scores), len(group), on_attention)
     with torch.no_grad():
         plain = torch.stack(model.generate(**inputs, max_new_tokens=4, do_sample=False, output_scores=True,
-                                           return_dict_in_generate=True).scores)
+                                           return_dict_in_generate=True, cache_implementation=cache).scores)
     (seq, scores, n, attention), (seq_shared, scores_shared, n_shared, attention_shared) = runs[False], runs[True]
     assert n == len(points.attention_layers) and len(attention) == n
     if shares_one_mask(points, points.attention_layer_indices(None)):
@@ -391,26 +395,6 @@ def test_one_biased_mask_on_the_language_model_equals_a_bias_per_layer(model_typ
     assert not torch.allclose(scores, plain, atol=1e-4), "the bias must matter"
     assert torch.equal(seq, seq_shared)
     torch.testing.assert_close(scores_shared, scores, rtol=0, atol=1e-5)
-
-
-@pytest.mark.parametrize("model_type", ["llava", "qwen2_vl", "llava_onevision"])
-def test_the_shared_mask_leaves_a_static_caches_empty_slots_masked(model_type):
-    """A static cache holds slots past the current token; at a decoding step the shared
-    mask keeps them out of attention as transformers' own mask does. For text configs
-    with layer types (Qwen2's) generate() hands the language model its masks prepared
-    per layer type, which the shared mask takes too."""
-    model = build_tiny_model(model_type)
-    inputs = tiny_inputs(model, batch_size=2, text_lengths=[7, 4], seed=4)
-    points = resolve(model)
-    keys = _removable_positions(inputs["input_ids"], points.image_token_mask(inputs["input_ids"]), inputs["attention_mask"])
-    scores = {}
-    for shared in (False, True):
-        with HookGroup() as group, torch.no_grad():
-            hooks.add_attention_bias(group, points, hooks.key_bias(keys, -1.5), same_for_all_layers=shared)
-            out = model.generate(**inputs, max_new_tokens=4, do_sample=False, output_scores=True,
-                                 return_dict_in_generate=True, cache_implementation="static")
-            scores[shared] = torch.stack(out.scores)
-    torch.testing.assert_close(scores[True], scores[False], rtol=0, atol=1e-5)
 
 
 def test_the_shared_mask_reads_the_cache_under_either_keyword():
