@@ -201,19 +201,12 @@ class _BiasHook:
                       if modes[j] != "reuse" and types and types[j] == self.layer_type]
             self.cache_layer = owners[-1] if owners else 0
 
-    def _arg(self, args: tuple, kwargs: dict, name: str, index: int | None):
-        if name in kwargs:
-            return kwargs[name]
-        if index is not None and index < len(args):
-            return args[index]
-        return None
-
     def __call__(self, module: nn.Module, args: tuple, kwargs: dict):
         hidden = kwargs.get("hidden_states", args[0] if args else None)
         if not isinstance(hidden, torch.Tensor):
             raise RuntimeError(f"attention bias: cannot find hidden_states in the call of layer {self.layer}")
         batch, q_len = hidden.shape[0], hidden.shape[1]
-        mask = self._arg(args, kwargs, "attention_mask", self.mask_index)
+        mask = _call_arg(args, kwargs, "attention_mask", self.mask_index)
         device, dtype = hidden.device, hidden.dtype
         key = (self.kind, batch, q_len, self.is_causal, dtype, device)
         new_mask = self.memo.get(mask, key) if self.memo is not None else None
@@ -225,11 +218,7 @@ class _BiasHook:
                 self.memo.put(mask, key, False if new_mask is None else new_mask)
             if new_mask is None:
                 return None
-        if "attention_mask" in kwargs or self.mask_index is None or self.mask_index >= len(args):
-            kwargs = {**kwargs, "attention_mask": new_mask}
-        else:
-            args = (*args[: self.mask_index], new_mask, *args[self.mask_index + 1 :])
-        return args, kwargs
+        return _with_arg(args, kwargs, "attention_mask", self.mask_index, new_mask)
 
     def _build(self, args, kwargs, mask, batch, q_len, dtype, device) -> torch.Tensor | None:
         cache = cache_of(kwargs)
@@ -293,18 +282,13 @@ class _SharedMaskHook:
         self.bias_fn, self.layer, self.config = bias_fn, layer, model.config
         self.create = create_causal_mask
         self.create_cache = cache_parameter(create_causal_mask)[0]
-        self.names = [p.name for p in inspect.signature(model.forward).parameters.values()]
+        self.index = {p.name: i for i, p in enumerate(inspect.signature(model.forward).parameters.values())}
         self.cache_name = cache_parameter(model.forward)[0]
         self.model_type = points.model_type
         self.multimodal_rope = points.adapter.multimodal_rope
 
     def _arg(self, args: tuple, kwargs: dict, name: str | None):
-        if name is None:
-            return None
-        if name in kwargs:
-            return kwargs[name]
-        index = self.names.index(name) if name in self.names else None
-        return args[index] if index is not None and index < len(args) else None
+        return None if name is None else _call_arg(args, kwargs, name, self.index.get(name))
 
     def __call__(self, module: nn.Module, args: tuple, kwargs: dict):
         mask = self._arg(args, kwargs, "attention_mask")
@@ -398,11 +382,23 @@ class _SharedMaskHook:
     def _replace(self, args: tuple, kwargs: dict, new_mask: torch.Tensor, mapping: bool = False):
         if mapping:
             new_mask = {"full_attention": new_mask}
-        if "attention_mask" in kwargs or "attention_mask" not in self.names \
-                or self.names.index("attention_mask") >= len(args):
-            return args, {**kwargs, "attention_mask": new_mask}
-        index = self.names.index("attention_mask")
-        return (*args[:index], new_mask, *args[index + 1 :]), kwargs
+        return _with_arg(args, kwargs, "attention_mask", self.index.get("attention_mask"), new_mask)
+
+
+def _call_arg(args: tuple, kwargs: dict, name: str, index: int | None):
+    """A forward argument by keyword, else at its positional ``index``; None when absent."""
+    if name in kwargs:
+        return kwargs[name]
+    if index is not None and index < len(args):
+        return args[index]
+    return None
+
+
+def _with_arg(args: tuple, kwargs: dict, name: str, index: int | None, value) -> tuple[tuple, dict]:
+    """The call with ``name`` set to ``value`` where it came (positionally or by keyword)."""
+    if name in kwargs or index is None or index >= len(args):
+        return args, {**kwargs, name: value}
+    return (*args[:index], value, *args[index + 1 :]), kwargs
 
 
 def _fold(mask, bias, q_pos, k_pos, is_causal: bool, dtype: torch.dtype) -> torch.Tensor:
