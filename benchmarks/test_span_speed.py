@@ -19,16 +19,6 @@ PROMPT = "I am certain there is no dog in the image. Le café est très bon ☕,
 TOKENIZERS = trained_tokenizers()
 
 
-def _whole_prefixes(tok, ids):
-    text, offsets, kept = "", [], []
-    for t in ids:
-        kept.append(t)
-        new = tok.decode(kept, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-        offsets.append((len(text) if new.startswith(text) else len(new), len(new)))
-        text = new
-    return text, offsets
-
-
 @pytest.mark.parametrize("how", ["decode-once", "windows", "whole-prefixes"])
 @pytest.mark.parametrize("name", list(TOKENIZERS))
 def test_reading_offsets_from_ids(benchmark, rounds, name, how):
@@ -38,7 +28,7 @@ def test_reading_offsets_from_ids(benchmark, rounds, name, how):
     benchmark.extra_info.update(role="baseline" if how == "decode-once" else how, prompt_tokens=len(ids))
     run = {"decode-once": lambda: tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False),
            "windows": lambda: decode_with_offsets(tok, ids, set()),
-           "whole-prefixes": lambda: _whole_prefixes(tok, ids)}[how]
+           "whole-prefixes": lambda: decode_with_offsets(tok, ids, set(), window=None)}[how]
     out = benchmark.pedantic(run, rounds=rounds if how != "whole-prefixes" else 3, warmup_rounds=1)
     if how == "windows":
-        assert out == _whole_prefixes(tok, ids)
+        assert out == decode_with_offsets(tok, ids, set(), window=None)

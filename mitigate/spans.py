@@ -181,7 +181,8 @@ def user_spans(prompt: str, spans: Iterable[tuple[int, int] | str], source: str 
 DECODE_WINDOW = 8
 
 
-def decode_with_offsets(tokenizer, ids: Sequence[int], skip: set[int]) -> tuple[str, list[tuple[int, int]]]:
+def decode_with_offsets(tokenizer, ids: Sequence[int], skip: set[int],
+                        window: int | None = DECODE_WINDOW) -> tuple[str, list[tuple[int, int]]]:
     """Text of ``ids`` and each token's ``(start, end)`` character range in it.
 
     Incremental decoding keeps each tokenizer's own spacing rules: a token's text is what
@@ -190,16 +191,18 @@ def decode_with_offsets(tokenizer, ids: Sequence[int], skip: set[int]) -> tuple[
     before it), the token gets an empty range at the end. Tokens in ``skip`` (image and
     special tokens) get an empty range.
 
-    Each step decodes a window of the last ``DECODE_WINDOW`` to ``2 * DECODE_WINDOW`` kept
-    tokens, not the whole prefix (as text-generation servers detokenise a stream), so a
-    prompt of n tokens costs O(n) decoding, not O(n^2): a 2,000-token prompt took seconds
-    the quadratic way. Where a window's text does not extend the previous window's (a
+    Each step decodes a window of the last ``window`` to ``2 * window`` kept tokens, as
+    text-generation servers detokenise a stream, so a prompt of n tokens costs O(n)
+    decoding; ``window=None`` decodes every whole prefix, O(n^2) (0.24 s against 7 ms for
+    a 2,280-token byte-level BPE prompt, ``benchmarks/test_span_speed.py``). Where a window's text does not extend the previous window's (a
     completed character), the window's new text replaces its old one at the end of the
     text; and if the pieces do not add up to the whole decoded prompt, the whole-prefix
     decoding is redone for every token, so the text is always the tokenizer's own.
     """
     decode = _decoder(tokenizer)
-    windowed = _decode_with_offsets(decode, ids, skip, DECODE_WINDOW)
+    if window is None:
+        return _decode_with_offsets(decode, ids, skip, None)
+    windowed = _decode_with_offsets(decode, ids, skip, window)
     kept = [int(t) for t in ids if t not in skip]
     if windowed[0] == decode(kept):
         return windowed
