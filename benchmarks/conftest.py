@@ -24,8 +24,11 @@ from pathlib import Path
 
 import pytest
 
-RESULTS = Path(__file__).parent / "results"
 ROUNDS = 15
+#: where the organism runs: ``VLM_BENCH_DEVICE`` (default the CPU, the figures the README
+#: quotes). Another device's results go to ``results/<device type>/`` beside the CPU's.
+DEVICE = os.environ.get("VLM_BENCH_DEVICE", "cpu")
+RESULTS = Path(__file__).parent / "results" / ("" if DEVICE == "cpu" else DEVICE.split(":")[0])
 
 
 @pytest.fixture(scope="session")
@@ -81,7 +84,8 @@ def paired(benchmark, rounds):
 
 @pytest.fixture(scope="session")
 def organism():
-    """The shipped organism (model, processor); benchmarks that need it skip without it."""
+    """The shipped organism (model, processor) on ``DEVICE``; benchmarks that need it skip
+    without it. Benchmarks move their inputs to ``model.device``."""
     import torch
 
     from evaluators.organism import ORGANISM_DIR, load_organism
@@ -89,7 +93,16 @@ def organism():
     if not (ORGANISM_DIR / "config.json").exists():
         pytest.skip("organism not trained: python -m evaluators.organism.train")
     torch.set_num_threads(2)
-    return load_organism()
+    model, processor = load_organism()
+    return model.to(DEVICE), processor
+
+
+def _device_name() -> str:
+    import torch
+
+    if DEVICE.startswith("cuda"):
+        return f"{DEVICE} ({torch.cuda.get_device_name(torch.device(DEVICE))})"
+    return DEVICE
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
@@ -101,7 +114,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         if bench.stats is None:
             continue
         groups.setdefault(bench.group or "", []).append(bench)
-    RESULTS.mkdir(exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
     write = terminalreporter.write_line
     for group, benches in sorted(groups.items()):
         base = next((b for b in benches if b.extra_info.get("role") == "baseline"), None)
@@ -118,7 +131,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
                 "median_s": median, "mean_s": mean,
                 "paired_ratio": paired, "paired_ratio_quartiles": b.extra_info.get("paired_ratio_quartiles"),
                 "ratio_to_baseline": median / base.stats.median, "ratio_of_means": mean / base.stats.mean,
-                "tokens_per_s": tokens / median if tokens else None,
+                "tokens_per_s": tokens / median if tokens else None, "device": _device_name(),
                 **{k: v for k, v in b.extra_info.items()
                    if k not in ("role", "tokens", "paired_ratio", "paired_ratio_quartiles")},
             }

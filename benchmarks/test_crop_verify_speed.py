@@ -55,7 +55,8 @@ def test_crop_verify_speed(benchmark, paired, organism, rounds, role, kind, monk
     images, prompts = _questions(kind)
     assert len(images) == 8
     def plain():  # from raw images, as CropVerify.answer is: preprocessing is part of both
-        inputs = processor(text=[format_prompt(p) for p in prompts], images=images, return_tensors="pt", padding=True)
+        inputs = processor(text=[format_prompt(p) for p in prompts], images=images, return_tensors="pt",
+                           padding=True).to(model.device)
         with torch.no_grad():
             return model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False)
 

@@ -18,11 +18,11 @@ from mitigate import PriorSuppression, attach
 NEW_TOKENS = 32
 
 
-def _inputs(processor, batch):
+def _inputs(processor, batch, device="cpu"):
     world = World(BIASED)
     images = [world.scene(10**9 + i).render() for i in range(batch)]
     texts = [format_prompt(existence_question("dog", do_prior(3, "dog", True))) for _ in range(batch)]
-    return processor(text=texts, images=images, return_tensors="pt", padding=True)
+    return processor(text=texts, images=images, return_tensors="pt", padding=True).to(device)
 
 
 def _run(model, inputs):
@@ -34,7 +34,7 @@ def _run(model, inputs):
 @pytest.mark.parametrize("mode", ["plain", "context", "compact", "output"])
 def test_prior_suppression_speed(benchmark, paired, organism, rounds, batch, mode):
     model, processor = organism
-    inputs = _inputs(processor, batch)
+    inputs = _inputs(processor, batch, model.device)
     benchmark.group = f"prior_batch{batch}"
     benchmark.extra_info.update(role="baseline" if mode == "plain" else mode, tokens=batch * NEW_TOKENS)
     if mode == "plain":

@@ -28,11 +28,11 @@ from mitigate import VCD, attach
 NEW_TOKENS = 32
 
 
-def _inputs(processor, batch):
+def _inputs(processor, batch, device="cpu"):
     world = World(BIASED)
     images = [world.scene(10**9 + i).render() for i in range(batch)]
     texts = [format_prompt("describe the image .") for _ in range(batch)]
-    return processor(text=texts, images=images, return_tensors="pt", padding=True)
+    return processor(text=texts, images=images, return_tensors="pt", padding=True).to(device)
 
 
 def _plain(model, inputs):
@@ -113,7 +113,7 @@ def _naive_generate(model, inputs):
 @pytest.mark.parametrize("role", ["baseline", "naive", "naive_generate", "ours"])
 def test_vcd_speed(benchmark, paired, organism, rounds, batch, role):
     model, processor = organism
-    inputs = _inputs(processor, batch)
+    inputs = _inputs(processor, batch, model.device)
     benchmark.group = f"vcd_batch{batch}"
     benchmark.extra_info.update(role=role, tokens=batch * NEW_TOKENS)
     if role == "baseline":
@@ -129,7 +129,7 @@ def test_vcd_speed(benchmark, paired, organism, rounds, batch, role):
 
 def test_naive_reference_agrees_with_ours(organism):
     model, processor = organism
-    inputs = _inputs(processor, 2)
+    inputs = _inputs(processor, 2, model.device)
     with attach(model, VCD()):
         ours = _plain(model, inputs)[:, inputs["input_ids"].shape[1]:]
     assert torch.equal(_naive(model, inputs), ours)
