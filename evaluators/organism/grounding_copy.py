@@ -76,7 +76,8 @@ class CopyTask:
         self.model, self.processor, self.given, self.listed = model, processor, given, listed
         self.tok = processor.tokenizer
         self.embed = model.get_input_embeddings()
-        emb = self.embed.weight.detach()
+        self.device = self.embed.weight.device
+        emb = self.embed.weight.detach().cpu()  # the codes are built on the host, each batch moved over
         names = [*CATEGORIES, *COLOURS]
         self.words = dict(zip(names, emb[self.tok.convert_tokens_to_ids(names)]))
         self.codes = train.box_codes(emb.shape[1], box_scale * float(emb.norm(dim=1).median()), seed)
@@ -103,7 +104,7 @@ class CopyTask:
             ids = self.tok.convert_tokens_to_ids(names)
             if min(ids) < old:
                 raise ValueError("the per-edge tokens are already in this checkpoint's vocabulary")
-            self.embed.weight[ids] = self.codes.reshape(-1, self.codes.shape[-1]) / box_scale
+            self.embed.weight[ids] = (self.codes.reshape(-1, self.codes.shape[-1]) / box_scale).to(self.embed.weight)
             self.model.get_output_embeddings().weight[ids] = 0.0
 
     def edges(self, text: str) -> str:
@@ -157,12 +158,14 @@ class CopyTask:
             enc = self.processor(text=texts, images=[e.images[0] for e in examples], return_tensors="pt", padding=True)
         ids = enc["input_ids"]
         with torch.no_grad():
-            embeds = self.embed(ids)
+            embeds = self.embed(ids.to(self.device))
         if self.given != "text":
             for i, scene in enumerate(scenes):
-                embeds[i, ids[i] == self.image_id] = self._image_tokens(scene, examples[i].meta["category"])
+                embeds[i, ids[i].to(self.device) == self.image_id] = self._image_tokens(
+                    scene, examples[i].meta["category"]).to(embeds)
         labels = train.answer_labels(self.tok, ids, [self.answer(e) for e in examples]) if with_answer else None
-        return embeds, enc["attention_mask"], labels, examples
+        return (embeds, enc["attention_mask"].to(self.device), None if labels is None else labels.to(self.device),
+                examples)
 
     @torch.no_grad()
     def evaluate(self, n: int = 96, seed: int = 10**8) -> dict:
@@ -268,6 +271,7 @@ def main(argv=None) -> None:
     parser.add_argument("--answer-tokens", choices=ANSWER_TOKENS, default="shared",
                         help="the organism's shared <cN> tokens, or per-edge <lN> <tN> <rN> <bN> added here (see ANSWER_TOKENS)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu", help="where the decoder trains (batches are made on the host)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.steps < 1 or args.every < 1 or args.batch < 1:
@@ -285,6 +289,7 @@ def main(argv=None) -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     model, processor = load_organism(args.path)
+    model.to(args.device)
     task = CopyTask(model, processor, args.given, args.box_scale, args.seed, schedule[0], args.answer_tokens)
     print(json.dumps({"step": 0, **task.evaluate()}))
     finetune(task, args.steps, args.lr, args.batch, args.every, print, schedule if len(schedule) > 1 else ())
