@@ -3,7 +3,8 @@
 Run deliberately: ``python -m pytest benchmarks --benchmark-enable``. Each benchmark
 names its ``group`` (the comparison) and sets ``extra_info["role"]``; the baseline of a
 group has role ``"baseline"``. At the end the ratios (median time / baseline median time)
-and tokens/s are printed and written to ``benchmarks/results/<group>.json``, means beside.
+and tokens/s are printed and written to ``benchmarks/results/<group>.json``, means beside
+(``results/<device type>/<group>.json`` for a group timed on another device, see ``DEVICE``).
 
 Medians of ``ROUNDS`` rounds: a decoding run of a tiny model takes ~0.1 s, and on a shared
 2-core machine a single slow round moved a mean of 3 by 5-10 % (ratios of 1.13 and 1.05
@@ -25,10 +26,44 @@ from pathlib import Path
 import pytest
 
 ROUNDS = 15
-#: where the organism runs: ``VLM_BENCH_DEVICE`` (default the CPU, the figures the README
-#: quotes). Another device's results go to ``results/<device type>/`` beside the CPU's.
+#: where the models run: ``VLM_BENCH_DEVICE`` (default the CPU, the figures the README
+#: quotes). Benchmarks of a model (the ``organism`` fixture, the 7B-shaped model) run there;
+#: the others (span detection, the generic map) stay on the CPU. Each row records its
+#: device, and a group timed on another device is written to ``results/<device type>/``.
 DEVICE = os.environ.get("VLM_BENCH_DEVICE", "cpu")
-RESULTS = Path(__file__).parent / "results" / ("" if DEVICE == "cpu" else DEVICE.split(":")[0])
+RESULTS = Path(__file__).parent / "results"
+MODEL_FIXTURES = ("organism", "llava7b")
+
+
+def device_type(device: str) -> str:
+    import torch
+
+    return torch.device(device).type
+
+
+def skip_unless_device_present() -> None:
+    import torch
+
+    if device_type(DEVICE) == "cuda" and not torch.cuda.is_available():
+        pytest.skip(f"VLM_BENCH_DEVICE={DEVICE} but no CUDA device is present")
+
+
+def synchronize() -> None:
+    """Wait for the device's queued work, so a timed call is billed all of its own work."""
+    import torch
+
+    if device_type(DEVICE) == "cuda" and torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+@pytest.fixture(autouse=True)
+def _record_device(request):
+    """Each benchmark's ``extra_info["device"]``: ``DEVICE`` for those that time a model,
+    else the CPU."""
+    if "benchmark" not in request.fixturenames:
+        return
+    on_device = any(name in request.fixturenames for name in MODEL_FIXTURES)
+    request.getfixturevalue("benchmark").extra_info["device"] = _device_name(DEVICE if on_device else "cpu")
 
 
 @pytest.fixture(scope="session")
@@ -59,14 +94,21 @@ def paired(benchmark, rounds):
             if handle["h"] is not None:
                 handle["h"].detach()
                 handle["h"] = None
+            synchronize()
             start = time.perf_counter()
             baseline()
+            synchronize()
             base.append(time.perf_counter() - start)
             if attach is not None:
                 handle["h"] = attach()
 
+        def timed():
+            result = target()
+            synchronize()
+            return result
+
         try:
-            out = benchmark.pedantic(target, setup=setup, rounds=rounds, warmup_rounds=2)
+            out = benchmark.pedantic(timed, setup=setup, rounds=rounds, warmup_rounds=2)
         finally:
             if handle["h"] is not None:
                 handle["h"].detach()
@@ -92,17 +134,18 @@ def organism():
 
     if not (ORGANISM_DIR / "config.json").exists():
         pytest.skip("organism not trained: python -m evaluators.organism.train")
+    skip_unless_device_present()
     torch.set_num_threads(2)
     model, processor = load_organism()
     return model.to(DEVICE), processor
 
 
-def _device_name() -> str:
+def _device_name(device: str) -> str:
     import torch
 
-    if DEVICE.startswith("cuda"):
-        return f"{DEVICE} ({torch.cuda.get_device_name(torch.device(DEVICE))})"
-    return DEVICE
+    if device_type(device) == "cuda" and torch.cuda.is_available():
+        return f"{device} ({torch.cuda.get_device_name(torch.device(device))})"
+    return device
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
@@ -114,7 +157,6 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         if bench.stats is None:
             continue
         groups.setdefault(bench.group or "", []).append(bench)
-    RESULTS.mkdir(parents=True, exist_ok=True)
     write = terminalreporter.write_line
     for group, benches in sorted(groups.items()):
         base = next((b for b in benches if b.extra_info.get("role") == "baseline"), None)
@@ -131,7 +173,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
                 "median_s": median, "mean_s": mean,
                 "paired_ratio": paired, "paired_ratio_quartiles": b.extra_info.get("paired_ratio_quartiles"),
                 "ratio_to_baseline": median / base.stats.median, "ratio_of_means": mean / base.stats.mean,
-                "tokens_per_s": tokens / median if tokens else None, "device": _device_name(),
+                "tokens_per_s": tokens / median if tokens else None,
                 **{k: v for k, v in b.extra_info.items()
                    if k not in ("role", "tokens", "paired_ratio", "paired_ratio_quartiles")},
             }
@@ -139,4 +181,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             shown = f"paired x{paired:.2f}" if paired is not None else "baseline" if b is base else "unpaired"
             write(f"  {b.name:<48} {median:8.3f} s  {shown:<14} (medians x{row['ratio_to_baseline']:.2f})  "
                   f"{row['tokens_per_s'] or 0:8.1f} tok/s")
-        (RESULTS / f"{group}.json").write_text(json.dumps(rows, indent=2) + "\n")
+        device = device_type(str(base.extra_info.get("device", "cpu")).split(" ")[0])
+        folder = RESULTS if device == "cpu" else RESULTS / device
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{group}.json").write_text(json.dumps(rows, indent=2) + "\n")

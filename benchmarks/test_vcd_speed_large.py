@@ -14,16 +14,15 @@ such a model is neither fast enough to time nor small enough for a laptop's memo
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
 from mitigate import VCD, attach
-from test_vcd_speed import NEW_TOKENS, _naive, _naive_generate, _plain
 
-DEVICE = os.environ.get("VLM_BENCH_DEVICE", "cpu")  # as in conftest.py
-pytestmark = pytest.mark.skipif(not (DEVICE.startswith("cuda") and torch.cuda.is_available()),
+from .conftest import DEVICE, device_type
+from .test_vcd_speed import NEW_TOKENS, _naive, _naive_generate, _plain
+
+pytestmark = pytest.mark.skipif(not (device_type(DEVICE) == "cuda" and torch.cuda.is_available()),
                                 reason="a 7B-shaped model is timed on a GPU: VLM_BENCH_DEVICE=cuda")
 
 VOCAB = 32064  # LLaVA-1.5's (32000 + the image token + padding to a multiple of 64)

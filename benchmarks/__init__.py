@@ -1,0 +1,1 @@
+"""Timed comparisons of the mitigations against plain ``generate()`` (see ``conftest.py``)."""
