@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from . import distributed
     from .model import HFModel, load_hf
-    from .runner import run
+    from .runner import RunMismatch, run
 
     from .benchmarks.suites import build_suite, check_tasks
 
@@ -121,9 +121,12 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as err:
             parser.error(str(err))
         queries += loaded[: args.limit] if args.limit else loaded
-    payload = run(queries, under_test, args.output_path, batch_size=args.batch_size, seed=args.seed,
-                  config={"tasks": tasks, "limit": args.limit, "mitigations": args.mitigations},
-                  progress=not args.no_progress, ranks=ranks)
+    try:
+        payload = run(queries, under_test, args.output_path, batch_size=args.batch_size, seed=args.seed,
+                      config={"tasks": tasks, "limit": args.limit, "mitigations": args.mitigations},
+                      progress=not args.no_progress, ranks=ranks)
+    except RunMismatch as err:
+        parser.error(str(err))
     distributed.finish(ranks)
     if payload is None:  # not the main process: the main one merged, scored and prints
         return 0

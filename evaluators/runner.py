@@ -88,8 +88,8 @@ def run(
     identity = run_identity(model, seed)
     stored = _read_identity(out)
     if stored is not None and stored != identity:
-        changed = sorted(k for k in set(stored) | set(identity) if stored.get(k) != identity.get(k))
-        raise ValueError(
+        changed = changed_fields(stored, identity)
+        raise RunMismatch(
             f"output_dir {out} holds answers from a different run (changed: {', '.join(changed)}; "
             f"see {out / RUN_IDENTITY}); a run resumes only with the same model, weights, mitigations, "
             "generation settings and seed -- choose another output_dir or delete that one")
@@ -153,6 +153,27 @@ def run_identity(model, seed: int) -> dict:
     identity = {"model": getattr(model, "describe", lambda: {})(), "weights": digest() if digest else None,
                 "seed": seed}
     return json.loads(json.dumps(_json_safe(identity)))
+
+
+class RunMismatch(ValueError):
+    """An output folder holds answers of another run (model, weights, mitigations,
+    generation settings or seed); the command-line tools report it as a usage error."""
+
+
+def changed_fields(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """Dotted paths of what differs between two run identities, down to the leaf that
+    changed (``model.mitigations``, ``model.generate_kwargs``, ``seed``), not just the
+    top-level entry holding it."""
+    out = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if a == b:
+            continue
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += changed_fields(a, b, f"{prefix}{key}.")
+        else:
+            out.append(f"{prefix}{key}")
+    return out
 
 
 def _read_identity(folder: Path) -> dict | None:

@@ -79,7 +79,7 @@ def test_missing_images_are_invalid_inputs_not_dropped(queries, tmp_path):
     broken[0].problem = None
 
 
-def test_cli_end_to_end_on_the_organism(tmp_path):
+def test_cli_end_to_end_on_the_organism(tmp_path, capsys):
     from evaluators.cli import main
     from evaluators.organism import ORGANISM_DIR
 
@@ -100,8 +100,10 @@ def test_cli_end_to_end_on_the_organism(tmp_path):
     assert (tmp_path / "vcd" / SAMPLES).read_text() == before
     # another mitigation setting into that folder would mix two runs' answers: refused
     other = [a if a != "vcd:alpha=1;beta=0.1" else "vcd:alpha=2;beta=0.1" for a in args]
-    with pytest.raises(ValueError, match="different run .*changed: model"):
+    with pytest.raises(SystemExit) as refused:  # a usage error naming what changed, not a traceback
         main(other)
+    assert refused.value.code == 2
+    assert "different run (changed: model.mitigations;" in capsys.readouterr().err
     assert (tmp_path / "vcd" / SAMPLES).read_text() == before
 
 
@@ -310,3 +312,15 @@ def test_reactbench_every_dimension_and_hint_has_consistent_truths(tmp_path):
     assert len(cot) == len(queries) // 2 and all(q.prompt.endswith("final answer .") for q in cot)
     with pytest.raises(ValueError, match="dimensions"):
         react(n_per_task=1, dimensions=("sarcastic",))
+
+
+def test_changed_fields_name_the_leaf_that_changed():
+    from evaluators.runner import changed_fields
+
+    old = {"model": {"model": "m", "mitigations": ["VCD(alpha=1)"], "generate_kwargs": {"do_sample": False}},
+           "weights": "ab", "seed": 0}
+    new = {"model": {"model": "m", "mitigations": ["VCD(alpha=2)"], "generate_kwargs": {"do_sample": True}},
+           "weights": "ab", "seed": 1}
+    assert changed_fields(old, new) == ["model.generate_kwargs.do_sample", "model.mitigations", "seed"]
+    assert changed_fields(old, {**old, "weights": None}) == ["weights"]
+    assert changed_fields(old, old) == []

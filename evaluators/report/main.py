@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from ..cli import parse_kv
     from ..model import HFModel, load_hf
-    from ..runner import metric_records, read_samples, run, versions
+    from ..runner import RunMismatch, metric_records, read_samples, run, versions
     from .attribution import cell_verdicts, compare, default_arms, explained_by_control, optional_arms, yes_ratio
     from .html import write_html
     from .table import text_table
@@ -114,8 +114,11 @@ def main(argv: list[str] | None = None) -> int:
                              max_new_tokens=8, name=args.model)
         folder = out / slug(arm.name)
         start = time.perf_counter()
-        payloads[arm.name] = run(queries, under_test, folder, batch_size=args.batch_size, seed=args.seed,
-                                 config={"arm": arm.name}, progress=not args.no_progress)
+        try:
+            payloads[arm.name] = run(queries, under_test, folder, batch_size=args.batch_size, seed=args.seed,
+                                     config={"arm": arm.name}, progress=not args.no_progress)
+        except RunMismatch as err:
+            parser.error(str(err))
         seconds = time.perf_counter() - start
         timing = folder / "timing.json"
         if not timing.exists():  # the first complete run's wall clock (a resumed run would understate it)
