@@ -137,6 +137,37 @@ def _occurrences(text: str, piece: str, before: int | None = None) -> list[int]:
     return out
 
 
+def _loose(text: str) -> tuple[str, list[int]]:
+    """``text`` lower-cased and without whitespace, and for each of its characters the index
+    in ``text`` it came from: the differences a tokenizer's decoding leaves between the text
+    written and the text given back (a lower-casing vocabulary; spaces dropped before
+    punctuation or collapsed)."""
+    chars, where = [], []
+    for i, c in enumerate(text):
+        if not c.isspace():
+            low = c.lower()  # may be longer than one character (U+0130 -> "i" + combining dot)
+            chars.append(low)
+            where += [i] * len(low)
+    return "".join(chars), where
+
+
+def _find(prompt: str, piece: str, k: int, loose_k: int | None = None) -> tuple[int, int] | None:
+    """``(start, end)`` in ``prompt`` of the k-th occurrence of ``piece``, verbatim; failing
+    that, of its ``loose_k``-th occurrence (default ``k``) up to case and whitespace
+    (:func:`_loose`), the range running from its first to its last non-space character.
+    None when neither has that many occurrences."""
+    found = _occurrences(prompt, piece)
+    if len(found) > k:
+        return found[k], found[k] + len(piece)
+    needle, _ = _loose(piece)
+    hay, where = _loose(prompt)
+    found = _occurrences(hay, needle) if needle else []
+    k = k if loose_k is None else loose_k
+    if len(found) > k:
+        return where[found[k]], where[found[k] + len(needle) - 1] + 1
+    return None
+
+
 def user_spans(prompt: str, spans: Iterable[tuple[int, int] | str], source: str | None = None) -> list[Span]:
     """Spans given by the caller: a substring of ``prompt`` (the text the model sees, image
     and special tokens left out) to mark -- its first occurrence -- or ``(start, end)``
@@ -148,16 +179,21 @@ def user_spans(prompt: str, spans: Iterable[tuple[int, int] | str], source: str 
     character for character -- ``source[start:end]`` is looked up in ``prompt`` as the same
     text at the same occurrence (the k-th time it appears, counting overlapping matches
     from the start), so a sentence that occurs twice is marked where the caller pointed.
-    Text the tokenizer does not give back verbatim (a lower-casing vocabulary, normalised
-    spaces) is an error naming the offsets, never a silent miss.
+
+    Both are matched verbatim first. Where the tokenizer does not give the text back
+    verbatim -- a lower-casing vocabulary, spaces dropped before punctuation ("dog ." read
+    back as "dog.") -- they are matched again up to case and whitespace, the same
+    occurrence counted the same way, so a sentence copied from the caller's own prompt is
+    found. Text found neither way is an error naming it, never a silent miss.
     """
     out = []
     for span in spans:
         if isinstance(span, str):
-            at = prompt.find(span)
-            if not span or at < 0:
-                raise ValueError(f"spans: {span!r} does not occur in the prompt")
-            start, end = at, at + len(span)
+            at = _find(prompt, span, 0) if span.strip() else None
+            if at is None:
+                raise ValueError(f"spans: {span!r} does not occur in the prompt, verbatim or up to case and "
+                                 f"whitespace: {prompt!r}")
+            start, end = at
         else:
             start, end = span
             text = prompt if source is None else source
@@ -167,12 +203,16 @@ def user_spans(prompt: str, spans: Iterable[tuple[int, int] | str], source: str 
             if source is not None:
                 piece = source[start:end]
                 k = len(_occurrences(source, piece, before=start))
-                found = _occurrences(prompt, piece)
-                if len(found) <= k:
+                needle, _ = _loose(piece)
+                hay, where = _loose(source)
+                loose_k = sum(where[i] < start for i in _occurrences(hay, needle)) if needle else 0
+                at = _find(prompt, piece, k, loose_k)
+                if at is None:
                     raise ValueError(
-                        f"spans: ({start}, {end}) = {piece!r} of span_texts' string occurs {len(found)} time(s) in the "
-                        f"prompt as the tokenizer decodes it, needed occurrence {k + 1}: {prompt!r}")
-                start, end = found[k], found[k] + len(piece)
+                        f"spans: ({start}, {end}) = {piece!r} of span_texts' string occurs {len(_occurrences(prompt, piece))} "
+                        f"time(s) in the prompt as the tokenizer decodes it (verbatim; up to case and whitespace "
+                        f"too few as well), needed occurrence {k + 1}: {prompt!r}")
+                start, end = at
         out.append(Span(start, end, prompt[start:end], "user"))
     return out
 

@@ -445,6 +445,40 @@ def test_offsets_into_the_callers_templated_text_mark_the_occurrence_pointed_at(
         user_spans(decoded, [(0, len(templated) + 1)], source=templated)
 
 
+def test_spans_copied_from_the_callers_text_are_found_where_decoding_normalises_it():
+    """The organism's word-level tokenizer lower-cases and drops the space before
+    punctuation: "I am certain there is no dog ." comes back as "i am certain there is no
+    dog.". A span copied from the caller's own prompt, or offsets into it, are found up to
+    case and whitespace -- at the occurrence pointed at -- and text that is not there at all
+    is still an error."""
+    from evaluators.organism import build_tokenizer
+    from evaluators.organism.tasks import vocabulary
+    from mitigate.spans import decode_with_offsets, spans_to_mask, user_spans
+
+    tok = build_tokenizer(vocabulary())
+    belief = "I am certain there is no dog ."
+    templated = f"USER: <image> {belief} Is there a dog in the image ? {belief} ASSISTANT:"
+    ids = tok(templated)["input_ids"]
+    decoded, offsets = decode_with_offsets(tok, ids, set(tok.all_special_ids))
+    assert belief not in decoded and decoded.count("i am certain there is no dog.") == 2
+    (span,) = user_spans(decoded, [belief])  # a substring of the caller's text: its first occurrence
+    assert (span.text, span.start) == ("i am certain there is no dog.", decoded.index("i am certain"))
+    second = templated.rindex(belief)  # offsets into the caller's text, pointing at the second one
+    (span,) = user_spans(decoded, [(second, second + len(belief))], source=templated)
+    assert (span.text, span.start) == ("i am certain there is no dog.", decoded.rindex("i am certain"))
+    marked = [int(i) for i, m in zip(ids, spans_to_mask(offsets, [span], len(ids))) if m]
+    assert tok.decode(marked) == "i am certain there is no dog."
+    with pytest.raises(ValueError, match="does not occur in the prompt"):
+        user_spans(decoded, ["I am certain there is no cat ."])
+    with pytest.raises(ValueError, match="does not occur in the prompt"):
+        user_spans(decoded, ["   "])
+    third = templated.index("Is there")  # a range the decoded prompt holds once: its second occurrence is asked for
+    doubled = f"{templated} Is there"
+    with pytest.raises(ValueError, match="needed occurrence 2"):
+        user_spans(decoded, [(len(templated) + 1, len(doubled))], source=doubled)
+    assert user_spans(decoded, [(third, third + 8)], source=templated)[0].text == "is there"
+
+
 def _offsets_by_whole_prefixes(tok, ids, skip):
     """The reference: decode every prefix whole (what decode_with_offsets did until it
     decoded windows)."""
