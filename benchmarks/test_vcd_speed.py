@@ -109,12 +109,13 @@ def _naive_generate(model, inputs):
         handle.remove()
 
 
-@pytest.mark.parametrize("batch", [1, 8])
-@pytest.mark.parametrize("role", ["baseline", "naive", "naive_generate", "ours"])
-def test_vcd_speed(benchmark, paired, organism, rounds, batch, role):
-    model, processor = organism
-    inputs = _inputs(processor, batch, model.device)
-    benchmark.group = f"vcd_batch{batch}"
+ROLES = ["baseline", "naive", "naive_generate", "ours"]
+
+
+def time_role(benchmark, paired, rounds, model, inputs, role: str, group: str):
+    """Time one of ``ROLES`` on ``inputs`` (a batch) in benchmark ``group``; the tokens."""
+    batch = inputs["input_ids"].shape[0]
+    benchmark.group = group
     benchmark.extra_info.update(role=role, tokens=batch * NEW_TOKENS)
     if role == "baseline":
         out = benchmark.pedantic(_plain, args=(model, inputs), rounds=rounds, warmup_rounds=2)
@@ -125,6 +126,14 @@ def test_vcd_speed(benchmark, paired, organism, rounds, batch, role):
     else:  # hooks attached between rounds (untimed), as a user attaches once and generates many times
         out = paired(lambda: _plain(model, inputs), lambda: _plain(model, inputs), attach=lambda: attach(model, VCD()))
     assert out.shape[0] == batch
+    return out
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+@pytest.mark.parametrize("role", ROLES)
+def test_vcd_speed(benchmark, paired, organism, rounds, batch, role):
+    model, processor = organism
+    time_role(benchmark, paired, rounds, model, _inputs(processor, batch, model.device), role, f"vcd_batch{batch}")
 
 
 def test_naive_reference_agrees_with_ours(organism):

@@ -17,10 +17,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mitigate import VCD, attach
-
 from .conftest import DEVICE, device_type
-from .test_vcd_speed import NEW_TOKENS, _naive, _naive_generate, _plain
+from .test_vcd_speed import ROLES, time_role
 
 pytestmark = pytest.mark.skipif(not (device_type(DEVICE) == "cuda" and torch.cuda.is_available()),
                                 reason="a 7B-shaped model is timed on a GPU: VLM_BENCH_DEVICE=cuda")
@@ -71,18 +69,7 @@ def llava7b():
 
 
 @pytest.mark.parametrize("batch", [1, 8])
-@pytest.mark.parametrize("role", ["baseline", "naive", "naive_generate", "ours"])
+@pytest.mark.parametrize("role", ROLES)
 def test_vcd_speed_llava7b_shape(benchmark, paired, llava7b, rounds, batch, role):
-    model = llava7b
-    inputs = llava_shaped_inputs(model, batch)
-    benchmark.group = f"vcd_llava7b_shape_batch{batch}"
-    benchmark.extra_info.update(role=role, tokens=batch * NEW_TOKENS)
-    if role == "baseline":
-        out = benchmark.pedantic(_plain, args=(model, inputs), rounds=rounds, warmup_rounds=2)
-    elif role == "naive":
-        out = paired(lambda: _naive(model, inputs), lambda: _plain(model, inputs))
-    elif role == "naive_generate":
-        out = paired(lambda: _naive_generate(model, inputs), lambda: _plain(model, inputs))
-    else:
-        out = paired(lambda: _plain(model, inputs), lambda: _plain(model, inputs), attach=lambda: attach(model, VCD()))
-    assert out.shape[0] == batch
+    time_role(benchmark, paired, rounds, llava7b, llava_shaped_inputs(llava7b, batch), role,
+              f"vcd_llava7b_shape_batch{batch}")
