@@ -138,14 +138,14 @@ def _occurrences(text: str, piece: str, before: int | None = None) -> list[int]:
 
 
 def _loose(text: str) -> tuple[str, list[int]]:
-    """``text`` lower-cased and without whitespace, and for each of its characters the index
+    """``text`` case-folded and without whitespace, and for each of its characters the index
     in ``text`` it came from: the differences a tokenizer's decoding leaves between the text
     written and the text given back (a lower-casing vocabulary; spaces dropped before
     punctuation or collapsed)."""
     chars, where = [], []
     for i, c in enumerate(text):
         if not c.isspace():
-            low = c.lower()  # may be longer than one character (U+0130 -> "i" + combining dot)
+            low = c.casefold()  # may be longer than one character ("ß" -> "ss"); final and medial sigma alike
             chars.append(low)
             where += [i] * len(low)
     return "".join(chars), where
@@ -184,7 +184,10 @@ def user_spans(prompt: str, spans: Iterable[tuple[int, int] | str], source: str 
     verbatim -- a lower-casing vocabulary, spaces dropped before punctuation ("dog ." read
     back as "dog.") -- they are matched again up to case and whitespace, the same
     occurrence counted the same way, so a sentence copied from the caller's own prompt is
-    found. Text found neither way is an error naming it, never a silent miss.
+    found. For offsets the occurrence is counted up to case and whitespace whenever the
+    decoded prompt holds as many occurrences that way as ``source`` does, since a
+    lower-casing decoder can make another occurrence verbatim-equal to the piece. Text found
+    neither way, and a blank substring, are errors naming them, never a silent miss.
     """
     out = []
     for span in spans:
@@ -205,8 +208,21 @@ def user_spans(prompt: str, spans: Iterable[tuple[int, int] | str], source: str 
                 k = len(_occurrences(source, piece, before=start))
                 needle, _ = _loose(piece)
                 hay, where = _loose(source)
-                loose_k = sum(where[i] < start for i in _occurrences(hay, needle)) if needle else 0
-                at = _find(prompt, piece, k, loose_k)
+                in_source = _occurrences(hay, needle) if needle else []
+                loose_k = sum(where[i] < start for i in in_source)
+                loose_prompt, prompt_where = _loose(prompt)
+                in_prompt = _occurrences(loose_prompt, needle) if needle else []
+                if needle and len(in_source) == len(in_prompt):
+                    # decoding kept every occurrence up to case and whitespace: the loose_k-th is
+                    # the one pointed at, even where lower-casing made another one verbatim-equal
+                    # ("There is" ... "there is"), which a verbatim count would pick instead
+                    a = prompt_where[in_prompt[loose_k]]
+                    b = prompt_where[in_prompt[loose_k] + len(needle) - 1] + 1
+                    lead = len(piece) - len(piece.lstrip())
+                    verbatim = a - lead >= 0 and prompt[a - lead : a - lead + len(piece)] == piece
+                    at = (a - lead, a - lead + len(piece)) if verbatim else (a, b)
+                else:  # text inside special tokens or placeholders the decoding drops: counted as written
+                    at = _find(prompt, piece, k, loose_k)
                 if at is None:
                     raise ValueError(
                         f"spans: ({start}, {end}) = {piece!r} of span_texts' string occurs {len(_occurrences(prompt, piece))} "

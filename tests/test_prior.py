@@ -477,6 +477,15 @@ def test_spans_copied_from_the_callers_text_are_found_where_decoding_normalises_
     with pytest.raises(ValueError, match="needed occurrence 2"):
         user_spans(decoded, [(len(templated) + 1, len(doubled))], source=doubled)
     assert user_spans(decoded, [(third, third + 8)], source=templated)[0].text == "is there"
+    # lower-casing makes the first "There is no dog ." verbatim-equal to the second "there is
+    # no dog."; the caller pointed at the second (a verbatim count would pick the first)
+    source, shown = "There is no dog . I think there is no dog.", "there is no dog. i think there is no dog."
+    at = source.rindex("there is no dog.")
+    (span,) = user_spans(shown, [(at, at + len("there is no dog."))], source=source)
+    assert (span.start, span.text) == (shown.rindex("there is no dog."), "there is no dog.")
+    assert user_spans("Dog and dog", [(8, 11)], source="Dog and dog")[0].start == 8
+    assert user_spans("dog and dog", [(8, 11)], source="Dog and dog")[0].start == 8
+    assert user_spans("οδος x", ["ΟΔΟΣ"])[0].text == "οδος"  # final sigma folds like the medial one
 
 
 def _offsets_by_whole_prefixes(tok, ids, skip):
