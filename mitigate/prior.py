@@ -154,6 +154,9 @@ class PriorSuppression(Mitigation):
         skip = {i for i in (points.image_token_id, points.video_token_id) if i is not None}
         skip |= set(getattr(tok, "all_special_ids", []) or [])
         image = points.image_token_mask(input_ids, include_video=True)
+        # what those ids read as in the caller's text (span_texts): not counted as occurrences
+        to_tokens = getattr(tok, "convert_ids_to_tokens", None)
+        hidden = [t for t in to_tokens(sorted(skip)) if isinstance(t, str)] if to_tokens and self.span_texts else []
         rows = input_ids.shape[0]
         if self.spans is not None and (not self.spans or rows % len(self.spans)):
             raise ValueError(f"spans: given for {len(self.spans)} rows, the batch has {rows}")
@@ -174,7 +177,8 @@ class PriorSuppression(Mitigation):
                     spans = find_prior_spans_between(text, [offsets[i][0] for i in image[row].nonzero().flatten().tolist()])
                 else:
                     given = source_row[row]
-                    spans = user_spans(text, self.spans[given], None if self.span_texts is None else self.span_texts[given])
+                    spans = user_spans(text, self.spans[given], None if self.span_texts is None else self.span_texts[given],
+                                       hidden=hidden)
                 row_mask = spans_to_mask(offsets, spans, input_ids.shape[1])
                 if row_mask.any():
                     idx = row_mask.nonzero().flatten()

@@ -168,7 +168,17 @@ def _find(prompt: str, piece: str, k: int, loose_k: int | None = None) -> tuple[
     return None
 
 
-def user_spans(prompt: str, spans: Iterable[tuple[int, int] | str], source: str | None = None) -> list[Span]:
+def _without(text: str, hidden: Iterable[str]) -> str:
+    """``text`` with every occurrence of each ``hidden`` string (special tokens, image
+    placeholders) overwritten by NUL characters of the same length: offsets are kept, and
+    nothing inside them is counted as an occurrence of the caller's text."""
+    for h in sorted({h for h in hidden if h}, key=len, reverse=True):
+        text = text.replace(h, "\0" * len(h))
+    return text
+
+
+def user_spans(prompt: str, spans: Iterable[tuple[int, int] | str], source: str | None = None,
+               hidden: Iterable[str] = ()) -> list[Span]:
     """Spans given by the caller: a substring of ``prompt`` (the text the model sees, image
     and special tokens left out) to mark -- its first occurrence -- or ``(start, end)``
     character offsets.
@@ -184,7 +194,10 @@ def user_spans(prompt: str, spans: Iterable[tuple[int, int] | str], source: str 
     verbatim -- a lower-casing vocabulary, spaces dropped before punctuation ("dog ." read
     back as "dog.") -- they are matched again up to case and whitespace, the same
     occurrence counted the same way, so a sentence copied from the caller's own prompt is
-    found. For offsets the occurrence is counted up to case and whitespace whenever the
+    found. ``hidden``: strings of ``source`` the decoded prompt leaves out (the tokenizer's
+    special tokens, the image placeholder), not counted as occurrences -- "image" in
+    ``<image>`` is not the first "image" of "is there a dog in the image". For offsets the
+    occurrence is counted up to case and whitespace whenever the
     decoded prompt holds as many occurrences that way as ``source`` does, since a
     lower-casing decoder can make another occurrence verbatim-equal to the piece. Text found
     neither way, and a blank substring, are errors naming them, never a silent miss.
@@ -205,9 +218,10 @@ def user_spans(prompt: str, spans: Iterable[tuple[int, int] | str], source: str 
                 raise ValueError(f"spans: ({start}, {end}) is outside {where} (length {len(text)})")
             if source is not None:
                 piece = source[start:end]
-                k = len(_occurrences(source, piece, before=start))
+                counted = _without(source, hidden)
+                k = len(_occurrences(counted, piece, before=start))
                 needle, _ = _loose(piece)
-                hay, where = _loose(source)
+                hay, where = _loose(counted)
                 in_source = _occurrences(hay, needle) if needle else []
                 loose_k = sum(where[i] < start for i in in_source)
                 loose_prompt, prompt_where = _loose(prompt)

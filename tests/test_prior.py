@@ -452,6 +452,7 @@ def test_spans_copied_from_the_callers_text_are_found_where_decoding_normalises_
     case and whitespace -- at the occurrence pointed at -- and text that is not there at all
     is still an error."""
     from evaluators.organism import build_tokenizer
+    from evaluators.organism.package import format_prompt
     from evaluators.organism.tasks import vocabulary
     from mitigate.spans import decode_with_offsets, spans_to_mask, user_spans
 
@@ -486,6 +487,17 @@ def test_spans_copied_from_the_callers_text_are_found_where_decoding_normalises_
     assert user_spans("Dog and dog", [(8, 11)], source="Dog and dog")[0].start == 8
     assert user_spans("dog and dog", [(8, 11)], source="Dog and dog")[0].start == 8
     assert user_spans("οδος x", ["ΟΔΟΣ"])[0].text == "οδος"  # final sigma folds like the medial one
+    # the placeholder's "image" is no occurrence of the word: pointing at the question's
+    # "image" marks it, not the belief's (the decoded prompt has no placeholder)
+    source = format_prompt("is there a dog in the image ? i think there is no dog in the image .")
+    ids = tok(source)["input_ids"]
+    decoded, _ = decode_with_offsets(tok, ids, set(tok.all_special_ids))
+    at = source.index("image ?")
+    hidden = tok.convert_ids_to_tokens(sorted(set(tok.all_special_ids)))
+    (span,) = user_spans(decoded, [(at, at + 5)], source=source, hidden=hidden)
+    assert span.start == decoded.index("image") and span.text == "image"
+    (span,) = user_spans(decoded, [(at, at + 5)], source=source)  # counted with the placeholder: the next one
+    assert span.start == decoded.rindex("image")
 
 
 def _offsets_by_whole_prefixes(tok, ids, skip):
