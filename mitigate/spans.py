@@ -197,10 +197,11 @@ def user_spans(prompt: str, spans: Iterable[tuple[int, int] | str], source: str 
     found. ``hidden``: strings of ``source`` the decoded prompt leaves out (the tokenizer's
     special tokens, the image placeholder), not counted as occurrences -- "image" in
     ``<image>`` is not the first "image" of "is there a dog in the image". For offsets the
-    occurrence is counted up to case and whitespace whenever the
-    decoded prompt holds as many occurrences that way as ``source`` does, since a
-    lower-casing decoder can make another occurrence verbatim-equal to the piece. Text found
-    neither way, and a blank substring, are errors naming them, never a silent miss.
+    occurrence is counted up to case and whitespace whenever the decoded prompt holds as
+    many occurrences that way as ``source`` does, since a lower-casing decoder can make
+    another occurrence verbatim-equal to the piece. Text found neither way (a range inside a
+    special token among it) and a blank substring are errors naming them, never a silent
+    miss.
     """
     out = []
     for span in spans:
@@ -226,7 +227,7 @@ def user_spans(prompt: str, spans: Iterable[tuple[int, int] | str], source: str 
                 loose_k = sum(where[i] < start for i in in_source)
                 loose_prompt, prompt_where = _loose(prompt)
                 in_prompt = _occurrences(loose_prompt, needle) if needle else []
-                if needle and len(in_source) == len(in_prompt):
+                if needle and len(in_source) == len(in_prompt) and loose_k < len(in_prompt):
                     # decoding kept every occurrence up to case and whitespace: the loose_k-th is
                     # the one pointed at, even where lower-casing made another one verbatim-equal
                     # ("There is" ... "there is"), which a verbatim count would pick instead

@@ -498,6 +498,9 @@ def test_spans_copied_from_the_callers_text_are_found_where_decoding_normalises_
     assert span.start == decoded.index("image") and span.text == "image"
     (span,) = user_spans(decoded, [(at, at + 5)], source=source)  # counted with the placeholder: the next one
     assert span.start == decoded.rindex("image")
+    inside = source.index("<image>")  # a range inside the placeholder: not in the prompt the model reads
+    with pytest.raises(ValueError, match="needed occurrence 1"):
+        user_spans(decoded, [(inside, inside + len("<image>"))], source=source, hidden=hidden)
 
 
 def _offsets_by_whole_prefixes(tok, ids, skip):
