@@ -181,20 +181,25 @@ def test_the_organisms_scores_on_the_device_match_the_cpu(organism_pair, queries
     _same_run(ref, _run(dev, _encode(processor, batch, DEVICE), make(processor.tokenizer, None)), f"organism {name}")
 
 
-def _records_agree(a: list[dict], b: list[dict], what: str) -> None:
-    """Crop-and-verify records: the same answers and verified queries, confidences and the
-    views' p(yes) within ``ATOL``, boxes within a pixel (a window at a near-tie of the
-    attention map may move by one patch; then its views are not compared)."""
-    assert [r["answer"] for r in a] == [r["answer"] for r in b], what
+def _records_agree(a: list[dict], b: list[dict], what: str) -> int:
+    """Crop-and-verify records: the same first answers (confidence within ``ATOL``) and the
+    same verified queries; then, for every query whose views were cut at the same place
+    (boxes within a pixel), the same final answer and the views' p(yes) within ``ATOL``.
+    A window chosen at a near-tie of the attention map may move by a patch on another
+    device, and its views then see other pixels: those queries are counted, not compared.
+    Returns how many were left out."""
+    assert [r["first_answer"] for r in a] == [r["first_answer"] for r in b], what
     assert [r["verified"] for r in a] == [r["verified"] for r in b], what
+    moved = 0
     for i, (x, y) in enumerate(zip(a, b)):
         assert abs(x["confidence"] - y["confidence"]) <= ATOL, f"{what} row {i}"
-        if not x["verified"]:
+        if x["verified"] and max(abs(p - q) for p, q in zip(x["box"], y["box"])) > 1.0:
+            moved += 1
             continue
-        if "box" in x and max(abs(p - q) for p, q in zip(x["box"], y["box"])) > 1.0:
-            continue
-        for view, got in x["views"].items():
+        assert x["answer"] == y["answer"], f"{what} row {i}"
+        for view, got in x.get("views", {}).items():
             assert abs(got["p_yes"] - y["views"][view]["p_yes"]) <= ATOL, f"{what} row {i} view {view}"
+    return moved
 
 
 @pytest.mark.parametrize("locate", ["attention", "embedding", "zoom"])
@@ -208,8 +213,10 @@ def test_crop_and_verify_on_the_device_matches_the_cpu(organism_pair, queries, l
         runs.append((cv.answer(model, images, prompts, max_new_tokens=NEW), cv.stats))
     (a, stats_a), (b, stats_b) = runs
     assert stats_a["verified"] > 0, "the comparison must reach the views"
-    assert stats_a == stats_b
-    _records_agree(a, b, f"crop_verify locate={locate}")
+    moved = _records_agree(a, b, f"crop_verify locate={locate}")
+    assert moved <= stats_a["verified"] // 4, f"{moved} of {stats_a['verified']} windows moved on {DEVICE}"
+    if not moved:
+        assert stats_a == stats_b
 
 
 def test_crop_and_verify_through_generate_and_image_by_image_on_the_device(organism_pair, queries):
