@@ -28,7 +28,7 @@ import pytest
 import torch
 
 from hooks import resolve
-from hooks.testing import TINY_MODEL_TYPES, build_tiny_model, tiny_inputs
+from hooks.testing import TINY_MODEL_TYPES, WordIds, build_tiny_model, tiny_inputs
 from mitigate import VCD, CropVerify, PriorSuppression, attach
 
 #: the accelerator compared with the CPU; ``VLM_TEST_DEVICE=cpu`` runs these tests' own
@@ -46,15 +46,6 @@ def no_tf32():
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     yield
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
-
-
-class WordIds:
-    """Token i decodes to 'w<i>' (the tiny models have ids, not words)."""
-
-    all_special_ids = [0, 1, 2]
-
-    def decode(self, ids, skip_special_tokens=True, clean_up_tokenization_spaces=False):
-        return " ".join(f"w{i}" for i in ids)
 
 
 def _span_strings(model, inputs) -> list[list[str]]:

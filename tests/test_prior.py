@@ -11,7 +11,7 @@ import torch
 
 from hooks import HookGroup, resolve
 from hooks.adapters import get_adapter
-from hooks.testing import TINY_MODEL_TYPES, build_tiny_model, tiny_inputs
+from hooks.testing import TINY_MODEL_TYPES, WordIds, build_tiny_model, tiny_inputs
 from mitigate import VCD, PriorSuppression, attach, find_prior_spans
 from mitigate.vcd import plausibility_mask
 
@@ -19,15 +19,6 @@ from mitigate.vcd import plausibility_mask
 # read as deleted; a hybrid decoder's recurrent layers step through it (compact_positions refused)
 ATTENTION_ONLY = [t for t in TINY_MODEL_TYPES if get_adapter(t).linear_attention is None]
 HYBRID = [t for t in TINY_MODEL_TYPES if get_adapter(t).linear_attention is not None]
-
-
-class WordIds:
-    """A real (if plain) tokenizer for id-only tiny models: token i decodes to 'w<i>'."""
-
-    all_special_ids = [0, 1, 2]
-
-    def decode(self, ids, skip_special_tokens=True, clean_up_tokenization_spaces=False):
-        return " ".join(f"w{i}" for i in ids)
 
 
 # -- the detector ------------------------------------------------------------------------

@@ -12,6 +12,17 @@ CORPUS = ("I am certain there is no dog in the image. Is there a dog? Le café e
           "The red cup is left of the plate; 日本の猫 sits there ☕ and naïve people agree.")
 
 
+class WordIds:
+    """A real (if plain) tokenizer for the id-only tiny models: token i decodes to 'w<i>',
+    ids 0-2 are special. Enough for code that reads prompts back as text
+    (``mitigate.spans``) to run on every family's random ids."""
+
+    all_special_ids = [0, 1, 2]
+
+    def decode(self, ids, skip_special_tokens=True, clean_up_tokenization_spaces=False):
+        return " ".join(f"w{i}" for i in ids)
+
+
 def trained_tokenizers() -> dict:
     """Byte-level BPE (GPT-2 / Llama 3 / Qwen style: characters split across tokens),
     SentencePiece-style BPE (Llama 2 / Mistral / Gemma style: "\u2581" for spaces) and
