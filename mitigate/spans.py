@@ -151,21 +151,23 @@ def _loose(text: str) -> tuple[str, list[int]]:
     return "".join(chars), where
 
 
-def _find(prompt: str, piece: str, k: int, loose_k: int | None = None) -> tuple[int, int] | None:
+def _find(prompt: str, piece: str, k: int, loose_k: int, loose_prompt: tuple[str, list[int]]) -> tuple[int, int] | None:
     """``(start, end)`` in ``prompt`` of the k-th occurrence of ``piece``, verbatim; failing
-    that, of its ``loose_k``-th occurrence (default ``k``) up to case and whitespace
-    (:func:`_loose`), the range running from its first to its last non-space character.
+    that, of its ``loose_k``-th occurrence up to case and whitespace (``loose_prompt`` is
+    ``_loose(prompt)``), the range running from its first to its last non-space character.
     None when neither has that many occurrences."""
     found = _occurrences(prompt, piece)
     if len(found) > k:
         return found[k], found[k] + len(piece)
     needle, _ = _loose(piece)
-    hay, where = _loose(prompt)
-    found = _occurrences(hay, needle) if needle else []
-    k = k if loose_k is None else loose_k
-    if len(found) > k:
-        return where[found[k]], where[found[k] + len(needle) - 1] + 1
-    return None
+    found = _occurrences(loose_prompt[0], needle) if needle else []
+    return _loose_range(loose_prompt, found[loose_k], needle) if len(found) > loose_k else None
+
+
+def _loose_range(loose: tuple[str, list[int]], at: int, needle: str) -> tuple[int, int]:
+    """The ``(start, end)`` in the original text of ``needle`` found at ``at`` of its loose form."""
+    where = loose[1]
+    return where[at], where[at + len(needle) - 1] + 1
 
 
 def _without(text: str, hidden: Iterable[str]) -> str:
@@ -204,9 +206,12 @@ def user_spans(prompt: str, spans: Iterable[tuple[int, int] | str], source: str 
     miss.
     """
     out = []
+    loose_prompt = _loose(prompt)
+    counted = None if source is None else _without(source, hidden)
+    loose_counted = None if counted is None else _loose(counted)
     for span in spans:
         if isinstance(span, str):
-            at = _find(prompt, span, 0) if span.strip() else None
+            at = _find(prompt, span, 0, 0, loose_prompt) if span.strip() else None
             if at is None:
                 raise ValueError(f"spans: {span!r} does not occur in the prompt, verbatim or up to case and "
                                  f"whitespace: {prompt!r}")
@@ -219,25 +224,21 @@ def user_spans(prompt: str, spans: Iterable[tuple[int, int] | str], source: str 
                 raise ValueError(f"spans: ({start}, {end}) is outside {where} (length {len(text)})")
             if source is not None:
                 piece = source[start:end]
-                counted = _without(source, hidden)
                 k = len(_occurrences(counted, piece, before=start))
                 needle, _ = _loose(piece)
-                hay, where = _loose(counted)
-                in_source = _occurrences(hay, needle) if needle else []
-                loose_k = sum(where[i] < start for i in in_source)
-                loose_prompt, prompt_where = _loose(prompt)
-                in_prompt = _occurrences(loose_prompt, needle) if needle else []
+                in_source = _occurrences(loose_counted[0], needle) if needle else []
+                loose_k = sum(loose_counted[1][i] < start for i in in_source)
+                in_prompt = _occurrences(loose_prompt[0], needle) if needle else []
                 if needle and len(in_source) == len(in_prompt) and loose_k < len(in_prompt):
                     # decoding kept every occurrence up to case and whitespace: the loose_k-th is
                     # the one pointed at, even where lower-casing made another one verbatim-equal
                     # ("There is" ... "there is"), which a verbatim count would pick instead
-                    a = prompt_where[in_prompt[loose_k]]
-                    b = prompt_where[in_prompt[loose_k] + len(needle) - 1] + 1
+                    a, b = _loose_range(loose_prompt, in_prompt[loose_k], needle)
                     lead = len(piece) - len(piece.lstrip())
                     verbatim = a - lead >= 0 and prompt[a - lead : a - lead + len(piece)] == piece
                     at = (a - lead, a - lead + len(piece)) if verbatim else (a, b)
                 else:  # text inside special tokens or placeholders the decoding drops: counted as written
-                    at = _find(prompt, piece, k, loose_k)
+                    at = _find(prompt, piece, k, loose_k, loose_prompt)
                 if at is None:
                     raise ValueError(
                         f"spans: ({start}, {end}) = {piece!r} of span_texts' string occurs {len(_occurrences(prompt, piece))} "
