@@ -13,6 +13,9 @@ per token:
   ``model_kwargs_cd`` cache, combining the logits before the logits processors): plain
   ``generate()`` plus a second full forward per token, written here as a forward hook that
   makes that second call.
+
+``plain_double`` is plain ``generate()`` over the batch twice over (2B rows): the floor of
+any implementation that runs the branches by batch expansion, as ours does.
 """
 
 from __future__ import annotations
@@ -109,18 +112,26 @@ def _naive_generate(model, inputs):
         handle.remove()
 
 
-ROLES = ["baseline", "naive", "naive_generate", "ours"]
+ROLES = ["baseline", "naive", "naive_generate", "ours", "plain_double"]
+
+
+def _doubled(inputs: dict) -> dict:
+    """The batch twice over (2B rows): what batch expansion runs per step."""
+    return {k: torch.cat([v, v]) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
 
 
 def time_role(benchmark, paired, rounds, model, inputs, role: str, group: str):
     """Time one of ``ROLES`` on ``inputs`` (a batch) in benchmark ``group``; the tokens."""
     batch = inputs["input_ids"].shape[0]
     benchmark.group = group
-    benchmark.extra_info.update(role=role, tokens=batch * NEW_TOKENS)
+    benchmark.extra_info.update(role=role, tokens=(2 if role == "plain_double" else 1) * batch * NEW_TOKENS)
     if role == "baseline":
         out = benchmark.pedantic(_plain, args=(model, inputs), rounds=rounds, warmup_rounds=2)
     elif role == "naive":
         out = paired(lambda: _naive(model, inputs), lambda: _plain(model, inputs))
+    elif role == "plain_double":  # the floor for batch expansion: a plain call over twice the rows
+        doubled = _doubled(inputs)
+        out = paired(lambda: _plain(model, doubled), lambda: _plain(model, inputs))[:batch]
     elif role == "naive_generate":
         out = paired(lambda: _naive_generate(model, inputs), lambda: _plain(model, inputs))
     else:  # hooks attached between rounds (untimed), as a user attaches once and generates many times
