@@ -13,7 +13,9 @@ is ``answer()`` with ``locate="embedding"``, which needs no forward of ViCrop's 
 ``crop_verify_own_generic_forward`` is the default with ViCrop's generic map from a forward of its
 own instead of the first answer's cache (:mod:`mitigate.localize_prefix`, session 20);
 ``crop_verify_embedding_crop`` also asks the Crop view alone; ``crop_verify_zoom`` searches 2x2
-tiles (vision tower and projector only) instead, ``crop_verify_zoom_crop`` with the Crop view alone.
+tiles (vision tower and projector only) instead, ``crop_verify_zoom_crop`` with the Crop view alone;
+``crop_verify_full_views`` lets the views of yes/no questions answer at ``max_new_tokens`` as
+they did before session 28 (the default reads one token of them).
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ def _questions(kind: str):
 @pytest.mark.parametrize("kind", ["dobench_level0", "clean"])
 @pytest.mark.parametrize("role", ["baseline", "crop_verify", "crop_verify_own_generic_forward", "crop_verify_generate",
                                   "crop_verify_embedding", "crop_verify_embedding_crop", "crop_verify_zoom",
-                                  "crop_verify_zoom_crop"])
+                                  "crop_verify_zoom_crop", "crop_verify_full_views"])
 def test_crop_verify_speed(benchmark, paired, organism, rounds, role, kind, monkeypatch):
     model, processor = organism
     images, prompts = _questions(kind)
@@ -70,7 +72,8 @@ def test_crop_verify_speed(benchmark, paired, organism, rounds, role, kind, monk
     settings = {"crop_verify_embedding": {"locate": "embedding"},
                 "crop_verify_embedding_crop": {"locate": "embedding", "views": ("crop",)},
                 "crop_verify_zoom": {"locate": "zoom"},
-                "crop_verify_zoom_crop": {"locate": "zoom", "views": ("crop",)}}
+                "crop_verify_zoom_crop": {"locate": "zoom", "views": ("crop",)},
+                "crop_verify_full_views": {"yes_no_view_tokens": None}}
     if role == "crop_verify_own_generic_forward":  # the generic map from a forward of its own, not the cache
         import mitigate.crop_verify as module
 

@@ -32,7 +32,8 @@ combines them at inference time:
    the prompt carries ("I am certain there is no dog in the image.", found by
    :func:`mitigate.spans.find_prior_spans`) are left out of the views' prompts
    (``strip_priors``), so a view answers what it shows rather than whether the user is
-   right -- and **combine** (policy, configurable), by the kind of the first answer
+   right; the views of a yes/no question answer with one token (``yes_no_view_tokens``),
+   all the policy reads of them -- and **combine** (policy, configurable), by the kind of the first answer
    (:func:`mitigate.answer_kinds.answer_kind`, which reads the answer and, for "how many"
    questions, the question). A view is a part of the image, so it is evidence of what is
    there, never of what is not:
@@ -142,6 +143,21 @@ MIN_VIEW_SIDE = 8
 MENTION_QUESTION = "Is there a {object} in the image? Answer yes or no."
 
 
+def ask_by_limit(limits: Sequence, k: int, ask: Callable[[list[int], Any], list]) -> list:
+    """Re-ask the ``k`` views of each verified query, one ``ask(queries, limit)`` call per
+    distinct token limit in ``limits`` (one per query): a yes/no question's views need one
+    token where a count's need its words (:attr:`CropVerify.yes_no_view_tokens`). ``ask``
+    returns one item per view row of its queries, in order; the items come back in query
+    order, ``k`` per query. A batch of one kind is one call, as before the split."""
+    items: list = [None] * (len(limits) * k)
+    for limit in dict.fromkeys(limits):  # first-seen order: deterministic
+        queries = [j for j, other in enumerate(limits) if other == limit]
+        got = ask(queries, limit)
+        for n, j in enumerate(queries):
+            items[j * k : (j + 1) * k] = got[n * k : (n + 1) * k]
+    return items
+
+
 def view_image(image: Image.Image, box: tuple) -> Image.Image:
     """The view of ``image`` inside ``box``: cut from the original, then resized back to the
     original's size (bicubic). Both routes ask the model this one image -- ``answer()`` and
@@ -213,6 +229,9 @@ class CropVerify(Mitigation):
     # "decompose" also re-derives unconfident image answers (WHICH_IMAGE)
     which_image: bool | str = False
     localizer: Callable[[Image.Image, str], tuple] | None = None
+    # the views of a yes/no question answer with this many tokens (None: the call's
+    # max_new_tokens); the policy reads only their first token (VIEW_TOKENS_NOTE)
+    yes_no_view_tokens: int | None = 1
     stats: dict = field(default_factory=lambda: {"queries": 0, "verified": 0, "overturned": 0}, repr=False)
 
     name = "crop_verify"
@@ -247,6 +266,10 @@ class CropVerify(Mitigation):
             self.layers = [self.layers]
         if self.localizer is not None and not callable(self.localizer):
             raise ValueError("localizer must be callable: localizer(image, prompt) -> (x0, y0, x1, y1)")
+        if self.yes_no_view_tokens is not None and (not isinstance(self.yes_no_view_tokens, int)
+                                                    or isinstance(self.yes_no_view_tokens, bool)
+                                                    or self.yes_no_view_tokens < 1):
+            raise ValueError(f"yes_no_view_tokens must be an int >= 1 or None, got {self.yes_no_view_tokens!r}")
         if self.localizer is not None and self.locate != "attention":
             raise ValueError(f"localizer and locate={self.locate!r} both say where to cut the views: give one")
 
@@ -631,11 +654,32 @@ class CropVerify(Mitigation):
             view_images += [[image, view_image(image, built["crop"])] if v == "pair" else view_image(image, built[v])
                             for v in asked]
             view_prompts += [prompt] * len(asked)
-        all_texts, all_probs = self._generate(model, view_images, view_prompts, max_new_tokens, generate_kwargs)
         k = len(asked)
+        limits = [self.view_tokens(answer_kind(r["first_answer"], p), max_new_tokens) for r, p in zip(results, prompts)]
+
+        def ask(queries: list[int], limit: int) -> list:
+            rows = [j * k + v for j in queries for v in range(k)]
+            texts, probs = self._generate(model, [view_images[r] for r in rows], [view_prompts[r] for r in rows],
+                                          limit, generate_kwargs)
+            return list(zip(texts, probs))
+
+        items = ask_by_limit(limits, k, ask)
         for j, (result, box, built) in enumerate(zip(results, boxes, built_all)):
-            texts, probs = all_texts[j * k : (j + 1) * k], all_probs[j * k : (j + 1) * k]
-            self._decide(result, box, built, texts, probs, prompts[j])
+            views = items[j * k : (j + 1) * k]
+            self._decide(result, box, built, [t for t, _ in views], torch.stack([p for _, p in views]), prompts[j])
+
+    def view_tokens(self, kind: str, max_new_tokens: int | None) -> int | None:
+        """How many tokens the views of a query whose first answer is of ``kind`` answer
+        with: :attr:`yes_no_view_tokens` for a yes/no answer (at most ``max_new_tokens``),
+        else ``max_new_tokens`` (None: the call's own). A yes/no view is read from its first
+        token alone -- its p(yes) and whether that token says yes -- so one token decides
+        as the whole answer would wherever the answer starts with its yes or no (a view
+        answering "Definitely yes" is not counted as a yes), and a model that answers
+        "Yes, there is a cat in the image." is not made to write the sentence once per view
+        (an overturned answer is then that first token, "Yes")."""
+        if kind != "yes_no" or self.yes_no_view_tokens is None:
+            return max_new_tokens
+        return self.yes_no_view_tokens if max_new_tokens is None else min(self.yes_no_view_tokens, max_new_tokens)
 
     def asked_views(self) -> list[str]:
         """What each verified query is re-asked on, in order: the views, then the control."""

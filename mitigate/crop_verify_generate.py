@@ -56,7 +56,8 @@ from PIL import Image
 from hooks import HookGroup, ModelPoints
 from hooks.cache import output_cache
 
-from .crop_verify import view_image
+from .answer_kinds import answer_kind
+from .crop_verify import ask_by_limit, view_image
 from .localize import object_in_question
 
 
@@ -184,6 +185,17 @@ def _through_eos(row: torch.Tensor, start: int, model) -> torch.Tensor:
     return row[: start + int(hits[0]) + 1] if len(hits) else row
 
 
+def _ended(row: torch.Tensor, start: int, model) -> torch.Tensor:
+    """``row`` closed with the end-of-sequence token if its answer (after ``start``) has
+    none: a yes/no view's answer cut at its token limit is a whole answer ("yes"), and the
+    caller's row reads as one that ended."""
+    eos = model.generation_config.eos_token_id
+    eos = [eos] if isinstance(eos, int) else list(eos or [])
+    if not eos or bool(torch.isin(row[start:], torch.tensor(eos, device=row.device)).any()):
+        return row
+    return torch.cat([row, row.new_tensor([eos[0]])])
+
+
 def _pad_cat(rows: list[torch.Tensor], pad: int) -> torch.Tensor:
     length = max(r.shape[-1] for r in rows)
     return torch.stack([torch.nn.functional.pad(r, (0, length - r.shape[-1]), value=pad) for r in rows])
@@ -271,30 +283,49 @@ class VerifiedGenerate:
             if boxes is None:
                 boxes = self._boxes(kwargs, maps, gated, images, prompts, cache)
             asked = cv.asked_views()
+            k = len(asked)
             built_all = [cv.view_boxes(image, box) for image, box in zip(images, boxes)]
             # resized to the original's size: the same number of image tokens, the same prompt ids
             view_images = [view_image(image, built[v]) for image, built in zip(images, built_all) for v in asked]
-            view_rows = [i for i in gated for _ in asked]
-            views = _row_inputs(kwargs, view_rows, view_images, image_processor, device)
+            # a yes/no question's views answer with fewer tokens (CropVerify.view_tokens): one
+            # generate() per token limit, each with its rows' inputs
+            limits = [cv.view_tokens(answer_kind(texts[i], p), kwargs.get("max_new_tokens"))
+                      for i, p in zip(gated, prompts)]
+            groups = {}
+            for limit in dict.fromkeys(limits):
+                queries = [j for j, other in enumerate(limits) if other == limit]
+                groups[limit] = _row_inputs(kwargs, [gated[j] for j in queries for _ in asked],
+                                            [view_images[j * k + v] for j in queries for v in range(k)],
+                                            image_processor, device)
         finally:
             self.originals.paused = False
-        if cv.strip_priors:
-            views = _without_prior_tokens(views, self.points, tok)
         per_image = {*self.points.pixel_inputs, *self.points.image_inputs}
-        passthrough = {k: v for k, v in kwargs.items() if k not in views and k not in per_image}
-        vout = self.generate(**{**passthrough, **views, "output_scores": True, "return_dict_in_generate": True})
-        start, vstart = kwargs["input_ids"].shape[1], views["input_ids"].shape[1]
-        vtexts = [t.strip() for t in tok.batch_decode(vout.sequences[:, vstart:], skip_special_tokens=True)]
-        vprobs = torch.softmax(vout.scores[0].float(), dim=-1)
-        k = len(asked)
+
+        def ask(queries: list[int], limit: int | None) -> list:
+            views = groups[limit]
+            if cv.strip_priors:
+                views = _without_prior_tokens(views, self.points, tok)
+            passthrough = {key: v for key, v in kwargs.items() if key not in views and key not in per_image}
+            if limit is not None:
+                passthrough["max_new_tokens"] = limit
+            vout = self.generate(**{**passthrough, **views, "output_scores": True, "return_dict_in_generate": True})
+            answers = vout.sequences[:, views["input_ids"].shape[1]:]
+            vtexts = [t.strip() for t in tok.batch_decode(answers, skip_special_tokens=True)]
+            vprobs = torch.softmax(vout.scores[0].float(), dim=-1)
+            return [(t, p, a, limit) for t, p, a in zip(vtexts, vprobs, answers)]
+
+        items = ask_by_limit(limits, k, ask)
+        start = kwargs["input_ids"].shape[1]
         rows = list(sequences)
         for j, (i, box, built) in enumerate(zip(gated, boxes, built_all)):
             result = {"answer": texts[i], "first_answer": texts[i], "confidence": float(confidence[i]),
                       "verified": False, "views": {}}
-            cv._decide(result, box, built, vtexts[j * k : (j + 1) * k], vprobs[j * k : (j + 1) * k], prompts[j])
+            views = items[j * k : (j + 1) * k]
+            cv._decide(result, box, built, [v[0] for v in views], torch.stack([v[1] for v in views]), prompts[j])
             if result.get("chosen") is not None:  # the caller's prompt, then the chosen view's answer
-                answer = vout.sequences[j * k + asked.index(result["chosen"]), vstart:]
-                rows[i] = _through_eos(torch.cat([sequences[i, :start], answer.to(sequences.device)]), start, model)
+                _, _, answer, limit = views[asked.index(result["chosen"])]
+                row = _through_eos(torch.cat([sequences[i, :start], answer.to(sequences.device)]), start, model)
+                rows[i] = _ended(row, start, model) if limit is not None else row
         pad = getattr(model.generation_config, "pad_token_id", None)
         pad = tok.pad_token_id if pad is None else pad
         return _pad_cat([r.to(sequences.device) for r in rows], int(pad if pad is not None else 0))

@@ -385,7 +385,8 @@ def test_caller_boxes_replace_attention(organism_like):
     ({"tau": 1.5}, "tau"), ({"tau": -0.1}, "tau"), ({"gate": 2}, "gate"), ({"margin": 0.9 + 0.2}, "margin"),
     ({"views": ("zoom",)}, "views"), ({"localizer": "yolo"}, "localizer"), ({"queries": "first"}, "queries"),
     ({"heads": "max"}, "heads"), ({"generic_prompt": ""}, "generic_prompt"), ({"control": "yes"}, "control"),
-    ({"views": ("pair", "zoom")}, "views"),
+    ({"views": ("pair", "zoom")}, "views"), ({"yes_no_view_tokens": 0}, "yes_no_view_tokens"),
+    ({"yes_no_view_tokens": True}, "yes_no_view_tokens"), ({"yes_no_view_tokens": 1.5}, "yes_no_view_tokens"),
 ])
 def test_bad_config(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -500,6 +501,55 @@ def test_batched_verification_equals_one_query_at_a_time():
             assert a["box"] == b["box"]
             for view in a["views"]:
                 assert abs(a["views"][view]["p_yes"] - b["views"][view]["p_yes"]) < 1e-5
+
+
+def test_yes_no_views_answer_with_one_token():
+    """The views of a yes/no question answer with one token (``yes_no_view_tokens=1``, the
+    default): the same decisions, view answers and p(yes) as views answering at
+    ``max_new_tokens``, with fewer row forwards; a count question's views still answer in full,
+    so a batch of both kinds re-asks its views in one generate() per token limit."""
+    import numpy as np
+
+    from evaluators.organism import ORGANISM_DIR, load_organism
+    from evaluators.organism.tasks import counting, existence
+    from evaluators.world import BIASED, World
+
+    if not (ORGANISM_DIR / "config.json").exists():
+        pytest.skip("organism checkpoint missing")
+    model, processor = load_organism()
+    world = World(BIASED)
+    examples = [task(world, np.random.default_rng(seed), 9 * 10**8 + seed) for seed in range(8)
+                for task in (counting, existence)]
+    images, prompts = [e.images[0] for e in examples], [e.question for e in examples]
+
+    def run(**kwargs):
+        cv = CropVerify(processor, gate=1.0, tau=0.0, **kwargs)
+        limits, forwards = [], [0]
+        generate = cv._generate
+        cv._generate = lambda model, images, prompts, limit, *rest, **kw: (
+            limits.append(limit) or generate(model, images, prompts, limit, *rest, **kw))
+        def count(module, args, kwargs):  # rows x forwards: what the views cost, whatever the batching
+            forwards[0] += (kwargs.get("input_ids") if kwargs.get("input_ids") is not None else args[0]).shape[0]
+
+        handle = model.register_forward_pre_hook(count, with_kwargs=True)
+        try:
+            results = cv.answer(model, images, prompts, max_new_tokens=4)
+        finally:
+            handle.remove()
+        return results, limits[1:], forwards[0], cv.stats  # limits[0]: the first answers'
+
+    short, short_limits, short_forwards, short_stats = run()
+    full, full_limits, full_forwards, full_stats = run(yes_no_view_tokens=None)
+    kinds = {r["kind"] for r in full if r["verified"]}
+    assert kinds == {"yes_no", "count"}, "the batch must hold both kinds of verified question"
+    assert sorted(short_limits) == [1, 4] and full_limits == [4]
+    assert short_forwards < full_forwards
+    assert short_stats == full_stats and short_stats["overturned"] > 0
+    for a, b in zip(short, full):
+        assert (a["answer"], a["verified"], a.get("chosen")) == (b["answer"], b["verified"], b.get("chosen"))
+        for view in b["views"]:
+            assert a["views"][view]["answer"] == b["views"][view]["answer"]
+            assert abs(a["views"][view]["p_yes"] - b["views"][view]["p_yes"]) < 1e-5  # other padding
 
 
 def test_a_first_yes_is_never_verified(organism_like):

@@ -83,6 +83,9 @@ def test_generate_gives_the_answers_of_answer(organism, more_queries, kwargs):
         out = model.generate(**enc, max_new_tokens=4, do_sample=False)
     assert _decode(processor, out, enc) == [r["answer"] for r in expected]
     assert cv.stats == reference.stats
+    # every row ends, the overturned ones too (a yes/no view answers with one token, then eos)
+    eos = torch.tensor(model.generation_config.eos_token_id).reshape(-1)
+    assert all(torch.isin(row[enc["input_ids"].shape[1]:], eos).any() for row in out)
 
 
 def test_pipeline_is_verified_while_attached(organism, queries):
