@@ -458,7 +458,8 @@ class CropVerify(Mitigation):
            image alone, through :meth:`answer` -- its first answer on the whole image (MIOH's
            decomposed question) and, when that is an unconfident "no", its Crop / Cluster
            views (DO-Bench); under ``strip_priors=False`` the prompt's belief sentences come
-           first (:meth:`image_question`);
+           first (:meth:`image_question`). These yes/no questions answer with
+           ``yes_no_view_tokens`` tokens, as the views of a yes/no question do;
         4. **combine**: the answer becomes the option of the image whose final answer is
            "yes" with the most evidence -- the probability of "yes" from the view that said
            it, or the whole image's first-token confidence -- when that evidence is above
@@ -506,9 +507,11 @@ class CropVerify(Mitigation):
         # the same configuration with counters of its own: the per-image questions are not
         # single-image queries of the caller's
         per_image = replace(self, stats={"queries": 0, "verified": 0, "overturned": 0})
+        # yes/no questions the caller never sees, read from their first token as the views
+        # of a yes/no question are (yes_no_view_tokens)
         records = per_image.answer(model, [image_sets[i][k] for i, k in asked],
                                    [self.image_question(prompts[i], parsed[i], template) for i, _ in asked],
-                                   max_new_tokens=max_new_tokens,
+                                   max_new_tokens=self.view_tokens("yes_no", max_new_tokens),
                                    objects=[parsed[i].object for i, _ in asked], **generate_kwargs)
         stats["verified"] += len(gated)
         stats["images_asked"] += len(asked)

@@ -193,6 +193,35 @@ def test_decompose_rederives_every_unconfident_answer_from_the_images(organism_a
 
 
 @needs_organism
+def test_the_per_image_questions_are_read_from_one_token(organism_and_queries):
+    """The per-image yes/no questions answer with ``yes_no_view_tokens`` tokens (1), as the
+    views of a yes/no question do: the same decisions and evidence as at max_new_tokens."""
+    model, processor, queries = organism_and_queries
+    sets, prompts = [q.images for q in queries], [q.prompt for q in queries]
+    runs, rows = {}, {}
+
+    def count(module, args, kwargs):  # rows x forwards
+        rows[tokens] += kwargs["input_ids"].shape[0]
+
+    for tokens in (1, None):
+        cv = CropVerify(processor, gate=1.0, which_image="decompose", yes_no_view_tokens=tokens)
+        rows[tokens] = 0
+        handle = model.register_forward_pre_hook(count, with_kwargs=True)
+        try:
+            runs[tokens] = (cv.answer_which_image(model, sets, prompts, max_new_tokens=8), cv.stats["which_image"])
+        finally:
+            handle.remove()
+    (short, short_stats), (full, full_stats) = runs[1], runs[None]
+    assert short_stats == full_stats and short_stats["overturned"] > 0
+    assert rows[1] < rows[None]
+    for a, b in zip(short, full):
+        assert (a["answer"], a.get("chosen")) == (b["answer"], b.get("chosen"))
+        for k, record in b["images"].items():
+            assert a["images"][k]["answer"] == record["answer"]  # the organism answers in one word
+            assert _yes_evidence(a["images"][k]) == pytest.approx(_yes_evidence(record), abs=1e-5)
+
+
+@needs_organism
 def test_evaluators_route_which_image_questions_only_when_asked(organism_and_queries):
     model, processor, queries = organism_and_queries
     off = CropVerify(processor)
