@@ -230,7 +230,7 @@ class CropVerify(Mitigation):
     which_image: bool | str = False
     localizer: Callable[[Image.Image, str], tuple] | None = None
     # the views of a yes/no question answer with this many tokens (None: the call's
-    # max_new_tokens); the policy reads only their first token (VIEW_TOKENS_NOTE)
+    # max_new_tokens); the policy reads only their first token (view_tokens)
     yes_no_view_tokens: int | None = 1
     stats: dict = field(default_factory=lambda: {"queries": 0, "verified": 0, "overturned": 0}, repr=False)
 
@@ -507,11 +507,12 @@ class CropVerify(Mitigation):
         # the same configuration with counters of its own: the per-image questions are not
         # single-image queries of the caller's
         per_image = replace(self, stats={"queries": 0, "verified": 0, "overturned": 0})
-        # yes/no questions the caller never sees, read from their first token as the views
-        # of a yes/no question are (yes_no_view_tokens)
+        # yes/no questions of our own (their records are returned in result["images"]), read
+        # from their first token as the views of a yes/no question are (yes_no_view_tokens)
         records = per_image.answer(model, [image_sets[i][k] for i, k in asked],
                                    [self.image_question(prompts[i], parsed[i], template) for i, _ in asked],
-                                   max_new_tokens=self.view_tokens("yes_no", max_new_tokens),
+                                   max_new_tokens=self.view_tokens("yes_no", max_new_tokens,
+                                                                   generate_kwargs.get("min_new_tokens")),
                                    objects=[parsed[i].object for i, _ in asked], **generate_kwargs)
         stats["verified"] += len(gated)
         stats["images_asked"] += len(asked)
@@ -658,7 +659,9 @@ class CropVerify(Mitigation):
                             for v in asked]
             view_prompts += [prompt] * len(asked)
         k = len(asked)
-        limits = [self.view_tokens(answer_kind(r["first_answer"], p), max_new_tokens) for r, p in zip(results, prompts)]
+        floor = generate_kwargs.get("min_new_tokens")
+        limits = [self.view_tokens(answer_kind(r["first_answer"], p), max_new_tokens, floor)
+                  for r, p in zip(results, prompts)]
 
         def ask(queries: list[int], limit: int) -> list:
             rows = [j * k + v for j in queries for v in range(k)]
@@ -671,10 +674,11 @@ class CropVerify(Mitigation):
             views = items[j * k : (j + 1) * k]
             self._decide(result, box, built, [t for t, _ in views], torch.stack([p for _, p in views]), prompts[j])
 
-    def view_tokens(self, kind: str, max_new_tokens: int | None) -> int | None:
+    def view_tokens(self, kind: str, max_new_tokens: int | None, min_new_tokens: int | None = None) -> int | None:
         """How many tokens the views of a query whose first answer is of ``kind`` answer
-        with: :attr:`yes_no_view_tokens` for a yes/no answer (at most ``max_new_tokens``),
-        else ``max_new_tokens`` (None: the call's own). A yes/no view is read from its first
+        with: :attr:`yes_no_view_tokens` for a yes/no answer (at least the call's
+        ``min_new_tokens``, at most its ``max_new_tokens``), else ``max_new_tokens`` (None:
+        the call's own). A yes/no view is read from its first
         token alone -- its p(yes) and whether that token says yes -- so one token decides
         as the whole answer would wherever the answer starts with its yes or no (a view
         answering "Definitely yes" is not counted as a yes), and a model that answers
@@ -682,7 +686,8 @@ class CropVerify(Mitigation):
         (an overturned answer is then that first token, "Yes")."""
         if kind != "yes_no" or self.yes_no_view_tokens is None:
             return max_new_tokens
-        return self.yes_no_view_tokens if max_new_tokens is None else min(self.yes_no_view_tokens, max_new_tokens)
+        limit = max(self.yes_no_view_tokens, min_new_tokens or 0)
+        return limit if max_new_tokens is None else min(limit, max_new_tokens)
 
     def asked_views(self) -> list[str]:
         """What each verified query is re-asked on, in order: the views, then the control."""

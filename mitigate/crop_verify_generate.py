@@ -14,7 +14,10 @@ restored exactly on ``detach()``, :meth:`hooks.HookGroup.patch_attribute`):
   gates each row as :meth:`CropVerify.answer` does (:meth:`CropVerify.gate_rows`:
   first-token confidence below ``gate``, not "yes", not a box or free text), localises
   the gated rows' objects from those maps (plus, for attention, one forward of the generic
-  prompt, ViCrop's ratio), and re-asks every view of every gated row in one more ``generate()``.
+  prompt, ViCrop's ratio), and re-asks every view of every gated row in one more ``generate()``
+  (one per token limit: the views of a yes/no question answer with
+  :attr:`CropVerify.yes_no_view_tokens` tokens, those of a count or an attribute with the
+  call's own limit).
 
 The views are re-asked with the caller's own prompt tokens: each view is resized to its
 original's size, so the family's processor gives it exactly as many image tokens as the
@@ -25,7 +28,8 @@ without the prompt's belief sentences -- deletes the tokens of the sentences
 (:func:`_without_prior_tokens`), as ``answer()`` deletes them from the text, so both
 routes ask the views the same tokens at the same positions. The overturn policy is
 :meth:`CropVerify._decide`, the same as ``answer()``'s; an overturned row's returned
-sequence is the caller's prompt followed by the chosen view's answer.
+sequence is the caller's prompt followed by the chosen view's answer (closed with the
+end-of-sequence token when the view's answer was cut at a limit shorter than the call's).
 
 What it cannot verify is an error or is counted, never passed through silently: a call
 without ``input_ids`` or pixel inputs, beam search and several returned sequences raise a
@@ -174,23 +178,38 @@ def _replay(streamer, sequences: torch.Tensor, start: int) -> None:
     streamer.end()
 
 
-def _through_eos(row: torch.Tensor, start: int, model) -> torch.Tensor:
+def _call_setting(kwargs: dict, model, name: str) -> Any:
+    """A generation setting as this ``generate()`` call sees it: its keyword, else its
+    ``generation_config``'s, else the model's."""
+    if kwargs.get(name) is not None:
+        return kwargs[name]
+    for config in (kwargs.get("generation_config"), model.generation_config):
+        if getattr(config, name, None) is not None:
+            return getattr(config, name)
+    return None
+
+
+def _eos_ids(kwargs: dict, model) -> list[int]:
+    """The end-of-sequence ids of this call (its own ``eos_token_id`` first)."""
+    eos = _call_setting(kwargs, model, "eos_token_id")
+    if isinstance(eos, torch.Tensor):
+        eos = eos.tolist()
+    return [eos] if isinstance(eos, int) else list(eos or [])
+
+
+def _through_eos(row: torch.Tensor, start: int, eos: list[int]) -> torch.Tensor:
     """``row`` up to and including its first end-of-sequence token after ``start`` (a view's
     row carries the view batch's padding after it; the caller's batch pads it again)."""
-    eos = model.generation_config.eos_token_id
-    eos = [eos] if isinstance(eos, int) else list(eos or [])
     if not eos:
         return row
     hits = torch.isin(row[start:], torch.tensor(eos, device=row.device)).nonzero()
     return row[: start + int(hits[0]) + 1] if len(hits) else row
 
 
-def _ended(row: torch.Tensor, start: int, model) -> torch.Tensor:
+def _ended(row: torch.Tensor, start: int, eos: list[int]) -> torch.Tensor:
     """``row`` closed with the end-of-sequence token if its answer (after ``start``) has
-    none: a yes/no view's answer cut at its token limit is a whole answer ("yes"), and the
-    caller's row reads as one that ended."""
-    eos = model.generation_config.eos_token_id
-    eos = [eos] if isinstance(eos, int) else list(eos or [])
+    none: a yes/no view's answer cut at its own token limit, shorter than the caller's, is
+    a whole answer ("yes"), and the caller's row reads as one that ended."""
     if not eos or bool(torch.isin(row[start:], torch.tensor(eos, device=row.device)).any()):
         return row
     return torch.cat([row, row.new_tensor([eos[0]])])
@@ -289,8 +308,10 @@ class VerifiedGenerate:
             view_images = [view_image(image, built[v]) for image, built in zip(images, built_all) for v in asked]
             # a yes/no question's views answer with fewer tokens (CropVerify.view_tokens): one
             # generate() per token limit, each with its rows' inputs
-            limits = [cv.view_tokens(answer_kind(texts[i], p), kwargs.get("max_new_tokens"))
-                      for i, p in zip(gated, prompts)]
+            # the caller's limits as this call sees them (keyword, its generation_config, the model's)
+            cap = _call_setting(kwargs, model, "max_new_tokens")
+            floor = _call_setting(kwargs, model, "min_new_tokens")
+            limits = [cv.view_tokens(answer_kind(texts[i], p), cap, floor) for i, p in zip(gated, prompts)]
             groups = {}
             for limit in dict.fromkeys(limits):
                 queries = [j for j, other in enumerate(limits) if other == limit]
@@ -308,6 +329,7 @@ class VerifiedGenerate:
             passthrough = {key: v for key, v in kwargs.items() if key not in views and key not in per_image}
             if limit is not None:
                 passthrough["max_new_tokens"] = limit
+                passthrough.pop("max_length", None)  # the limit says it; both would warn
             vout = self.generate(**{**passthrough, **views, "output_scores": True, "return_dict_in_generate": True})
             answers = vout.sequences[:, views["input_ids"].shape[1]:]
             vtexts = [t.strip() for t in tok.batch_decode(answers, skip_special_tokens=True)]
@@ -316,6 +338,7 @@ class VerifiedGenerate:
 
         items = ask_by_limit(limits, k, ask)
         start = kwargs["input_ids"].shape[1]
+        eos = _eos_ids(kwargs, model)
         rows = list(sequences)
         for j, (i, box, built) in enumerate(zip(gated, boxes, built_all)):
             result = {"answer": texts[i], "first_answer": texts[i], "confidence": float(confidence[i]),
@@ -324,8 +347,9 @@ class VerifiedGenerate:
             cv._decide(result, box, built, [v[0] for v in views], torch.stack([v[1] for v in views]), prompts[j])
             if result.get("chosen") is not None:  # the caller's prompt, then the chosen view's answer
                 _, _, answer, limit = views[asked.index(result["chosen"])]
-                row = _through_eos(torch.cat([sequences[i, :start], answer.to(sequences.device)]), start, model)
-                rows[i] = _ended(row, start, model) if limit is not None else row
+                row = _through_eos(torch.cat([sequences[i, :start], answer.to(sequences.device)]), start, eos)
+                shortened = limit is not None and (cap is None or limit < cap)  # cut by the view's own limit
+                rows[i] = _ended(row, start, eos) if shortened else row
         pad = getattr(model.generation_config, "pad_token_id", None)
         pad = tok.pad_token_id if pad is None else pad
         return _pad_cat([r.to(sequences.device) for r in rows], int(pad if pad is not None else 0))

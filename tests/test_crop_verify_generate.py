@@ -88,6 +88,38 @@ def test_generate_gives_the_answers_of_answer(organism, more_queries, kwargs):
     assert all(torch.isin(row[enc["input_ids"].shape[1]:], eos).any() for row in out)
 
 
+@pytest.mark.parametrize("limits, view_tokens", [
+    ({"max_new_tokens": 1}, 1),
+    ({"generation_config": "max_new_tokens=1"}, 3),  # the config's limit, not only the keyword's
+    ({"max_new_tokens": 4, "min_new_tokens": 3}, 1),
+], ids=["max1", "config-max1", "min3"])
+def test_verified_rows_keep_the_callers_length_limits(organism, limits, view_tokens):
+    """An overturned row is no longer than the call allows (a view cut at the caller's own
+    limit is not closed with an extra eos), its yes/no views never answer past the call's
+    max_new_tokens however it was given, and never end before its min_new_tokens."""
+    from transformers import GenerationConfig
+
+    from evaluators.organism.tasks import colour, counting, existence, prior_existence
+
+    model, processor = organism
+    if "generation_config" in limits:
+        eos, pad = model.generation_config.eos_token_id, model.generation_config.pad_token_id
+        limits = {"generation_config": GenerationConfig(max_new_tokens=1, eos_token_id=eos, pad_token_id=pad)}
+    images, prompts = _task_queries((existence, counting, prior_existence, colour), 5, 9 * 10**8)
+    cv = CropVerify(processor, gate=1.0, tau=0.0, yes_no_view_tokens=view_tokens)
+    with attach(model, cv):  # preprocessed while attached: the original images are remembered
+        enc = processor(text=_templated(processor, prompts), images=images, return_tensors="pt", padding=True)
+        out = model.generate(**enc, do_sample=False, **limits)
+    assert cv.stats["overturned"] >= 2
+    start = enc["input_ids"].shape[1]
+    most = limits["generation_config"].max_new_tokens if "generation_config" in limits else limits["max_new_tokens"]
+    assert out.shape[1] - start <= most
+    least = limits.get("min_new_tokens", 0)
+    eos = model.generation_config.eos_token_id
+    for row in out[:, start:].tolist():
+        assert eos not in row or row.index(eos) >= least, row
+
+
 def test_pipeline_is_verified_while_attached(organism, queries):
     from transformers import pipeline
 
