@@ -152,8 +152,56 @@ class ContrastBranches:
             raise ValueError(f"{grid_name} gives {sum(rows)} rows of {name} in all, the tensor has {pixels.shape[0]}")
         return rows
 
+    def _expand_mask(self, mask: Any, rows: int) -> Any:
+        """The attention mask for every branch's rows: a 2-D padding mask, or the 4-D masks
+        ``generate()`` builds itself for a compilable (static) cache -- one tensor, or one per
+        layer type -- whose batch dimension may be 1 (shared by every row)."""
+        if isinstance(mask, dict):
+            return {kind: self._expand_mask(value, rows) for kind, value in mask.items()}
+        if mask is None:  # a layer type that needs no mask (in a dict of them)
+            return None
+        if not isinstance(mask, torch.Tensor):
+            raise ValueError(
+                f"contrast branches cannot give each branch its own rows of a {type(mask).__name__} attention "
+                "mask (flex attention's BlockMask); use sdpa or eager attention"
+            )
+        if mask.dim() == 4 and mask.shape[0] == 1 and rows > 1:
+            mask = mask.expand(rows, *mask.shape[1:])
+        return torch.cat([mask] * (self.k + 1), dim=0)
+
+    def _padding_mask(self, mask: Any, rows: int, length: int, device) -> torch.Tensor:
+        """The ``(rows, length)`` padding mask behind this call's attention mask, for the
+        image-free branches, which hide the image in a 2-D mask and let the model build its
+        own per-layer masks from it (as it does under the default dynamic cache).
+
+        ``generate()`` passes a 2-D mask, none (no padding), or -- for a compilable (static)
+        cache -- 4-D masks it built itself, one tensor or one per layer type (None where a
+        type needs none). The padding is then the last query's row of the full-attention
+        mask: which keys the newest token may see. A 4-D mask narrower than ``length`` is a
+        sliding window's rolling buffer, whose columns are not positions, and is refused."""
+        if isinstance(mask, dict):
+            if "full_attention" in mask:
+                mask = mask["full_attention"]
+            else:  # every layer slides: its mask covers what a sliding layer may see
+                mask = next((m for m in mask.values() if m is not None), None)
+        if mask is None:
+            return torch.ones((rows, length), dtype=torch.long, device=device)
+        if not isinstance(mask, torch.Tensor) or mask.dim() not in (2, 4):
+            raise ValueError(f"an image-free branch reads 2-D or 4-D attention masks, got {type(mask).__name__}"
+                             + (f" of shape {tuple(mask.shape)}" if isinstance(mask, torch.Tensor) else ""))
+        if mask.dim() == 2:
+            return mask
+        if mask.shape[-1] < length:
+            raise ValueError(
+                "an image-free branch cannot hide the image from a sliding-window layer of a static cache once "
+                "the sequence outgrows the window (its mask columns roll); use the default dynamic cache"
+            )
+        last = mask[:, 0, -1, :length]
+        seen = last if last.dtype == torch.bool else last == 0
+        return seen.expand(rows, length).long()
+
     def _hide(self, mask: torch.Tensor, rows: int) -> torch.Tensor:
-        """Zero the image-token columns of the hide_image branches' rows."""
+        """Zero the image-token columns of the hide_image branches' rows (a 2-D mask)."""
         image = self.state.prompt_image_mask if self.state else None
         if image is None or not any(b.hide_image for b in self.branches):
             return mask
@@ -289,16 +337,19 @@ class ContrastBranches:
                 kwargs = {**kwargs, "position_ids": positions}
         new = dict(kwargs)
         for name in ROW_INPUTS:
+            if name == "attention_mask":
+                continue
             if isinstance(kwargs.get(name), torch.Tensor):
                 new[name] = self._expand_rows(name, kwargs[name])
-        if new.get("attention_mask") is None and any(b.hide_image for b in self.branches):
-            # generate() drops an all-ones mask; the image-free rows need one to hide the image
-            past = 0 if cache is None else cache.get_seq_length()
-            new["attention_mask"] = torch.ones(
-                (rows * (self.k + 1), past + lead.shape[1]), dtype=torch.long, device=lead.device
-            )
-        if isinstance(new.get("attention_mask"), torch.Tensor) and new["attention_mask"].dim() == 2:
-            new["attention_mask"] = self._hide(new["attention_mask"], rows)
+        mask = kwargs.get("attention_mask")
+        if any(b.hide_image for b in self.branches):
+            # a 2-D mask whose image columns are 0 for the image-free rows: made when generate()
+            # dropped an all-ones mask, read back from the 4-D masks it built for a static cache
+            past = 0 if cache is None else int(cache.get_seq_length())
+            padding = self._padding_mask(mask, rows, past + lead.shape[1], lead.device)
+            new["attention_mask"] = self._hide(self._expand_rows("attention_mask", padding), rows)
+        elif mask is not None:
+            new["attention_mask"] = self._expand_mask(mask, rows)
 
         pixel_kwargs = self.points.pixel_kwargs(kwargs)
         if pixel_kwargs:

@@ -485,3 +485,53 @@ def test_assisted_decoding_with_a_separate_assistant_gives_vcds_tokens():
     assert changed, "VCD changes some of these answers, so the equality says something"
     with attach(model, VCD()), pytest.raises(ValueError, match="separate copy as the assistant"):
         model.generate(**inputs, max_new_tokens=4, do_sample=False, assistant_model=model)  # itself: the drafts
+
+
+@pytest.mark.parametrize("model_type", TINY_MODEL_TYPES)
+def test_image_free_branch_under_a_static_cache(model_type):
+    """With a compilable cache (``cache_implementation="static"``) ``generate()`` hands the
+    model 4-D masks of its own -- one tensor, or one per layer type -- and, without padding,
+    none at the prefill. The image-free branch hid the image only in a 2-D mask, so it
+    decoded with the image in view there (and the distorted-image branch failed on
+    per-layer-type masks). Now the image-free rows get a 2-D mask read back from the
+    full-attention mask: the scores equal those of the default dynamic cache at every step,
+    for VCD's no-image branch, prior suppression's output mode and VCD's distorted image,
+    sliding-window families (Gemma 3/4, Aya Vision; windows of a few tokens) included."""
+    model = build_tiny_model(model_type)
+    inputs = tiny_inputs(model, batch_size=2, text_lengths=[6, 3], seed=2)
+    try:
+        _gen(model, inputs, do_sample=False, cache_implementation="static")
+    except Exception as error:  # noqa: BLE001 -- the family's own refusal, without us
+        pytest.skip(f"{model_type}: no static cache in transformers ({type(error).__name__})")
+    for seed, lengths in ((2, [6, 3]), (3, [7, 5])):  # with and without padding
+        inputs = tiny_inputs(model, batch_size=2, text_lengths=lengths, seed=seed)
+        for mitigation in (VCD(distortion="no_image"), PriorSuppression(mode="output"), VCD()):
+            scores = {}
+            for cache in ("static", None):
+                kw = {"cache_implementation": cache} if cache else {}
+                with attach(model, mitigation):
+                    out = _gen(model, inputs, do_sample=False, output_scores=True, return_dict_in_generate=True,
+                               min_new_tokens=NEW, **kw)
+                scores[cache] = torch.stack(out.scores).nan_to_num(0.0, 0.0, 0.0)
+            torch.testing.assert_close(scores["static"], scores[None], rtol=0, atol=1e-4)
+
+
+def test_padding_mask_read_back_from_generates_masks(llava):
+    """What the image-free rows' 2-D mask is made from: a 2-D mask as given, none as all
+    ones, a 4-D mask (bool or additive) as its last query's row, a dict by its
+    full-attention entry; a sliding window's rolled buffer (narrower than the positions)
+    is refused."""
+    with attach(llava, VCD(distortion="no_image")) as handle:
+        read = handle.branches._padding_mask
+        two_d = torch.tensor([[0, 1, 1], [1, 1, 1]])
+        assert read(two_d, 2, 3, "cpu") is two_d
+        assert torch.equal(read(None, 2, 3, "cpu"), torch.ones(2, 3, dtype=torch.long))
+        causal = torch.tril(torch.ones(3, 4, dtype=torch.bool))[None, None].repeat(2, 1, 1, 1)  # 4 = cache room
+        causal[0, ..., 0] = False  # row 0 left-padded
+        assert torch.equal(read(causal, 2, 3, "cpu"), two_d)
+        additive = torch.zeros(causal.shape).masked_fill(~causal, torch.finfo(torch.float32).min)
+        assert torch.equal(read(additive, 2, 3, "cpu"), two_d)
+        assert torch.equal(read({"full_attention": causal, "sliding_attention": None}, 2, 3, "cpu"), two_d)
+        assert torch.equal(read({"full_attention": None}, 2, 3, "cpu"), torch.ones(2, 3, dtype=torch.long))
+        with pytest.raises(ValueError, match="sliding-window layer of a static cache"):
+            read({"sliding_attention": causal}, 2, 6, "cpu")
