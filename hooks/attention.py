@@ -230,10 +230,11 @@ class _BiasHook:
                                "not carry (shared_kv_states)")
         if shared is not None:
             # the owner layer has already added this forward's tokens; a sliding window's
-            # shared keys are its last kv_len positions
+            # shared keys are its last kv_len positions -- or, from a static cache, its whole
+            # buffer from position 0, slots past the tokens so far empty (and masked)
             kv_len = shared[0].shape[-2]
             total = int(cache.get_seq_length(self.cache_layer)) if cache is not None else kv_len
-            q_start, kv_offset = total - q_len, total - kv_len
+            q_start, kv_offset = total - q_len, max(total - kv_len, 0)
         elif cache is not None:
             q_start = int(cache.get_seq_length(self.cache_layer))
             kv_len, kv_offset = cache.get_mask_sizes(q_len, self.cache_layer)

@@ -742,3 +742,23 @@ def test_extra_rows_count_the_image_free_branch():
     tokenizer = build_tokenizer(tasks.vocabulary())
     assert PriorSuppression(tokenizer, mode="context").extra_rows == 0
     assert PriorSuppression(tokenizer, mode="both").extra_rows == 1
+
+
+@pytest.mark.parametrize("model_type", TINY_MODEL_TYPES)
+def test_prior_suppression_under_a_static_cache(model_type):
+    """Under ``cache_implementation="static"`` (4-D masks built by generate(), a cache of
+    fixed length) context mode's bias and the image-free contrast give the default dynamic
+    cache's scores at every step. Gemma 4's layers that share another layer's keys read a
+    static cache's whole buffer from position 0 (they failed on it)."""
+    model = build_tiny_model(model_type)
+    inputs = tiny_inputs(model, batch_size=2, text_lengths=[7, 5], seed=3)
+    keys, strings = _span_rows(inputs, resolve(model))
+    for mode in ("context", "both"):
+        scores = {}
+        for cache in ("static", None):
+            kw = {"cache_implementation": cache} if cache else {}
+            with attach(model, PriorSuppression(WordIds(), spans=strings, mode=mode)), torch.no_grad():
+                out = model.generate(**inputs, max_new_tokens=4, min_new_tokens=4, pad_token_id=0, do_sample=False,
+                                     output_scores=True, return_dict_in_generate=True, **kw)
+            scores[cache] = torch.stack(out.scores).nan_to_num(0.0, 0.0, 0.0)
+        torch.testing.assert_close(scores["static"], scores[None], rtol=0, atol=1e-4)
