@@ -76,6 +76,7 @@ class Branch:
 class _CallState:
     rows: int  # original batch rows (batch x beams)
     prompt_image_mask: torch.Tensor | None  # (rows, prompt_len) image-token positions
+    padding: torch.Tensor | None = None  # (rows, positions so far) 2-D padding mask, for image-free rows
 
 
 @dataclass
@@ -169,36 +170,41 @@ class ContrastBranches:
             mask = mask.expand(rows, *mask.shape[1:])
         return torch.cat([mask] * (self.k + 1), dim=0)
 
-    def _padding_mask(self, mask: Any, rows: int, length: int, device) -> torch.Tensor:
+    def _padding_mask(self, mask: Any, rows: int, past: int, length: int, device) -> torch.Tensor:
         """The ``(rows, length)`` padding mask behind this call's attention mask, for the
         image-free branches, which hide the image in a 2-D mask and let the model build its
         own per-layer masks from it (as it does under the default dynamic cache).
 
         ``generate()`` passes a 2-D mask, none (no padding), or -- for a compilable (static)
         cache -- 4-D masks it built itself, one tensor or one per layer type (None where a
-        type needs none). The padding is then the last query's row of the full-attention
-        mask: which keys the newest token may see. A 4-D mask narrower than ``length`` is a
-        sliding window's rolling buffer, whose columns are not positions, and is refused."""
+        type needs none). Those are read once, at the prefill: a token is real when it may
+        attend to itself -- the diagonal of the queries' rows, which a causal and a sliding
+        mask agree on (the full-attention mask's when there is one). A decoding step adds
+        one real position per row, so its padding is the prefill's with ones after it; the
+        narrower masks of a sliding window's buffer are never read."""
         if isinstance(mask, dict):
             if "full_attention" in mask:
                 mask = mask["full_attention"]
-            else:  # every layer slides: its mask covers what a sliding layer may see
+            else:  # every layer slides: its diagonal says the same
                 mask = next((m for m in mask.values() if m is not None), None)
-        if mask is None:
-            return torch.ones((rows, length), dtype=torch.long, device=device)
-        if not isinstance(mask, torch.Tensor) or mask.dim() not in (2, 4):
+        if isinstance(mask, torch.Tensor) and mask.dim() == 2:
+            return mask
+        if mask is not None and (not isinstance(mask, torch.Tensor) or mask.dim() != 4):
             raise ValueError(f"an image-free branch reads 2-D or 4-D attention masks, got {type(mask).__name__}"
                              + (f" of shape {tuple(mask.shape)}" if isinstance(mask, torch.Tensor) else ""))
-        if mask.dim() == 2:
-            return mask
-        if mask.shape[-1] < length:
-            raise ValueError(
-                "an image-free branch cannot hide the image from a sliding-window layer of a static cache once "
-                "the sequence outgrows the window (its mask columns roll); use the default dynamic cache"
-            )
-        last = mask[:, 0, -1, :length]
-        seen = last if last.dtype == torch.bool else last == 0
-        return seen.expand(rows, length).long()
+        known = self.state.padding if self.state is not None else None
+        if known is not None and known.shape[1] <= length:  # a decoding step: the new positions are real
+            extra = torch.ones((rows, length - known.shape[1]), dtype=known.dtype, device=known.device)
+            return torch.cat([known, extra], dim=1)
+        if mask is None:
+            return torch.ones((rows, length), dtype=torch.long, device=device)
+        if past:
+            raise ValueError("an image-free branch cannot read the padding of a cache it did not see filled "
+                             "(a static cache continued from an earlier call); use the default dynamic cache")
+        queries = mask.shape[-2]
+        seen = torch.diagonal(mask[:, 0, :, :queries], dim1=-2, dim2=-1)
+        seen = seen if seen.dtype == torch.bool else seen == 0
+        return seen.expand(rows, queries).long()
 
     def _hide(self, mask: torch.Tensor, rows: int) -> torch.Tensor:
         """Zero the image-token columns of the hide_image branches' rows (a 2-D mask)."""
@@ -346,7 +352,8 @@ class ContrastBranches:
             # a 2-D mask whose image columns are 0 for the image-free rows: made when generate()
             # dropped an all-ones mask, read back from the 4-D masks it built for a static cache
             past = 0 if cache is None else int(cache.get_seq_length())
-            padding = self._padding_mask(mask, rows, past + lead.shape[1], lead.device)
+            padding = self._padding_mask(mask, rows, past, past + lead.shape[1], lead.device)
+            self.state.padding = padding
             new["attention_mask"] = self._hide(self._expand_rows("attention_mask", padding), rows)
         elif mask is not None:
             new["attention_mask"] = self._expand_mask(mask, rows)

@@ -518,20 +518,57 @@ def test_image_free_branch_under_a_static_cache(model_type):
 
 def test_padding_mask_read_back_from_generates_masks(llava):
     """What the image-free rows' 2-D mask is made from: a 2-D mask as given, none as all
-    ones, a 4-D mask (bool or additive) as its last query's row, a dict by its
-    full-attention entry; a sliding window's rolled buffer (narrower than the positions)
-    is refused."""
+    ones, a 4-D mask (bool or additive; a dict by its full-attention entry) at the prefill
+    as its diagonal -- a real token sees itself, under a causal or a sliding mask alike --
+    and at a decoding step the prefill's padding with ones for the new positions (a sliding
+    window's narrow buffer masks are never read); a static cache filled before the call is
+    refused."""
+    from mitigate.branches import _CallState
+
     with attach(llava, VCD(distortion="no_image")) as handle:
-        read = handle.branches._padding_mask
+        branches = handle.branches
+        read = branches._padding_mask
         two_d = torch.tensor([[0, 1, 1], [1, 1, 1]])
-        assert read(two_d, 2, 3, "cpu") is two_d
-        assert torch.equal(read(None, 2, 3, "cpu"), torch.ones(2, 3, dtype=torch.long))
+        assert read(two_d, 2, 0, 3, "cpu") is two_d
+        assert torch.equal(read(None, 2, 0, 3, "cpu"), torch.ones(2, 3, dtype=torch.long))
         causal = torch.tril(torch.ones(3, 4, dtype=torch.bool))[None, None].repeat(2, 1, 1, 1)  # 4 = cache room
         causal[0, ..., 0] = False  # row 0 left-padded
-        assert torch.equal(read(causal, 2, 3, "cpu"), two_d)
+        assert torch.equal(read(causal, 2, 0, 3, "cpu"), two_d)
         additive = torch.zeros(causal.shape).masked_fill(~causal, torch.finfo(torch.float32).min)
-        assert torch.equal(read(additive, 2, 3, "cpu"), two_d)
-        assert torch.equal(read({"full_attention": causal, "sliding_attention": None}, 2, 3, "cpu"), two_d)
-        assert torch.equal(read({"full_attention": None}, 2, 3, "cpu"), torch.ones(2, 3, dtype=torch.long))
-        with pytest.raises(ValueError, match="sliding-window layer of a static cache"):
-            read({"sliding_attention": causal}, 2, 6, "cpu")
+        assert torch.equal(read(additive, 2, 0, 3, "cpu"), two_d)
+        sliding = causal & ~torch.tril(torch.ones(3, 4, dtype=torch.bool), diagonal=-2)  # a window of 2
+        assert torch.equal(read({"full_attention": causal, "sliding_attention": sliding}, 2, 0, 3, "cpu"), two_d)
+        assert torch.equal(read({"sliding_attention": sliding}, 2, 0, 3, "cpu"), two_d)
+        assert torch.equal(read({"full_attention": None}, 2, 0, 3, "cpu"), torch.ones(2, 3, dtype=torch.long))
+        branches.state = _CallState(2, None, padding=two_d)  # after that prefill: a decoding step
+        step = read({"sliding_attention": sliding[:, :, -1:, :2]}, 2, 3, 4, "cpu")
+        assert torch.equal(step, torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]]))
+        branches.state = _CallState(2, None)
+        with pytest.raises(ValueError, match="did not see filled"):
+            read(causal[:, :, -1:], 2, 2, 3, "cpu")
+
+
+def test_image_free_branch_under_a_static_cache_of_sliding_layers_only():
+    """A language model whose every layer slides (Mistral 3 with a window of 8, the prompt
+    four times longer): its static masks are a window's buffer, and the padding read from
+    them at the prefill must not take the tokens outside the window for padding (a review
+    found the read-back did, then refused the first decoding step). Equal to the dynamic
+    cache at every step."""
+    from transformers import AutoModelForImageTextToText
+
+    from hooks.testing import tiny_config
+
+    config = tiny_config("mistral3", "sdpa")
+    config.text_config.sliding_window = 8
+    torch.manual_seed(0)
+    model = AutoModelForImageTextToText.from_config(config, attn_implementation="sdpa").float().eval()
+    inputs = tiny_inputs(model, batch_size=2, text_lengths=[6, 3], seed=2)
+    assert inputs["input_ids"].shape[1] > 4 * 8
+    scores = {}
+    for cache in ("static", None):
+        kw = {"cache_implementation": cache} if cache else {}
+        with attach(model, VCD(distortion="no_image")):
+            out = _gen(model, inputs, do_sample=False, output_scores=True, return_dict_in_generate=True,
+                       min_new_tokens=NEW, **kw)
+        scores[cache] = torch.stack(out.scores).nan_to_num(0.0, 0.0, 0.0)
+    torch.testing.assert_close(scores["static"], scores[None], rtol=0, atol=1e-4)
