@@ -33,6 +33,12 @@ every family: fixed grids, AnyRes tiles (LLaVA-NeXT/OneVision), image splitting
 
 Beam search reorders the KV cache with indices of the original rows; the hook extends
 the reordering to every branch's rows (on the cache object of that ``generate()`` call).
+
+The image-free rows' 2-D mask follows what ``generate()`` sends: the image tokens of
+every forward that brings several tokens over a filled cache (a chunked prefill's later
+chunks) are hidden too, and under a static cache -- where ``generate()`` hands the model
+4-D masks it built itself -- the padding is read from those masks at the prefill and the
+model builds its own masks from the 2-D one (:meth:`ContrastBranches._padding_mask`).
 """
 
 from __future__ import annotations
@@ -329,13 +335,25 @@ class ContrastBranches:
                     "the assistant_model of assisted decoding, pass a separate copy as the assistant"
                 )
             if any(b.hide_image for b in self.branches) and (image is None or not bool(image.any())):
-                raise ValueError("an image-free branch needs image tokens in input_ids; the call has none")
+                raise ValueError("an image-free branch needs image tokens in input_ids; the call has none (under "
+                                 "prefill_chunk_size, the first chunk must reach the first image token)")
             if cache is not None and rows > 0:
                 self._extend_reorder(cache)
         elif self.state is None or self.state.rows != rows:
             raise RuntimeError("contrast branches lost track of the batch: decoding step without a prefill")
         else:
             self._encoded = None  # decoding with a cache: the encoded images are not needed again
+            image = self.state.prompt_image_mask
+            if ids is not None and ids.shape[1] > 1 and image is not None:
+                # several new tokens over a filled cache: a later chunk of a chunked prefill
+                # (prefill_chunk_size) or a prompt continued over the cache -- its image
+                # tokens join those the image-free rows do not see, at their positions
+                past = int(cache.get_seq_length())
+                image = image[:, :past]
+                if image.shape[1] < past:
+                    image = torch.nn.functional.pad(image, (0, past - image.shape[1]), value=False)
+                new_image = self.points.image_token_mask(ids, include_video=True).to(image.device)
+                self.state.prompt_image_mask = torch.cat([image, new_image], dim=1)
 
         if prefill and kwargs.get("position_ids") is None and any(b.hide_image for b in self.branches):
             positions = self._positions_of_the_original(kwargs)

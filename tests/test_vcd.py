@@ -572,3 +572,32 @@ def test_image_free_branch_under_a_static_cache_of_sliding_layers_only():
                        min_new_tokens=NEW, **kw)
         scores[cache] = torch.stack(out.scores).nan_to_num(0.0, 0.0, 0.0)
     torch.testing.assert_close(scores["static"], scores[None], rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("model_type", TINY_MODEL_TYPES)
+def test_image_free_branch_under_a_chunked_prefill(model_type):
+    """``prefill_chunk_size`` sends the prompt in several forwards over the cache; the
+    image tokens of every chunk are hidden from the image-free rows (only the first chunk's
+    were, and the branch saw the rest of the image), so the scores equal an unchunked
+    prefill's -- wherever transformers' own chunking leaves the plain model's unchanged."""
+    model = build_tiny_model(model_type)
+    inputs = tiny_inputs(model, batch_size=2, text_lengths=[7, 5], seed=3)
+    first_image = int(resolve(model).image_token_mask(inputs["input_ids"]).any(0).nonzero()[0])
+    chunk = max(8, first_image + 1)
+
+    def scores(mitigation, **kw):
+        if mitigation is None:
+            out = _gen(model, inputs, do_sample=False, output_scores=True, return_dict_in_generate=True, **kw)
+        else:
+            with attach(model, mitigation):
+                out = _gen(model, inputs, do_sample=False, output_scores=True, return_dict_in_generate=True, **kw)
+        return torch.stack(out.scores).nan_to_num(0.0, 0.0, 0.0)
+
+    try:
+        plain = scores(None, prefill_chunk_size=chunk)
+    except Exception as error:  # noqa: BLE001 -- the family's own refusal, without us
+        pytest.skip(f"{model_type}: no chunked prefill in transformers ({type(error).__name__})")
+    if not torch.allclose(plain, scores(None), rtol=0, atol=1e-4):
+        pytest.skip(f"{model_type}: transformers' chunked prefill changes the plain model's scores")
+    for mitigation in (VCD(distortion="no_image"), PriorSuppression(mode="output")):
+        torch.testing.assert_close(scores(mitigation, prefill_chunk_size=chunk), scores(mitigation), rtol=0, atol=1e-4)
