@@ -433,8 +433,22 @@ class ContrastBranches:
             raise RuntimeError(f"expected {rows * (self.k + 1)} logit rows from the branches, got {logits.shape[0]}")
         parts = logits.split(rows, dim=0)
         output.logits = self.combine(parts[0], parts[1:])
+        self._original_rows_only(output, rows)
         self._restore_rope_state(rows)
         return output
+
+    def _original_rows_only(self, output: Any, rows: int) -> None:
+        """The output's hidden states and attentions (``output_hidden_states`` /
+        ``output_attentions``, which ``generate()`` returns step by step) cut to the original
+        rows, which come first. The KV cache keeps every branch's rows (the next step needs
+        them); a direct forward's encoded images (``image_outputs``) hold the original
+        images' block, then each branch's."""
+        total = rows * (self.k + 1)
+        for name in ("hidden_states", "attentions"):
+            value = output.get(name) if isinstance(output, dict) else getattr(output, name, None)
+            if isinstance(value, tuple) and value and all(isinstance(v, torch.Tensor) and v.shape[0] == total
+                                                          for v in value):
+                setattr(output, name, tuple(v[:rows] for v in value))
 
     def _restore_rope_state(self, rows: int) -> None:
         path = self.points.adapter.rope_state

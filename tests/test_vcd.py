@@ -601,3 +601,23 @@ def test_image_free_branch_under_a_chunked_prefill(model_type):
         pytest.skip(f"{model_type}: transformers' chunked prefill changes the plain model's scores")
     for mitigation in (VCD(distortion="no_image"), PriorSuppression(mode="output")):
         torch.testing.assert_close(scores(mitigation, prefill_chunk_size=chunk), scores(mitigation), rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("model_type", TINY_MODEL_TYPES)
+def test_hidden_states_and_attentions_are_the_original_rows(model_type):
+    """``output_hidden_states`` / ``output_attentions`` came back with every branch's rows
+    appended (twice the batch under VCD); they are the original rows', as the logits are:
+    at alpha = 0 (same tokens) equal to the unmitigated model's at every step."""
+    model = build_tiny_model(model_type, attn_implementation="eager")
+    inputs = tiny_inputs(model, batch_size=2, text_lengths=[6, 3], seed=2)
+    kw = dict(do_sample=False, return_dict_in_generate=True, output_hidden_states=True, output_attentions=True)
+    plain = _gen(model, inputs, **kw)
+    for mitigation in (VCD(alpha=0.0), VCD(alpha=0.0, distortion="no_image")):
+        with attach(model, mitigation):
+            ours = _gen(model, inputs, **kw)
+        assert torch.equal(ours.sequences, plain.sequences)
+        for name in ("hidden_states", "attentions"):
+            for step_plain, step_ours in zip(getattr(plain, name), getattr(ours, name)):
+                for a, b in zip(step_plain, step_ours):
+                    if isinstance(a, torch.Tensor):  # a hybrid decoder's linear layers give no attentions
+                        torch.testing.assert_close(b, a, rtol=0, atol=1e-4)
