@@ -149,12 +149,14 @@ class AttentionCapture:
             setattr(mine, _STATE, (self, index, inner))
             group.patch_attribute(module, "config", mine)
 
-    def arm(self, rows: int, seq_len: int, weights: torch.Tensor | None = None) -> None:
+    def arm(self, rows: int, seq_len: int, weights: torch.Tensor | None = None, *, prefix: int = 0) -> None:
+        """``prefix``: the cached positions before the ``seq_len`` queries (0 at a prefill)."""
         if weights is not None and tuple(weights.shape) != (rows, seq_len):
             raise ValueError(f"weights has shape {tuple(weights.shape)}, expected ({rows}, {seq_len})")
         # the query positions to score: the union over rows of the weighted ones (None: the last)
         positions = None if weights is None else weights.abs().sum(0).nonzero(as_tuple=True)[0]
-        self._armed = {"rows": rows, "seq_len": seq_len, "weights": weights, "positions": positions}
+        self._armed = {"rows": rows, "seq_len": seq_len, "weights": weights, "positions": positions,
+                       "prefix": prefix}
         self._taken = {}
 
     def wants(self, layer: int) -> bool:
@@ -162,6 +164,13 @@ class AttentionCapture:
 
     def record(self, layer: int, query: torch.Tensor, key: torch.Tensor, mask, kwargs: dict) -> None:
         armed = self._armed
+        end = armed["prefix"] + armed["seq_len"]
+        if query.shape[2] == armed["seq_len"] and key.shape[2] > end:
+            # a static cache: the keys are its whole buffer, the positions so far in its first
+            # slots and empty ones after them (masked, and no position of ours)
+            key = key[:, :, :end]
+            if isinstance(mask, torch.Tensor) and mask.shape[-1] > end:
+                mask = mask[..., :end]
         # a KV-shared layer (Gemma 4) at generate()'s prefill: transformers computes its last
         # query only, over the whole prompt's keys
         last_only = query.shape[2] == 1 and armed["seq_len"] > 1 and key.shape[2] == armed["seq_len"]

@@ -147,7 +147,7 @@ def generic_maps_from_cache(model: nn.Module, cache, inputs: dict, rows: Sequenc
     position_ids = lengths[:, None] + torch.arange(n_suffix, device=device)[None, :]
 
     weights = _query_weights(layout, points.image_token_mask(key_ids), queries, None)
-    capture.arm(len(rows), n_suffix, None if weights is None else weights[:, longest:])
+    capture.arm(len(rows), n_suffix, None if weights is None else weights[:, longest:], prefix=longest)
     extra = {}
     if "token_type_ids" in generic_inputs:  # Gemma3: the suffix is text
         extra["token_type_ids"] = torch.zeros_like(key_ids[:, longest:])

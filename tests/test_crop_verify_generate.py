@@ -120,6 +120,26 @@ def test_verified_rows_keep_the_callers_length_limits(organism, limits, view_tok
         assert eos not in row or row.index(eos) >= least, row
 
 
+@pytest.mark.parametrize("kwargs", [{}, OBJECT, {"locate": "embedding"}], ids=["default", "object", "embedding"])
+def test_a_static_cache_gives_the_dynamic_caches_answers(organism, queries, kwargs):
+    """Under ``cache_implementation="static"`` the verified answers and the counts equal the
+    default cache's; ViCrop's generic map is then read from a forward of its own (the
+    first answer's cache is reused only when it is a dynamic one), so only
+    ``generic_from_cache`` differs."""
+    model, processor = organism
+    images, prompts = [q.images[0] for q in queries], [q.prompt for q in queries]
+    runs = {}
+    for cache in (None, "static"):
+        cv = CropVerify(processor, **kwargs)
+        with attach(model, cv):
+            enc = processor(text=_templated(processor, prompts), images=images, return_tensors="pt", padding=True)
+            kw = {"cache_implementation": cache} if cache else {}
+            out = model.generate(**enc, max_new_tokens=4, do_sample=False, **kw)
+        stats = {k: v for k, v in cv.stats.items() if k != "generic_from_cache"}
+        runs[cache] = (_decode(processor, out, enc), stats)
+    assert runs["static"] == runs[None] and runs[None][1]["verified"] > 0
+
+
 def test_pipeline_is_verified_while_attached(organism, queries):
     from transformers import pipeline
 
@@ -367,10 +387,13 @@ def test_generate_path_localises_and_reasks_on_every_family(model_type):
         assert torch.equal(model.generate(**inputs, max_new_tokens=3, do_sample=False), plain)
 
 
+@pytest.mark.parametrize("cache", [None, "static"])
 @pytest.mark.parametrize("model_type", TINY_MODEL_TYPES)
-def test_maps_captured_in_generate_equal_a_forward_of_their_own(model_type):
+def test_maps_captured_in_generate_equal_a_forward_of_their_own(model_type, cache):
     """Localising from the caller's generate() prefill reads the same attention (within
-    1e-5) as localising with a forward of its own, on every family, and yields boxes."""
+    1e-5) as localising with a forward of its own, on every family, and yields boxes --
+    also under a static cache, whose keys are a buffer longer than the prompt (the capture
+    failed on it)."""
     from hooks import resolve
     from hooks.testing import tiny_inputs
     from mitigate.localize import boxes_from_maps, capture_first_pass, image_attention_maps
@@ -381,7 +404,8 @@ def test_maps_captured_in_generate_equal_a_forward_of_their_own(model_type):
     with torch.no_grad():
         separate = image_attention_maps(model, inputs, queries="question")
         with capture_first_pass(model, inputs, queries="question") as captured:
-            model.generate(**inputs, max_new_tokens=2, do_sample=False)
+            kw = {"cache_implementation": cache} if cache else {}
+            model.generate(**inputs, max_new_tokens=2, do_sample=False, **kw)
     assert len(captured["maps"]) == len(separate) == 2
     for a, b in zip(captured["maps"], separate):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
