@@ -114,6 +114,18 @@ def attention_probabilities(query: torch.Tensor, key: torch.Tensor, mask: torch.
     return torch.softmax(scores, dim=-1).nan_to_num(0.0)  # a fully masked (padding) row: zeros
 
 
+def _empty_after(mask, end: int) -> bool:
+    """Whether ``mask`` blocks every key column from ``end`` on, for every query: the empty
+    slots of a static cache's buffer (a 2-D padding mask of ``end`` columns says the same)."""
+    if not isinstance(mask, torch.Tensor):
+        return False
+    if mask.dim() == 2:
+        return mask.shape[-1] <= end
+    after = mask[..., end:]
+    blocked = ~after if after.dtype == torch.bool else after <= torch.finfo(after.dtype).min / 2
+    return bool(blocked.all())
+
+
 class AttentionCapture:
     """Records, for the chosen decoder ``layers``, the attention of some query positions.
 
@@ -165,12 +177,18 @@ class AttentionCapture:
     def record(self, layer: int, query: torch.Tensor, key: torch.Tensor, mask, kwargs: dict) -> None:
         armed = self._armed
         end = armed["prefix"] + armed["seq_len"]
-        if query.shape[2] == armed["seq_len"] and key.shape[2] > end:
-            # a static cache: the keys are its whole buffer, the positions so far in its first
-            # slots and empty ones after them (masked, and no position of ours)
-            key = key[:, :, :end]
-            if isinstance(mask, torch.Tensor) and mask.shape[-1] > end:
-                mask = mask[..., :end]
+        if query.shape[2] in (armed["seq_len"], 1) and key.shape[2] > end:
+            # no mask: causal from the first key -- a whole prompt's prefill, never one query
+            if _empty_after(mask, end) if mask is not None else query.shape[2] == armed["seq_len"]:
+                # a static cache: the keys are its whole buffer, the positions so far in its
+                # first slots and empty, masked ones after them -- no position of ours
+                key = key[:, :, :end]
+                mask = mask[..., :end] if isinstance(mask, torch.Tensor) and mask.shape[-1] > end else mask
+            elif query.shape[2] == armed["seq_len"]:
+                raise ValueError(
+                    f"attention capture: layer {layer}'s {armed['seq_len']} queries follow {key.shape[2] - armed['seq_len']} "
+                    f"cached positions, not the {armed['prefix']} it was armed with (a prompt continued over a cache "
+                    "filled earlier); localise over the whole conversation in one forward")
         # a KV-shared layer (Gemma 4) at generate()'s prefill: transformers computes its last
         # query only, over the whole prompt's keys
         last_only = query.shape[2] == 1 and armed["seq_len"] > 1 and key.shape[2] == armed["seq_len"]

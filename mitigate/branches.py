@@ -338,6 +338,13 @@ class ContrastBranches:
                 raise ValueError("an image-free branch needs image tokens in input_ids; the call has none (under "
                                  "prefill_chunk_size, the first chunk must reach the first image token)")
             if cache is not None and rows > 0:
+                first = cache.layers[0] if getattr(cache, "layers", None) else None
+                if getattr(first, "is_initialized", False) and getattr(first, "keys", None) is not None \
+                        and first.keys.dim() > 0 and first.keys.shape[0] != rows * (self.k + 1):
+                    raise ValueError(
+                        f"contrast branches run {rows * (self.k + 1)} rows, and this cache was allocated for "
+                        f"{first.keys.shape[0]} before the first forward (generate() does so for a static cache "
+                        "with prefill_chunk_size): use one of the two, or a dynamic cache")
                 self._extend_reorder(cache)
         elif self.state is None or self.state.rows != rows:
             raise RuntimeError("contrast branches lost track of the batch: decoding step without a prefill")
@@ -425,6 +432,9 @@ class ContrastBranches:
 
     def _post_forward(self, module: nn.Module, args: tuple, kwargs: dict, output: Any):
         self._inside_forward = False
+        if isinstance(output, tuple) and self.state is not None:
+            raise ValueError("contrast branches combine the logits of a ModelOutput; this forward returned a tuple "
+                             "(return_dict=False), whose rows would come back uncombined: call it with return_dict=True")
         if self.state is None or output is None or getattr(output, "logits", None) is None:
             return None
         rows = self.state.rows

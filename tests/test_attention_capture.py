@@ -152,3 +152,43 @@ def test_kv_shared_layers_capture_the_last_query_at_the_prefill():
             capture.arm(rows, seq, weights)
             with pytest.raises(ValueError, match="queries='last'"):
                 model.generate(**inputs, max_new_tokens=1, do_sample=False)
+
+
+def test_capture_over_a_cache_filled_earlier_is_refused():
+    """A prompt continued over a cache filled by an earlier forward: the keys hold the
+    earlier turn's positions too, and reading the first ones as the prompt's gave wrong
+    maps without an error (a static cache's empty slots are cut; these are not empty)."""
+    from transformers import DynamicCache
+
+    from mitigate.localize import capture_first_pass
+
+    model = build_tiny_model("llava", attn_implementation="eager")
+    first = tiny_inputs(model, batch_size=1, text_lengths=[6], seed=1)
+    second = tiny_inputs(model, batch_size=1, text_lengths=[6], seed=2)
+    mask = torch.ones(1, first["input_ids"].shape[1] + second["input_ids"].shape[1], dtype=torch.long)
+    with torch.no_grad():
+        cache = DynamicCache()
+        model(**first, cache=cache, use_cache=True)
+        with pytest.raises(ValueError, match="cached positions"):
+            with capture_first_pass(model, second, queries="last"):
+                model(input_ids=second["input_ids"], pixel_values=second["pixel_values"], attention_mask=mask,
+                      cache=cache, use_cache=True)
+
+
+@pytest.mark.parametrize("cache", [None, "static"])
+def test_kv_shared_layer_under_a_static_cache(cache):
+    """Gemma 4's last layers share an earlier layer's keys; at the prefill transformers
+    computes only their last query, over the keys -- under a static cache the whole buffer,
+    whose empty slots are cut: the same map as a forward of its own."""
+    from mitigate.localize import capture_first_pass, image_attention_maps
+
+    model = build_tiny_model("gemma4", attn_implementation="eager")
+    config = model.config.get_text_config()
+    assert getattr(config, "num_kv_shared_layers", 0) > 0
+    inputs = tiny_inputs(model, batch_size=1, text_lengths=[6], seed=1)
+    layers = [config.num_hidden_layers - 1]
+    with torch.no_grad():
+        separate = image_attention_maps(model, inputs, layers=layers, queries="last")
+        with capture_first_pass(model, inputs, layers=layers, queries="last") as captured:
+            model.generate(**inputs, max_new_tokens=2, do_sample=False, **({"cache_implementation": cache} if cache else {}))
+    torch.testing.assert_close(captured["maps"][0], separate[0], atol=1e-5, rtol=1e-4)

@@ -621,3 +621,24 @@ def test_hidden_states_and_attentions_are_the_original_rows(model_type):
                 for a, b in zip(step_plain, step_ours):
                     if isinstance(a, torch.Tensor):  # a hybrid decoder's linear layers give no attentions
                         torch.testing.assert_close(b, a, rtol=0, atol=1e-4)
+
+
+def test_a_cache_allocated_for_the_batch_alone_is_refused(llava):
+    """A static cache with ``prefill_chunk_size`` is allocated before the first forward, for
+    the caller's rows only: the branch rows cannot fit, a clear error (it was an
+    ``index_copy_`` shape error from inside the cache)."""
+    inputs = tiny_inputs(llava, batch_size=2, text_lengths=[7, 5], seed=3)
+    _gen(llava, inputs, do_sample=False, cache_implementation="static", prefill_chunk_size=8)  # plain runs
+    with attach(llava, VCD(distortion="no_image")):
+        with pytest.raises(ValueError, match="allocated for 2"):
+            _gen(llava, inputs, do_sample=False, cache_implementation="static", prefill_chunk_size=8)
+
+
+def test_a_tuple_output_is_refused_not_returned_uncombined(llava):
+    """``return_dict=False`` returns a tuple, which the forward hook cannot combine: a clear
+    error, where it used to return the branch rows' logits appended, twice the batch."""
+    inputs = tiny_inputs(llava, batch_size=2, text_lengths=[7, 5], seed=3)
+    with attach(llava, VCD()), torch.no_grad():
+        with pytest.raises(ValueError, match="return_dict=True"):
+            llava(**inputs, return_dict=False)
+        assert llava(**inputs).logits.shape[0] == 2
