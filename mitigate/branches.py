@@ -46,6 +46,7 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -53,7 +54,7 @@ import torch
 from torch import nn
 
 from hooks import HookGroup, ModelPoints
-from hooks.cache import cache_of
+from hooks.cache import cache_of, output_cache
 
 # generate()'s function that calls get_image_features before decoding (transformers >= 5.2)
 GENERATE_ENCODER = "_prepare_multimodal_encoder_kwargs_for_generation"
@@ -83,6 +84,11 @@ class _CallState:
     rows: int  # original batch rows (batch x beams)
     prompt_image_mask: torch.Tensor | None  # (rows, prompt_len) image-token positions
     padding: torch.Tensor | None = None  # (rows, positions so far) 2-D padding mask, for image-free rows
+    cache: Any = None  # a weak reference to the cache the prefill filled (None: no cache)
+
+    def continues(self, cache: Any) -> bool:
+        """Whether ``cache`` is the one this call's prefill filled."""
+        return self.cache is not None and self.cache() is cache
 
 
 @dataclass
@@ -326,7 +332,7 @@ class ContrastBranches:
             image = self.points.image_token_mask(ids, include_video=True) if ids is not None else None
             if any(b.hide_image for b in self.branches) and ids is None:
                 raise ValueError("an image-free branch needs input_ids to find the image tokens")
-            self.state = _CallState(rows, image)
+            self.state = _CallState(rows, image, cache=_weak(cache))
             has_pixels = bool(self.points.pixel_kwargs(kwargs)) or bool(kwargs.get("mm_encoder_outputs"))
             if any(b.needs_pixels for b in self.branches) and not has_pixels:
                 raise ValueError(
@@ -348,6 +354,12 @@ class ContrastBranches:
                 self._extend_reorder(cache)
         elif self.state is None or self.state.rows != rows:
             raise RuntimeError("contrast branches lost track of the batch: decoding step without a prefill")
+        elif not self.state.continues(cache):
+            raise ValueError(
+                "contrast branches: this forward continues a cache that is not the one the last prefill filled "
+                "(a conversation continued after another call while attached); its branch rows, image positions "
+                "and padding belong to that call: continue a cache right after the call that made it, or re-run "
+                "the whole conversation")
         else:
             self._encoded = None  # decoding with a cache: the encoded images are not needed again
             image = self.state.prompt_image_mask
@@ -443,6 +455,8 @@ class ContrastBranches:
             raise RuntimeError(f"expected {rows * (self.k + 1)} logit rows from the branches, got {logits.shape[0]}")
         parts = logits.split(rows, dim=0)
         output.logits = self.combine(parts[0], parts[1:])
+        if self.state.cache is None:  # the model made its own cache: a manual decoding loop continues it
+            self.state.cache = _weak(output_cache(output))
         self._original_rows_only(output, rows)
         self._restore_rope_state(rows)
         return output
@@ -469,6 +483,17 @@ class ContrastBranches:
         value = getattr(owner, attr, None)
         if isinstance(value, torch.Tensor) and value.shape[0] == rows * (self.k + 1):
             setattr(owner, attr, value[:rows])
+
+
+def _weak(cache: Any) -> Any:
+    """A weak reference to ``cache`` (the state must not keep a finished call's KV cache
+    alive), or None without a cache."""
+    if cache is None:
+        return None
+    try:
+        return weakref.ref(cache)
+    except TypeError:  # an object without weak references: held for the call
+        return lambda: cache
 
 
 def _count_vectors(value: Any) -> int:

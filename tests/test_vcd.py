@@ -642,3 +642,30 @@ def test_a_tuple_output_is_refused_not_returned_uncombined(llava):
         with pytest.raises(ValueError, match="return_dict=True"):
             llava(**inputs, return_dict=False)
         assert llava(**inputs).logits.shape[0] == 2
+
+
+def test_a_cache_from_another_call_is_refused_and_a_manual_loop_runs(llava):
+    """A forward that continues a cache must continue the last prefill's: the branch rows,
+    image positions and padding the hooks hold are that call's. A manual decoding loop over
+    the cache the model made at the prefill runs (VCD's tokens); continuing a first call's
+    cache after a second call is a clear error, not the second call's state applied."""
+    inputs = tiny_inputs(llava, batch_size=2, text_lengths=[7, 5], seed=3)
+    other = tiny_inputs(llava, batch_size=2, text_lengths=[4, 6], seed=4)
+    with attach(llava, VCD(distortion="no_image")), torch.no_grad():
+        expected = _gen(llava, inputs, do_sample=False)[:, inputs["input_ids"].shape[1]:]
+        out = llava(**inputs, use_cache=True)
+        ids, mask, tokens = inputs["input_ids"], inputs["attention_mask"], []
+        positions = mask.sum(-1, keepdim=True) - 1
+        for _ in range(NEW):
+            token = out.logits[:, -1].argmax(-1, keepdim=True)
+            tokens.append(token)
+            mask = torch.cat([mask, torch.ones_like(token)], 1)
+            positions = positions + 1
+            out = llava(input_ids=token, attention_mask=mask, position_ids=positions, cache=out.cache, use_cache=True)
+        assert torch.equal(torch.cat(tokens, 1), expected)
+        first = llava(**inputs, use_cache=True)
+        llava(**other, use_cache=True)  # another call in between
+        token = first.logits[:, -1].argmax(-1, keepdim=True)
+        with pytest.raises(ValueError, match="continues a cache that is not"):
+            llava(input_ids=token, attention_mask=torch.cat([inputs["attention_mask"], torch.ones_like(token)], 1),
+                  cache=first.cache, use_cache=True)
