@@ -10,6 +10,7 @@ the running version uses, so one toolkit release works on both sides of the rena
 from __future__ import annotations
 
 import inspect
+import weakref
 from typing import Any, Callable
 
 # the current name first: a call on transformers >= 5.24 never carries the old one
@@ -46,3 +47,14 @@ def output_cache(output: Any) -> Any:
         if value is not None:
             return value
     return None
+
+
+def weak_cache(cache: Any) -> Callable[[], Any] | None:
+    """A weak reference to ``cache`` -- so that hooks can tell which cache a forward
+    continues without keeping a finished call's KV cache alive -- or None without one."""
+    if cache is None:
+        return None
+    try:
+        return weakref.ref(cache)
+    except TypeError:  # an object without weak references: held as long as the hook's state
+        return lambda: cache

@@ -46,7 +46,6 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
-import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -54,7 +53,7 @@ import torch
 from torch import nn
 
 from hooks import HookGroup, ModelPoints
-from hooks.cache import cache_of, output_cache
+from hooks.cache import cache_of, output_cache, weak_cache
 
 # generate()'s function that calls get_image_features before decoding (transformers >= 5.2)
 GENERATE_ENCODER = "_prepare_multimodal_encoder_kwargs_for_generation"
@@ -332,7 +331,7 @@ class ContrastBranches:
             image = self.points.image_token_mask(ids, include_video=True) if ids is not None else None
             if any(b.hide_image for b in self.branches) and ids is None:
                 raise ValueError("an image-free branch needs input_ids to find the image tokens")
-            self.state = _CallState(rows, image, cache=_weak(cache))
+            self.state = _CallState(rows, image, cache=weak_cache(cache))
             has_pixels = bool(self.points.pixel_kwargs(kwargs)) or bool(kwargs.get("mm_encoder_outputs"))
             if any(b.needs_pixels for b in self.branches) and not has_pixels:
                 raise ValueError(
@@ -456,7 +455,7 @@ class ContrastBranches:
         parts = logits.split(rows, dim=0)
         output.logits = self.combine(parts[0], parts[1:])
         if self.state.cache is None:  # the model made its own cache: a manual decoding loop continues it
-            self.state.cache = _weak(output_cache(output))
+            self.state.cache = weak_cache(output_cache(output))
         self._original_rows_only(output, rows)
         self._restore_rope_state(rows)
         return output
@@ -483,17 +482,6 @@ class ContrastBranches:
         value = getattr(owner, attr, None)
         if isinstance(value, torch.Tensor) and value.shape[0] == rows * (self.k + 1):
             setattr(owner, attr, value[:rows])
-
-
-def _weak(cache: Any) -> Any:
-    """A weak reference to ``cache`` (the state must not keep a finished call's KV cache
-    alive), or None without a cache."""
-    if cache is None:
-        return None
-    try:
-        return weakref.ref(cache)
-    except TypeError:  # an object without weak references: held for the call
-        return lambda: cache
 
 
 def _count_vectors(value: Any) -> int:

@@ -53,7 +53,7 @@ from typing import Any, Sequence
 import torch
 
 from hooks import BiasContext, HookGroup, ModelPoints, add_attention_bias
-from hooks.cache import cache_of
+from hooks.cache import cache_of, output_cache, weak_cache
 
 from .base import Mitigation, register
 from .branches import Branch
@@ -205,8 +205,19 @@ class PriorSuppression(Mitigation):
                 if ids is not None:
                     state["keys"] = self.span_mask(points, ids)
                 state["prompt_forward"] = True
+                state["cache"] = weak_cache(cache)
             else:  # a decoding step, or more prompt after a cached part (chunked prefill, a continued chat)
+                if "keys" in state and (state.get("cache") is None or state["cache"]() is not cache):
+                    raise ValueError(
+                        "prior suppression: this forward continues a cache that is not the one the last prompt "
+                        "filled (a conversation continued after another call while attached); the spans found "
+                        "belong to that call: continue a cache right after the call that made it")
                 state["prompt_forward"] = False
+
+        def remember_cache(module, args, kwargs, output):
+            """The cache the model made itself at a prompt forward: a manual loop continues it."""
+            if state.get("prompt_forward") and state.get("cache") is None:
+                state["cache"] = weak_cache(output_cache(output))
 
         def row_keys(rows: int, device: torch.device) -> torch.Tensor:
             """``(rows, prompt_len)``: the span mask of every row a forward runs, on ``device``."""
@@ -324,6 +335,7 @@ class PriorSuppression(Mitigation):
                              f"{[i for i, _ in linear]}, which step through a masked span's positions; no position "
                              "shift reads the prompt as if it were deleted (use compact_positions=False)")
         group.add_forward_pre_hook(points.model, capture, prepend=True)
+        group.add_forward_hook(points.model, remember_cache)
         attention_layers = set(points.attention_layers)
         attention = [i for i in points.layer_indices(self.layers) if i in attention_layers]
         if attention:

@@ -762,3 +762,21 @@ def test_prior_suppression_under_a_static_cache(model_type):
                                      output_scores=True, return_dict_in_generate=True, **kw)
             scores[cache] = torch.stack(out.scores).nan_to_num(0.0, 0.0, 0.0)
         torch.testing.assert_close(scores["static"], scores[None], rtol=0, atol=1e-4)
+
+
+def test_context_mode_refuses_a_cache_from_another_call():
+    """Context mode's span mask belongs to the last prompt: continuing a first call's cache
+    after a second call is a clear error (it applied the second call's spans); a manual
+    loop over the model's own cache runs."""
+    model = build_tiny_model("llava")
+    inputs = tiny_inputs(model, batch_size=2, text_lengths=[7, 5], seed=3)
+    other = tiny_inputs(model, batch_size=2, text_lengths=[4, 6], seed=4)
+    with attach(model, PriorSuppression(WordIds(), mode="context")), torch.no_grad():
+        first = model(**inputs, use_cache=True)
+        token = first.logits[:, -1].argmax(-1, keepdim=True)
+        mask = torch.cat([inputs["attention_mask"], torch.ones_like(token)], 1)
+        model(input_ids=token, attention_mask=mask, cache=first.cache, use_cache=True)  # right after: runs
+        first = model(**inputs, use_cache=True)
+        model(**other, use_cache=True)
+        with pytest.raises(ValueError, match="continues a cache that is not"):
+            model(input_ids=token, attention_mask=mask, cache=first.cache, use_cache=True)
