@@ -8,7 +8,8 @@ and compare with an independent CPU run of the same model:
 * every family's tiny model, plain and under every VCD distortion, prior suppression in
   each mode (``compact_positions`` too) and VCD with prior suppression: the same greedy
   tokens, each step's scores within ``ATOL``; a mitigation a family refuses must be
-  refused on the device too;
+  refused on the device too; and under a static cache on the device against the CPU's
+  default one;
 * the organism: the same scores under VCD, prior suppression and both; crop-and-verify's
   records (answers, confidences, which queries were verified, the views' p(yes), boxes)
   with each localiser, through ``attach()``'s ``generate()`` and image by image for MIOH's
@@ -80,14 +81,14 @@ MITIGATIONS = {
 }
 
 
-def _run(model, inputs, mitigations):
+def _run(model, inputs, mitigations, **generate_kwargs):
     """``(sequences, per-step logits)`` on the host, or ``("refused", message)``."""
     try:
         with contextlib.ExitStack() as stack, torch.no_grad():
             if mitigations:
                 stack.enter_context(attach(model, *mitigations))
             out = model.generate(**inputs, max_new_tokens=NEW, do_sample=False, pad_token_id=0, output_logits=True,
-                                 return_dict_in_generate=True)
+                                 return_dict_in_generate=True, **generate_kwargs)
     except ValueError as error:  # a mitigation this family refuses (blur on patch rows, ...)
         return "refused", str(error)
     return out.sequences.cpu(), [s.float().cpu() for s in out.logits]
@@ -132,6 +133,24 @@ def test_every_mitigation_on_the_device_matches_the_cpu(model_type):
     model.to(DEVICE)
     for name, make in MITIGATIONS.items():
         _same_run(on_cpu[name], _run(model, _to(inputs, DEVICE), make(WordIds(), spans)), f"{model_type} {name}")
+
+
+STATIC = ("plain", "vcd", "vcd_no_image", "prior_context", "prior_output", "prior_both")
+
+
+@pytest.mark.parametrize("model_type", TINY_MODEL_TYPES)
+def test_a_static_cache_on_the_device_matches_the_cpus_dynamic_cache(model_type):
+    """``cache_implementation="static"`` (what compiled decoding on a GPU uses: 4-D masks
+    built by generate(), a fixed-size cache) against the CPU's default cache, for the
+    mitigations whose masks and caches it changes."""
+    model = build_tiny_model(model_type)
+    inputs = tiny_inputs(model, batch_size=2, text_lengths=[7, 5], seed=3)
+    spans = _span_strings(model, inputs)
+    on_cpu = {name: _run(model, inputs, MITIGATIONS[name](WordIds(), spans)) for name in STATIC}
+    model.to(DEVICE)
+    for name in STATIC:
+        device = _run(model, _to(inputs, DEVICE), MITIGATIONS[name](WordIds(), spans), cache_implementation="static")
+        _same_run(on_cpu[name], device, f"{model_type} {name} static")
 
 
 # -- the organism ---------------------------------------------------------------------------
