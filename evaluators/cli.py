@@ -47,6 +47,25 @@ def parse_kv(text: str | None) -> dict[str, Any]:
     return out
 
 
+def check_mitigations(text: str | None) -> None:
+    """A ``ValueError`` naming what is wrong in a ``--mitigations`` value -- an unknown
+    mitigation or argument -- before any model is loaded (the values themselves are
+    checked when the mitigations are made)."""
+    from mitigate import get_mitigation
+
+    for item in filter(None, (text or "").split(",")):
+        name, _, args = item.partition(":")
+        try:
+            cls = get_mitigation(name.strip())
+        except KeyError as err:
+            raise ValueError(f"--mitigations: {err.args[0]} (mitigations are separated by ',', a mitigation's "
+                             "arguments follow ':' and are separated by ';')") from None
+        known = {f.name for f in dataclasses.fields(cls) if f.init}
+        unknown = sorted(set(parse_kv(args.replace(";", ","))) - known)
+        if unknown:
+            raise ValueError(f"--mitigations: {name.strip()} has no argument(s) {unknown}; it takes {sorted(known)}")
+
+
 def parse_mitigations(text: str | None, tokenizer: Any, processor: Any = None) -> list:
     """``"vcd:alpha=1;beta=0.1,prior_suppression:mode=output"`` -> mitigation objects.
 
@@ -99,16 +118,21 @@ def main(argv: list[str] | None = None) -> int:
     from .benchmarks.suites import build_suite, check_tasks
 
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
-    try:
+    try:  # every flag is checked before the model loads: a usage error, not a traceback
         check_tasks(tasks)
+        model_args, gen_kwargs, _ = parse_kv(args.model_args), parse_kv(args.gen_kwargs), parse_kv(args.data)
+        check_mitigations(args.mitigations)
     except ValueError as err:
         parser.error(str(err))
     ranks = distributed.init()  # one process, or this rank of an accelerate / torchrun launch
     torch.manual_seed(args.seed)
-    model, processor = load_hf(args.model, **distributed.placement(ranks, parse_kv(args.model_args)))
-    mitigations = parse_mitigations(args.mitigations, processor.tokenizer, processor)
+    model, processor = load_hf(args.model, **distributed.placement(ranks, model_args))
+    try:
+        mitigations = parse_mitigations(args.mitigations, processor.tokenizer, processor)
+    except ValueError as err:  # a value a mitigation refuses (alpha < 0, ...)
+        parser.error(f"--mitigations: {err}")
     under_test = HFModel(model, processor, mitigations=mitigations, max_new_tokens=args.max_new_tokens,
-                         generate_kwargs=parse_kv(args.gen_kwargs), name=args.model)
+                         generate_kwargs=gen_kwargs, name=args.model)
     queries = []
     for task in tasks:
         built = build_suite(task, args.seed, args.scale)

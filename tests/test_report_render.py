@@ -58,3 +58,14 @@ def test_cell_number_is_the_metric_that_decides_the_verdict():
           "verdict": "no detectable effect", "higher_is_better": True}
     assert headline([gap, ni], "multi_image") == "+12.5 [-3.4,+30.8]"  # the gap has no direction
     assert headline([gap], "multi_image") == "-31.2 [-54.1,-7.3]"  # unless it is all there is
+
+
+def test_report_usage_errors_are_messages_not_tracebacks(tmp_path, capsys):
+    """A bad --model_args value is a usage error (exit 2, before any model loads)."""
+    from evaluators.report.main import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--model_args", "dtype", "--output_path", str(tmp_path / "r")])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "expected key=value" in err and "Traceback" not in err

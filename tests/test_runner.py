@@ -79,6 +79,30 @@ def test_missing_images_are_invalid_inputs_not_dropped(queries, tmp_path):
     broken[0].problem = None
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--mitigations", "crop_verify;prior_suppression"], "separated by ','"),
+    (["--mitigations", "vcd:alfa=1"], "vcd has no argument"),
+    (["--mitigations", "vcd:alpha=-1"], "alpha must be"),
+    (["--gen_kwargs", "do_sample"], "expected key=value"),
+    (["--model_args", "dtype"], "expected key=value"),
+])
+def test_cli_usage_errors_are_messages_not_tracebacks(tmp_path, capsys, flags, message):
+    """A bad --mitigations / --gen_kwargs / --model_args value is a usage error (exit 2, the
+    message on stderr), named before the model loads where it can be; it was a traceback."""
+    from evaluators.cli import main
+    from evaluators.organism import ORGANISM_DIR
+
+    if not (ORGANISM_DIR / "config.json").exists():
+        pytest.skip("organism checkpoint missing")
+    with pytest.raises(SystemExit) as exit_:
+        main(["--model", "organism", "--tasks", "dobench", "--limit", "2", "--output_path", str(tmp_path / "x"),
+              "--no_progress", *flags])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not (tmp_path / "x").exists()
+
+
 def test_cli_end_to_end_on_the_organism(tmp_path, capsys):
     from evaluators.cli import main
     from evaluators.organism import ORGANISM_DIR

@@ -90,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         queries = build_queries(tasks, args.seed, args.scale) + load_data(parse_kv(args.data))
+        model_args = parse_kv(args.model_args)
     except ValueError as err:
         parser.error(str(err))
     if not queries:
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             parser.error(f"unknown arm(s) {unknown}; available: {', '.join(slug(a.name) for a in known)}")
         arms = with_references([a for a in known if a.name in wanted or slug(a.name) in wanted], known)
-    model, processor = load_hf(args.model, **parse_kv(args.model_args))
+    model, processor = load_hf(args.model, **model_args)
     records, costs, payloads = {}, {}, {}
     # Warm-up, untimed and unrecorded: the first generate() pays one-off costs (lazy
     # initialisation, allocator growth) that would otherwise inflate the first arm's wall
