@@ -49,9 +49,32 @@ def output_cache(output: Any) -> Any:
     return None
 
 
-def weak_cache(cache: Any) -> Callable[[], Any] | None:
-    """A weak reference to ``cache`` -- so that hooks can tell which cache a forward
-    continues without keeping a finished call's KV cache alive -- or None without one."""
+class PromptCache:
+    """Which KV cache a hook's last prompt forward filled, held weakly (a finished call's
+    cache is not kept alive), so that a later forward can be checked to continue it and
+    not another call's: hooks that keep per-prompt state (contrast branches' rows and
+    image positions, prior suppression's spans) would otherwise apply it to the wrong
+    conversation."""
+
+    def __init__(self) -> None:
+        self._ref: Callable[[], Any] | None = None
+
+    def filled(self, cache: Any) -> None:
+        """A prompt forward ran over ``cache`` (None: the model makes its own, see :meth:`made`)."""
+        self._ref = _weak(cache)
+
+    def made(self, output: Any) -> None:
+        """After that forward: the cache the model made itself, when it was given none (a
+        manual decoding loop continues it)."""
+        if self._ref is None:
+            self._ref = _weak(output_cache(output))
+
+    def continues(self, cache: Any) -> bool:
+        """Whether ``cache`` is the one the last prompt forward filled."""
+        return self._ref is not None and self._ref() is cache
+
+
+def _weak(cache: Any) -> Callable[[], Any] | None:
     if cache is None:
         return None
     try:

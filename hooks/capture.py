@@ -177,14 +177,15 @@ class AttentionCapture:
     def record(self, layer: int, query: torch.Tensor, key: torch.Tensor, mask, kwargs: dict) -> None:
         armed = self._armed
         end = armed["prefix"] + armed["seq_len"]
-        if query.shape[2] in (armed["seq_len"], 1) and key.shape[2] > end:
-            # no mask: causal from the first key -- a whole prompt's prefill, never one query
-            if _empty_after(mask, end) if mask is not None else query.shape[2] == armed["seq_len"]:
+        whole = query.shape[2] == armed["seq_len"]
+        if (whole or query.shape[2] == 1) and key.shape[2] > end:
+            # no mask is causal from the first key: a whole prompt's prefill, never one query
+            if _empty_after(mask, end) if mask is not None else whole:
                 # a static cache: the keys are its whole buffer, the positions so far in its
                 # first slots and empty, masked ones after them -- no position of ours
                 key = key[:, :, :end]
                 mask = mask[..., :end] if isinstance(mask, torch.Tensor) and mask.shape[-1] > end else mask
-            elif query.shape[2] == armed["seq_len"]:
+            elif whole:
                 raise ValueError(
                     f"attention capture: layer {layer}'s {armed['seq_len']} queries follow {key.shape[2] - armed['seq_len']} "
                     f"cached positions, not the {armed['prefix']} it was armed with (a prompt continued over a cache "

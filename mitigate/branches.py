@@ -53,7 +53,7 @@ import torch
 from torch import nn
 
 from hooks import HookGroup, ModelPoints
-from hooks.cache import cache_of, output_cache, weak_cache
+from hooks.cache import PromptCache, cache_of
 
 # generate()'s function that calls get_image_features before decoding (transformers >= 5.2)
 GENERATE_ENCODER = "_prepare_multimodal_encoder_kwargs_for_generation"
@@ -83,11 +83,7 @@ class _CallState:
     rows: int  # original batch rows (batch x beams)
     prompt_image_mask: torch.Tensor | None  # (rows, prompt_len) image-token positions
     padding: torch.Tensor | None = None  # (rows, positions so far) 2-D padding mask, for image-free rows
-    cache: Any = None  # a weak reference to the cache the prefill filled (None: no cache)
-
-    def continues(self, cache: Any) -> bool:
-        """Whether ``cache`` is the one this call's prefill filled."""
-        return self.cache is not None and self.cache() is cache
+    cache: PromptCache = field(default_factory=PromptCache)  # the cache the prefill filled
 
 
 @dataclass
@@ -331,7 +327,8 @@ class ContrastBranches:
             image = self.points.image_token_mask(ids, include_video=True) if ids is not None else None
             if any(b.hide_image for b in self.branches) and ids is None:
                 raise ValueError("an image-free branch needs input_ids to find the image tokens")
-            self.state = _CallState(rows, image, cache=weak_cache(cache))
+            self.state = _CallState(rows, image)
+            self.state.cache.filled(cache)
             has_pixels = bool(self.points.pixel_kwargs(kwargs)) or bool(kwargs.get("mm_encoder_outputs"))
             if any(b.needs_pixels for b in self.branches) and not has_pixels:
                 raise ValueError(
@@ -353,7 +350,7 @@ class ContrastBranches:
                 self._extend_reorder(cache)
         elif self.state is None or self.state.rows != rows:
             raise RuntimeError("contrast branches lost track of the batch: decoding step without a prefill")
-        elif not self.state.continues(cache):
+        elif not self.state.cache.continues(cache):
             raise ValueError(
                 "contrast branches: this forward continues a cache that is not the one the last prefill filled "
                 "(a conversation continued after another call while attached); its branch rows, image positions "
@@ -454,8 +451,7 @@ class ContrastBranches:
             raise RuntimeError(f"expected {rows * (self.k + 1)} logit rows from the branches, got {logits.shape[0]}")
         parts = logits.split(rows, dim=0)
         output.logits = self.combine(parts[0], parts[1:])
-        if self.state.cache is None:  # the model made its own cache: a manual decoding loop continues it
-            self.state.cache = weak_cache(output_cache(output))
+        self.state.cache.made(output)
         self._original_rows_only(output, rows)
         self._restore_rope_state(rows)
         return output

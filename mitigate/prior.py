@@ -53,7 +53,7 @@ from typing import Any, Sequence
 import torch
 
 from hooks import BiasContext, HookGroup, ModelPoints, add_attention_bias
-from hooks.cache import cache_of, output_cache, weak_cache
+from hooks.cache import PromptCache, cache_of
 
 from .base import Mitigation, register
 from .branches import Branch
@@ -196,6 +196,7 @@ class PriorSuppression(Mitigation):
             return
         value = -math.inf if self.strength >= 1.0 else math.log1p(-self.strength)
         state: dict[str, Any] = {}
+        prompt_cache = PromptCache()
 
         def capture(module, args, kwargs):
             ids = kwargs.get("input_ids")
@@ -205,9 +206,9 @@ class PriorSuppression(Mitigation):
                 if ids is not None:
                     state["keys"] = self.span_mask(points, ids)
                 state["prompt_forward"] = True
-                state["cache"] = weak_cache(cache)
+                prompt_cache.filled(cache)
             else:  # a decoding step, or more prompt after a cached part (chunked prefill, a continued chat)
-                if "keys" in state and (state.get("cache") is None or state["cache"]() is not cache):
+                if "keys" in state and not prompt_cache.continues(cache):
                     raise ValueError(
                         "prior suppression: this forward continues a cache that is not the one the last prompt "
                         "filled (a conversation continued after another call while attached); the spans found "
@@ -216,8 +217,8 @@ class PriorSuppression(Mitigation):
 
         def remember_cache(module, args, kwargs, output):
             """The cache the model made itself at a prompt forward: a manual loop continues it."""
-            if state.get("prompt_forward") and state.get("cache") is None:
-                state["cache"] = weak_cache(output_cache(output))
+            if state.get("prompt_forward"):
+                prompt_cache.made(output)
 
         def row_keys(rows: int, device: torch.device) -> torch.Tensor:
             """``(rows, prompt_len)``: the span mask of every row a forward runs, on ``device``."""
