@@ -285,6 +285,49 @@ def test_hallusegbench_suite_assembles_pairs(tmp_path):
                progress=False)["results"]["hallusegbench"]["iou_fact"] == 0.0
 
 
+def test_hallusegbench_unreadable_answers_are_wrong_not_abstentions(tmp_path):
+    """An answer no mask can be read from is the empty mask on the factual query (IoU 0) and,
+    where abstaining is right, the confusable object's mask (IoU 1, CMS 1), never a free
+    abstention; an explicit "none" stays one."""
+    from evaluators.benchmarks.hallusegbench.suite import build as hsb
+
+    queries = hsb(n_pairs=3, seed=4)
+    gibberish = run(queries, CallableModel(lambda i, p: "I cannot determine that"), tmp_path / "g",
+                    progress=False)["results"]["hallusegbench"]
+    abstain = run(queries, CallableModel(lambda i, p: "none"), tmp_path / "n", progress=False)["results"]["hallusegbench"]
+    assert abstain["iou_textual"] == abstain["iou_visual"] == abstain["cms_fact"] == 0.0
+    assert gibberish["iou_fact"] == 0.0
+    assert gibberish["iou_textual"] == gibberish["iou_visual"] == gibberish["cms_fact"] == 1.0
+    assert gibberish["delta_iou_textual"] == gibberish["delta_iou_visual"] == -1.0
+
+
+def test_hallusegbench_visual_answers_are_drawn_on_the_counterfactual_images_grid(tmp_path):
+    """User data whose I' is larger than I: a box answered on I' is rasterised at I''s size,
+    so a box on the replaced object's exact region scores IoU 1 against M'_{c'}."""
+    import numpy as np
+    from PIL import Image
+
+    from evaluators.benchmarks.hallusegbench.suite import assemble
+
+    fact, counter = np.zeros((100, 100), bool), np.zeros((200, 200), bool)
+    fact[20:60, 20:60] = True
+    counter[40:120, 40:120] = True
+    paths = {}
+    for name, mask in (("fact", fact), ("counter", counter)):
+        paths[name] = str(tmp_path / f"{name}.png")
+        Image.fromarray(mask.astype(np.uint8) * 255).save(paths[name])
+    common = {"sample_id": "s", "split": "referring", "factual_mask_path": paths["fact"],
+              "counterfactual_mask_path": paths["counter"]}
+    answers = {"fact": "[20, 20, 60, 60]", "textual": "none", "visual": "[40, 40, 120, 120]"}
+    [record] = assemble([{**common, "role": role, "answer": a} for role, a in answers.items()])
+    assert record["pred_visual"].shape == (200, 200) and not record["invalid"]
+    from evaluators.benchmarks.hallusegbench.metrics import sample_scores
+
+    scores = sample_scores(record["gt_fact"], record["gt_counterfact"], record["pred_fact"],
+                           record["pred_textual"], record["pred_visual"])
+    assert scores["iou_fact"] == 1.0 and scores["iou_visual"] == 1.0 and scores["cms_counterfact"] == 1.0
+
+
 def test_reactbench_suite_with_a_scripted_yes(tmp_path):
     import re
 

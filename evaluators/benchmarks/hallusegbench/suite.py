@@ -9,8 +9,18 @@ edit). Three queries per pair, as the metrics need (Eqs. 1-3):
 
 Answers become masks through :func:`evaluators.masks.answer_mask`: a box (the organism:
 coordinate tokens, or "none" to abstain) is rasterised at the source resolution (our
-choice for box-only models), a polygon is filled, a returned or run-length-encoded mask is
-used as it is (resized to the ground truth by the metrics). Ground-truth masks are recomputed from the
+choice for box-only models) of the image the query was asked about (I' for ``visual``), a
+polygon is filled, a returned or run-length-encoded mask is used as it is (resized to the
+ground truth by the metrics).
+
+**An unreadable answer is wrong**, as everywhere else in the toolkit. The paper is silent
+(its scripts skip samples without a prediction, which would let a mitigation that breaks
+the answer format drop exactly its hard pairs). On the factual query an unreadable answer
+is the empty mask (IoU 0, the worst there). On the two counterfactual queries, where
+abstaining is right, an empty mask would score as a perfect abstention, so it is scored as
+the hallucination the query tests for instead: the confusable object's ground-truth mask
+(``textual``: M_c; ``visual``: M'_{c'}), IoU 1 and CMS 1 -- the worst bounded score. The
+record's ``unreadable`` lists those roles and ``invalid`` is set. Ground-truth masks are recomputed from the
 scene stored in each record, so the per-sample file stays small.
 """
 
@@ -84,12 +94,18 @@ def assemble(records: list[dict]) -> list[dict]:
         if any(r.get("invalid_input") for r in roles.values()) and "factual_mask_path" in first:
             continue  # user data whose files are unusable: counted as invalid inputs by the runner
         gt_fact, gt_counterfact = _ground_truth(first)
-        preds, invalid = {}, False
+        # each answer on the grid of the image it was asked about: the visual query is asked
+        # on I', whose size may differ from I's in user data
+        grids = {"fact": gt_fact, "textual": gt_fact, "visual": gt_counterfact}
+        preds, unreadable = {}, []
         for role in ("fact", "textual", "visual"):
             answer = None if roles[role].get("invalid_input") else roles[role]["answer"]
-            preds[role], bad = answer_mask(answer, gt_fact.shape)
-            invalid |= bad or bool(roles[role].get("invalid_input"))
+            preds[role], bad = answer_mask(answer, grids[role].shape)
+            if bad or roles[role].get("invalid_input"):
+                unreadable.append(role)
+                if role != "fact":
+                    preds[role] = grids[role].copy()
         out.append({"id": sid, "split": first["split"], "gt_fact": gt_fact, "gt_counterfact": gt_counterfact,
                     "pred_fact": preds["fact"], "pred_textual": preds["textual"], "pred_visual": preds["visual"],
-                    "invalid": invalid})
+                    "invalid": bool(unreadable), "unreadable": unreadable})
     return out
