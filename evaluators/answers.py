@@ -57,6 +57,43 @@ def parse_number(text: str) -> int | None:
     return None
 
 
+def parse_count(text: str) -> int | tuple[int, int] | None:
+    """A count, or a range when the answer states one ("between 3 and 5", "3 to 5",
+    "3-5", "from three to five"): the first number, and the number after it when joined by
+    "to" / "-" or, after "between", by "and". None if there is no number."""
+    w = words(text)
+    for i, token in enumerate(w):
+        first = _number(token)
+        if first is None:
+            continue
+        joined = len(w) > i + 2 and (w[i + 1] == "to" or (w[i + 1] == "and" and i > 0 and w[i - 1] == "between"))
+        second = _number(w[i + 2]) if joined else None
+        if second is None and "-" in text:  # "3-5": the hyphen is not a word
+            m = re.search(rf"\b{re.escape(token)}\s*-\s*([a-z0-9]+)", text.lower())
+            second = _number(m.group(1)) if m else None
+        return (first, second) if second is not None else first
+    return None
+
+
+def _number(token: str) -> int | None:
+    if token.isdigit():
+        return int(token)
+    return NUMBER_WORDS[token] if token in NUMBER_WORDS and token != "no" else None
+
+
+#: Words that negate the keyword right after them, or one word later ("no fork", "not a
+#: fork"): a short answer that names the ground truth only to deny it is not right.
+NEGATIONS = frozenset({"no", "not", "without", "never", "nothing", "none", "neither", "nor"})
+
+
+def keywords_found(text: str, keywords: Sequence[str]) -> set[str]:
+    """The members of ``keywords`` that ``text`` says, each occurrence unless one of the two
+    words before it is a negation (:data:`NEGATIONS`)."""
+    w = words(text)
+    wanted = set(keywords)
+    return {t for i, t in enumerate(w) if t in wanted and not NEGATIONS & set(w[max(0, i - 2) : i])}
+
+
 def parse_choice(text: str, choices: Sequence[str]) -> str | None:
     """The single member of ``choices`` (e.g. colour names) mentioned first in ``text``."""
     w = words(text)

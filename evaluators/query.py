@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .answers import parse_choice, parse_number, parse_option, parse_yes_no, words
+from .answers import keywords_found, parse_choice, parse_count, parse_number, parse_option, parse_yes_no, words
 
 ANSWER_KINDS = ("yes_no", "option", "number", "interval", "choice", "keywords", "text")
 
@@ -43,14 +43,25 @@ def parse(query: Query, text: str) -> Any:
         return parse_yes_no(text)
     if query.kind == "option":
         return parse_option(text, query.options or [])
-    if query.kind in ("number", "interval"):
+    if query.kind == "number":
         return parse_number(text)
+    if query.kind == "interval":  # a count, or the range the answer states
+        return parse_count(text)
     if query.kind == "choice":
         return parse_choice(text, query.options or [])
-    if query.kind == "keywords":  # a short answer, right when it holds every ground-truth keyword
-        found = set(words(text))
-        return sorted(found & set(query.truth)) if found else None
+    if query.kind == "keywords":  # the ground-truth keywords the answer says (not denies)
+        if not words(text):
+            return None
+        return sorted(keywords_found(text, {w for alt in keyword_alternatives(query.truth) for w in alt}))
     return text.strip() or None
+
+
+def keyword_alternatives(truth) -> list[list[str]]:
+    """A ``keywords`` query's truth as its accepted alternatives: a list of words is one
+    (the answer), a list of such lists several (the answer and its synonyms)."""
+    if truth and all(isinstance(t, str) for t in truth):
+        return [list(truth)]
+    return [list(t) for t in truth]
 
 
 def to_record(query: Query, text: str) -> dict:
@@ -61,11 +72,14 @@ def to_record(query: Query, text: str) -> dict:
     if query.kind == "yes_no":
         record["pred_yes"] = value
         record["correct"] = value is not None and value == (query.truth == "yes")
-    elif query.kind == "keywords":
-        record["correct"] = value is not None and set(value) == set(query.truth)
-    elif query.kind == "interval":  # a count inside the inclusive [low, high] of the question
-        low, high = query.truth
-        record["correct"] = value is not None and low <= value <= high
+    elif query.kind == "keywords":  # right when it says every word of one accepted alternative
+        record["correct"] = value is not None and any(set(alt) <= set(value)
+                                                      for alt in keyword_alternatives(query.truth))
+    elif query.kind == "interval":  # the rule of reactbench.metrics.count_correct
+        from .benchmarks.reactbench.metrics import count_correct
+
+        low, high = query.truth  # the rule reads only the interval: any count inside it stands for the truth
+        record["correct"] = count_correct(value, low, "interval", (low, high))
     else:
         record["correct"] = value is not None and value == query.truth
     return record

@@ -36,3 +36,21 @@ def test_choice_and_boxes():
     assert box_iou((0, 0, 10, 10), (0, 0, 10, 10)) == 1.0
     assert box_iou((0, 0, 10, 10), (5, 0, 15, 10)) == pytest.approx(50 / 150)
     assert box_iou((0, 0, 0, 0), (0, 0, 0, 0)) == 0.0
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("between 25 and 40", (25, 40)), ("25 to 40 dogs", (25, 40)), ("25-40", (25, 40)), ("3 - 5", (3, 5)),
+    ("from three to five", (3, 5)), ("I count 7 dogs", 7), ("3 and 5", 3), ("between 3 and", 3), ("no idea", None),
+])
+def test_parse_count_reads_a_stated_range_as_one(text, expected):
+    from evaluators.answers import parse_count
+
+    assert parse_count(text) == expected
+
+
+def test_keywords_found_skips_denied_words():
+    from evaluators.answers import keywords_found
+
+    assert keywords_found("a fork", ["fork"]) == {"fork"}
+    assert keywords_found("there is no fork on the plate", ["fork", "plate"]) == {"plate"}
+    assert keywords_found("not a spoon but a fork", ["fork", "spoon"]) == {"fork"}

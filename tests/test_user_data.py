@@ -10,7 +10,7 @@ from PIL import Image
 
 from evaluators.benchmarks.protocols import PROTOCOLS
 from evaluators.model import CallableModel
-from evaluators.runner import read_samples, run
+from evaluators.runner import SAMPLES, read_samples, run
 
 
 def _png(path, array=None):
@@ -121,3 +121,33 @@ def test_vlm_report_refuses_unknown_arms(tmp_path, capsys):
         main(["--tasks", "dobench", "--arms", "vcd-greedy,crop-and-verfy", "--output_path", str(tmp_path / "x")])
     err = capsys.readouterr().err
     assert "crop-and-verfy" in err and "crop-and-verify-which-image" in err
+
+
+def test_reactbench_short_answers_take_synonyms_and_refuse_denials_and_intervals_score_as_documented(tmp_path):
+    """A short answer is right when it says the ground truth or a synonym, never when it
+    names it only to deny it; an interval query is right for a count inside the question's
+    interval or for that very interval stated as a range, not for another range
+    (``reactbench.metrics.count_correct``, the rule the runner applies)."""
+    _png(tmp_path / "s.png")
+    rows = [{"id": 1, "task": "relational_erasure", "images": ["s.png"], "question": "What is on the plate?",
+             "question_type": "SA", "answer": "fork", "synonyms": ["utensil", "eating utensil"]},
+            {"id": 2, "task": "dense_counting", "images": ["s.png"], "question": "About how many dogs?",
+             "question_type": "SA", "answer": "20-30", "count_query": "interval", "interval": [20, 30]}]
+    (tmp_path / "react.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    queries = PROTOCOLS["reactbench"](tmp_path / "react.jsonl")
+
+    def correct(short: str, count: str) -> list[bool]:
+        model = CallableModel(lambda images, prompt: count if "how many" in prompt else short)
+        folder = tmp_path / f"run-{len(list(tmp_path.iterdir()))}"
+        run(queries, model, folder, progress=False)
+        return [r["correct"] for r in sorted(read_samples(folder / SAMPLES), key=lambda r: r["id"])]
+
+    assert correct("a fork .", "25") == [True, True]
+    assert correct("a utensil", "between 20 and 30") == [True, True]
+    assert correct("there is no fork on the plate", "between 25 and 40") == [False, False]
+    assert correct("not a fork", "20 to 31") == [False, False]
+    assert correct("a spoon", "31") == [False, False]
+    bad = [{**rows[1], "interval": [30, 20]}]
+    (tmp_path / "bad.jsonl").write_text(json.dumps(bad[0]))
+    with pytest.raises(ValueError, match="interval"):
+        PROTOCOLS["reactbench"](tmp_path / "bad.jsonl")

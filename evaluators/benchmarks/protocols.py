@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
+from ..answers import words
 from ..query import Query
 
 SEGMENT_PROMPT = "where is the {label} ?"  # a box-answering model; segmentation models get the label
@@ -70,13 +71,16 @@ def reactbench(path: str | Path) -> list[Query]:
             # an interval query is right when the count answered lies in the question's
             # ground-truth interval (metrics.count_correct's rule)
             bounds = r.get("interval")
-            if not (isinstance(bounds, list) and len(bounds) == 2 and all(isinstance(b, int) for b in bounds)):
+            if not (isinstance(bounds, list) and len(bounds) == 2 and all(isinstance(b, int) for b in bounds)
+                    and bounds[0] <= bounds[1]):
                 raise ValueError(f"{path}: question {r['id']!r}: an interval count query needs 'interval': [low, high]")
             kind, truth, options = "interval", bounds, None
         elif r["task"] == "dense_counting":
             kind, truth, options = "number", int(r["answer"]), None
-        else:  # short answer: right when it holds every word of the answer (or of a synonym)
-            kind, truth, options = "keywords", sorted(set(str(r["answer"]).lower().split())), None
+        else:  # short answer: right when it says every word of the answer or of a synonym
+            # (evaluators.query.to_record; the paper's LLM judge, App. C.1, is not run here)
+            accepted = [r["answer"], *(r.get("synonyms") or [])]
+            kind, truth, options = "keywords", [sorted(set(words(str(a).lower()))) for a in accepted], None
         out.append(Query(f"react-{r['id']}", "reactbench", list(r["images"]), r["question"], kind, truth, record,
                          options=options, problem=r["_problem"]))
     return out

@@ -39,7 +39,15 @@ Choices:
   "exact-count queries and interval-based queries", §3.1; Table 4); the interval is part of
   the question. :func:`count_correct` scores an exact query by equality and an interval
   query by whether the answer lies in the question's ground-truth interval, inclusive at
-  both ends (an answered interval must equal it).
+  both ends (an answered interval must equal it). The runner applies this rule
+  (:func:`evaluators.query.to_record`), reading "between 3 and 5" / "3 to 5" / "3-5" as an
+  answered interval (:func:`evaluators.answers.parse_count`).
+* **Short answers (SA) are scored by keywords, not by the paper's LLM judge** (App. C.1,
+  Fig. 24): no judge model runs here. An answer is right when it says every word of the
+  ground truth or of one of its ``synonyms``, each word counted only where neither of the
+  two words before it negates it ("there is no fork" does not say "fork";
+  :func:`evaluators.answers.keywords_found`). A paraphrase outside the synonyms is scored
+  wrong where a judge might accept it, so A_SA is a lower bound of the judged accuracy.
 """
 
 from __future__ import annotations
