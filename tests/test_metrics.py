@@ -227,6 +227,20 @@ def test_cpr_one_original_with_several_counterfactuals():
     assert out["cpr_unpaired"] == 1 and isnan(out["cpr_absent"])
 
 
+def test_cpr_pairs_only_the_same_question_where_records_name_it():
+    """Two absent questions per target (the paper's design): "fork?" on the original pairs
+    with "fork?" on the counterfactual, never with "spoon?"."""
+    def asked(image, correct, question):
+        return {**qa(image, "absent", correct, "img"), "question": question}
+
+    rs = [asked("original", True, "Is there a fork?"), asked("original", False, "Is there a spoon?"),
+          asked("counterfactual", True, "is there a  fork?"), asked("counterfactual", False, "Is there a spoon?")]
+    out = chb.cpr(rs)
+    assert out["cpr_pairs"] == 2 and out["cpr_absent"] == 50.0  # (fork: T, T) and (spoon: F, F)
+    unnamed = chb.cpr([{k: v for k, v in r.items() if k != "question"} for r in rs])
+    assert unnamed["cpr_pairs"] == 4 and unnamed["cpr_absent"] == 25.0  # records without questions pair by type
+
+
 def test_causal_empty_and_invalid_inputs():
     out = chb.causal_scores([])
     assert isnan(out["cac"]) and isnan(out["chr"]) and isnan(out["accuracy"])

@@ -41,7 +41,8 @@ def causal_halbench(path: str | Path) -> list[Query]:
     from .causal_halbench import load
 
     return [Query(f"chb-{it.id}", "causal_halbench", [it.image], it.question, "yes_no", it.answer,
-                  {"image_type": it.tag, "question_type": it.type, "pair_id": it.base_name}, problem=it.problem)
+                  {"image_type": it.tag, "question_type": it.type, "pair_id": it.base_name,
+                   "question": it.question}, problem=it.problem)
             for it in load(path)]
 
 

@@ -27,9 +27,14 @@ Choices:
   the whole benchmark). Table 2's Acc column cannot be rebuilt from its other columns with
   Table 1's counts (e.g. Gemini1.5-pro: pooling gives 83.5, the table says 86.1), so there
   is no published number to match more closely.
-* **CPR pairing.** Records sharing ``pair_id`` and ``question_type`` form pairs: every
-  original-image record with every counterfactual-image record of the group (the authors
-  pair a base image with each of its numbered counterfactual images). Groups lacking one
+* **CPR pairing.** Records sharing ``pair_id``, ``question_type`` and, where records carry
+  it, the ``question`` text (case and spacing aside) form pairs: every original-image record
+  with every counterfactual-image record of the group (the authors pair a base image with
+  each of its numbered counterfactual images, asking the same question; with the paper's
+  two absent questions per target, pairing by type alone would also pair "fork?" on the
+  original with "spoon?" on the counterfactual). The user-data protocol stores the
+  question; the built-in suite asks one question per type and image, so its groups are the
+  same either way. Groups lacking one
   side are skipped, as in the authors' code, and counted in ``cpr_unpaired``. We report
   ``cpr_contextual`` and ``cpr_absent`` (the authors' ``cpr_target`` / ``cpr_absent``) and,
   as our addition, ``cpr`` pooled over both.
@@ -109,11 +114,12 @@ def cpr(records: Iterable[Mapping[str, Any]]) -> dict[str, float]:
         image, question = _kind(r)
         if question == "counterfactual" or "pair_id" not in r:
             continue
-        groups[(r["pair_id"], question)][image].append(_is_correct(r))
+        asked = " ".join(str(r.get("question", "")).lower().split())  # "" where records name no question
+        groups[(r["pair_id"], question, asked)][image].append(_is_correct(r))
     both = {"contextual": 0, "absent": 0}
     total = {"contextual": 0, "absent": 0}
     unpaired = 0
-    for (_, question), sides in groups.items():
+    for (_, question, _), sides in groups.items():
         if not sides["original"] or not sides["counterfactual"]:
             unpaired += 1
             continue
