@@ -341,6 +341,27 @@ def test_dobench_grid_records_stay_out_of_the_protocol():
     assert grid[2]["Cluster"] == 50.0 and grid[3]["Full"] == 100.0 and isnan(grid[1]["Crop"])
 
 
+def test_dobench_crop_margins_are_read_one_at_a_time():
+    """Views at 10% and 20% margins in one file (the schema allows both, Table 3 reports
+    them apart): the protocol metrics read the 10% views alone, so the counts stay the
+    10-instance protocol's, and PerceptionAbility is given per margin beside."""
+    def at(margin, rows):
+        return [{**r, "margin": margin} for r in rows]
+
+    base = records_do()
+    wide = at(0.2, answers("A", 0, "Cluster", 0, 4) + answers("A", 0, "Crop", 0, 4))  # FN 100% at 20%
+    both = [r if r["view"] == "Full" else {**r, "margin": 0.1} for r in base] + wide
+    assert do.classification(both) == do.classification(base)
+    assert do.perception_ability(both) == do.perception_ability(base) == 87.5
+    assert do.curves(both) == do.curves(base) and do.fn_grid(both) == do.fn_grid(base)
+    assert do.perception_ability_by_margin(both) == {0.1: 87.5, 0.2: 0.0}
+    assert do.details(both)["perception_ability_by_margin"] == {"0.1": 87.5, "0.2": 0.0}
+    # one margin only (either), or none named: every record counts, as before
+    only_wide = [r for r in base if r["view"] == "Full"] + wide
+    assert do.perception_ability(only_wide) == 0.0 and do.perception_ability_by_margin(base) == {}
+    assert "perception_ability_by_margin" not in do.details(base)
+
+
 def test_dobench_missing_level_and_bad_records():
     rs = [r for r in records_do() if not (r["series"] == "B" and r["level"] == 3)]
     assert isnan(do.curves(rs)["B_FP"][3]) and isnan(do.prior_robust(rs))   # documented NaN, no crash

@@ -129,3 +129,13 @@ def test_mioh_records_of_one_image_set_are_resampled_together():
            "mioh-0-NI-4-3-comprehensive-decomposed"]
     assert {unit({"id": i}) for i in ids} == {"mioh-0-NI-4-3"}
     assert unit({"id": "mioh-0-NI-4-13"}) != unit({"id": "mioh-0-NI-4-1"})
+
+
+def test_hallusegbench_splits_of_one_image_pair_are_resampled_together():
+    """The built-in suite asks the referring and the reasoning queries of one image pair;
+    the bootstrap resamples the pair, ids built by the suite itself."""
+    from evaluators.benchmarks.hallusegbench.suite import build
+    from evaluators.report.attribution import UNITS
+
+    ids = sorted({q.record["sample_id"] for q in build(n_pairs=2, seed=3)})
+    assert len(ids) == 4 and len({UNITS["hallusegbench"]({"id": i}) for i in ids}) == 2

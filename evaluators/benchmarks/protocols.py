@@ -50,7 +50,8 @@ def dobench(path: str | Path) -> list[Query]:
     from .dobench import load
 
     return [Query(f"do-{r['id']}", "dobench", [r["image"]], r["question"], "yes_no", r["answer"],
-                  {k: r[k] for k in ("scene_id", "series", "level", "view", "object")}, problem=r["_problem"])
+                  {k: r[k] for k in ("scene_id", "series", "level", "view", "object", "margin") if k in r},
+                  problem=r["_problem"])
             for r in load(path)]
 
 

@@ -32,6 +32,9 @@ SAMPLING = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
 UNITS: dict[str, Callable[[dict], Any]] = {
     "dobench": lambda r: r["scene_id"] if "scene_id" in r else r["id"],
     "causal_halbench": lambda r: r["pair_id"] if "pair_id" in r else r["id"],
+    # one factual/counterfactual image pair: the built-in suite asks its referring and
+    # reasoning queries over the same images (ids "hsb-S-K" and "hsb-S-K-reasoning")
+    "hallusegbench": lambda r: re.sub(r"-reasoning$", "", str(r["id"])),
     # one image set: its selective and comprehensive questions and their decompositions
     "mioh": lambda r: re.sub(r"(-comprehensive)?(-decomposed)?$", "", str(r["id"])),
 }

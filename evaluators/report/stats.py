@@ -126,13 +126,6 @@ def support(units: Sequence[list], metric: Callable[[list[Record]], float], enou
                 if len(read) >= enough:
                     return len(read)
     return len(read)
-    undefined = [u for u, d in zip(units, defined) if not d]
-    for u, d in zip(units, defined):
-        if not d and any(v is not u and not math.isnan(_value(metric, list(u) + list(v))) for v in undefined):
-            count += 1
-            if count >= enough:
-                break
-    return count
 
 
 def mcnemar_exact(baseline_correct: Sequence[bool], mitigated_correct: Sequence[bool]) -> dict[str, float]:

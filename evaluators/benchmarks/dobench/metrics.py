@@ -35,12 +35,19 @@ Choices:
 * **Global metrics** (Acc ... Yes-rate, PriorRobust, PerceptionAbility) use the
   10-instance protocol only. Records outside it (A-series Cluster/Crop at levels 1-3, the
   §4.4 grid) feed only :func:`fn_grid`.
+* **Crop margins.** §4.5 / Table 3 report PerceptionAbility per crop margin (10%, 20%),
+  never pooled. Cluster/Crop records may carry ``margin``; where they carry more than one,
+  every protocol metric (the 10 instances, PerceptionAbility, the curves and the grid)
+  reads the views of :data:`BASE_MARGIN` (else the smallest margin present), so each scene
+  still contributes 10 instances, and :func:`perception_ability_by_margin` gives Eq. 2 per
+  margin (in ``details``).
 * **A level or view with no samples** gives NaN there, and NaN propagates into
   PriorRobust / PerceptionAbility; Precision is NaN when nothing is answered "yes".
 * Table 2's closed models imply a positive share of 2/3 rather than the protocol's 0.6
   (Prec·Yes-rate/Rec = 0.667 for GPT-5.2), so their global metrics were computed over some
-  other subset; the open models fit 0.6 exactly (LLaVA-v1.5-7B: 0.4761·0.4726/0.375 = 0.600).
-  We follow the protocol.
+  other subset; 10 of the 14 open models fit 0.6 (LLaVA-v1.5-7B: 0.4761·0.4726/0.375 =
+  0.600), four do not (Qwen2.5-VL-72B: 0.9739·0.4113/0.6008 = 0.667; also InstructBLIP-13B,
+  InternVL2.5-78B, Qwen2.5-VL-32B: 0.625-0.667). We follow the protocol.
 """
 
 from __future__ import annotations
@@ -55,6 +62,40 @@ from ...metrics.registry import metric
 LEVELS = (0, 1, 2, 3)
 VIEWS = ("Full", "Cluster", "Crop")
 SERIES = ("A", "B")
+
+
+#: The crop margin the protocol metrics read when records carry several (the built-in
+#: suite's default; DO-Bench's margin rule at 10%).
+BASE_MARGIN = 0.1
+
+
+def _view_of(r: Mapping[str, Any]) -> str:
+    return str(r.get("view", "Full")).capitalize()
+
+
+def _margin(r: Mapping[str, Any]) -> float | None:
+    """A Cluster/Crop record's margin (None for a Full view or a record that names none)."""
+    if _view_of(r) == "Full" or r.get("margin") is None:
+        return None
+    return round(float(r["margin"]), 6)
+
+
+def margins(records: Iterable[Mapping[str, Any]]) -> list[float]:
+    """The distinct crop margins of the records' Cluster/Crop views, ascending."""
+    return sorted({m for m in map(_margin, records) if m is not None})
+
+
+def _at_margin(records: Iterable[Mapping[str, Any]], margin: float | None = None) -> list[Mapping[str, Any]]:
+    """The records with only one margin's Cluster/Crop views: ``margin``, or where several
+    are present :data:`BASE_MARGIN` (else the smallest); all records where at most one is."""
+    records = list(records)
+    present = margins(records)
+    if margin is None:
+        if len(present) <= 1:
+            return records
+        margin = BASE_MARGIN if round(BASE_MARGIN, 6) in present else present[0]
+    margin = round(float(margin), 6)
+    return [r for r in records if _margin(r) in (None, margin)]
 
 
 def _pct(num: float, den: int) -> float:
@@ -97,7 +138,7 @@ def _protocol(records: Iterable[Mapping[str, Any]]) -> list[tuple[str, int, str,
 
 def error_rate(records: Iterable[Mapping[str, Any]], series: str, level: int, view: str = "Full") -> float:
     """FN rate (series A) or FP rate (series B), in %, at one level and view; invalid = error."""
-    return _error_rate([_parse(r) for r in records], series, level, view)
+    return _error_rate([_parse(r) for r in _at_margin(records)], series, level, view)
 
 
 def _error_rate(parsed: Sequence[tuple], series: str, level: int, view: str = "Full") -> float:
@@ -109,7 +150,7 @@ def _error_rate(parsed: Sequence[tuple], series: str, level: int, view: str = "F
 
 def classification(records: Iterable[Mapping[str, Any]]) -> dict[str, float]:
     """Acc, Precision, Recall, F1, Yes-rate and invalid rate (%), yes = positive class."""
-    parsed = _protocol(records)
+    parsed = _protocol(_at_margin(records))
     n = len(parsed)
     pos = sum(s == "A" for s, *_ in parsed)
     tp = sum(s == "A" and a is True for s, _, _, a in parsed)
@@ -136,7 +177,7 @@ def classification(records: Iterable[Mapping[str, Any]]) -> dict[str, float]:
 def curves(records: Sequence[Mapping[str, Any]]) -> dict[str, dict]:
     """Plot data of Fig. 4, in %: ``A_FN`` {level: FN}, ``B_FP`` {level: FP} (Full view),
     ``A0_FN_by_view`` {view: FN at A0}."""
-    parsed = [_parse(r) for r in records]  # once: the bootstrap calls this ~1000 times per arm
+    parsed = [_parse(r) for r in _at_margin(records)]  # once: the bootstrap calls this ~1000 times per arm
     return {
         "A_FN": {lv: _error_rate(parsed, "A", lv) for lv in LEVELS},
         "B_FP": {lv: _error_rate(parsed, "B", lv) for lv in LEVELS},
@@ -147,7 +188,7 @@ def curves(records: Sequence[Mapping[str, Any]]) -> dict[str, dict]:
 def fn_grid(records: Sequence[Mapping[str, Any]]) -> dict[int, dict[str, float]]:
     """FN (%) over prior level x evidence view for the A-object (§4.4, Fig. 5); NaN cells
     where no records were given."""
-    parsed = [_parse(r) for r in records]
+    parsed = [_parse(r) for r in _at_margin(records)]
     return {lv: {v: _error_rate(parsed, "A", lv, v) for v in VIEWS} for lv in LEVELS}
 
 
@@ -164,9 +205,20 @@ def normalised_auc(rates_pct: Mapping[int, float] | Sequence[float]) -> float:
 
 @metric("dobench.perception_ability", "dobench", "perception", True, "pooled")
 def perception_ability(records) -> float:
-    """Eq. 2: 100 - 1/2 (FN(A0, Cluster) + FN(A0, Crop)), FN in %."""
-    parsed = [_parse(r) for r in records]  # once: a registered metric, bootstrapped ~1000 times per arm
+    """Eq. 2: 100 - 1/2 (FN(A0, Cluster) + FN(A0, Crop)), FN in %, at one crop margin
+    (module notes)."""
+    return _perception([_parse(r) for r in _at_margin(records)])  # parsed once: bootstrapped ~1000 times
+
+
+def _perception(parsed: Sequence[tuple]) -> float:
     return 100.0 - 0.5 * (_error_rate(parsed, "A", 0, "Cluster") + _error_rate(parsed, "A", 0, "Crop"))
+
+
+def perception_ability_by_margin(records: Iterable[Mapping[str, Any]]) -> dict[float, float]:
+    """Eq. 2 per crop margin the records carry (Table 3's 10% / 20% columns); empty when
+    none names a margin."""
+    records = list(records)
+    return {m: _perception([_parse(r) for r in _at_margin(records, m)]) for m in margins(records)}
 
 
 @metric("dobench.prior_robust", "dobench", "language_prior", True, "trapezoid_auc")
@@ -230,11 +282,17 @@ def dobench_scores(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 def details(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """What ``results.json`` carries beside the registered metrics: Fig. 4's FN/FP curves
     per level and view, and the two normalised AUCs PriorRobust is made of."""
-    c = curves(list(records))
-    return {"curves": c, "a_auc": normalised_auc(c["A_FN"]), "b_auc": normalised_auc(c["B_FP"])}
+    records = list(records)
+    c = curves(records)
+    out = {"curves": c, "a_auc": normalised_auc(c["A_FN"]), "b_auc": normalised_auc(c["B_FP"])}
+    by_margin = perception_ability_by_margin(records)
+    if by_margin:
+        out["perception_ability_by_margin"] = {str(m): v for m, v in by_margin.items()}
+    return out
 
 
 __all__ = [
     "LEVELS", "details", "SERIES", "VIEWS", "accuracy", "classification", "curves", "dobench_scores", "error_rate", "f1",
-    "fn_grid", "normalised_auc", "perception_ability", "precision", "prior_robust", "recall", "yes_rate",
+    "fn_grid", "margins", "normalised_auc", "perception_ability", "perception_ability_by_margin", "precision",
+    "prior_robust", "recall", "yes_rate", "BASE_MARGIN",
 ]
