@@ -524,3 +524,16 @@ def test_mioh_which_in_all():
     assert mioh.combine_which_in_all({"dog": [True, False]}) == mioh.NONE_OF_THE_ABOVE
     assert mioh.combine_which_in_all({"dog": [True, True], "cup": [True, True]}) is None   # two qualify
     assert mioh.combine_which_in_all({"dog": [True, None]}) is None                        # cannot tell
+
+
+def test_mioh_decomposition_compares_with_the_direct_questions_of_the_decomposed_tasks():
+    """§5.5's gap: decomposed existence sets against direct *existence* NI questions; an NI
+    counting question asked directly is not part of the comparison."""
+    def row(task, correct, decomposed=False):
+        return {"task": task, "qtype": "selective", "condition": "NI", "n_images": 4, "correct": correct,
+                "decomposed": decomposed}
+
+    rs = [row("existence", True), row("existence", False), row("counting", False), row("counting", False),
+          row("existence", True, decomposed=True)]
+    out = mioh.decomposition_by_qtype(rs)["selective"]
+    assert out["direct"] == 50.0 and out["decomposed"] == 100.0 and out["gap"] == 50.0

@@ -289,8 +289,9 @@ def decomposition_by_qtype(records: Sequence[Mapping[str, Any]]) -> dict[str, di
     out = {}
     for qtype in QTYPES:
         rows = _decomposed_ni(records, qtype)
-        if rows:
-            direct = accuracy(records, qtype=qtype, condition="NI")
+        if rows:  # direct over the tasks that were decomposed (the built-in suite: existence)
+            tasks = {_parse(r)[0] for r in rows}
+            direct = accuracy([r for r in records if _parse(r)[0] in tasks], qtype=qtype, condition="NI")
             dec = _pct(sum(bool(r["correct"]) and not r.get("invalid") for r in rows), len(rows))
             out[qtype] = {"direct": direct, "decomposed": dec, "gap": dec - direct, "n": len(rows)}
     return out
