@@ -123,7 +123,9 @@ class ContrastBranches:
             )
         group.patch_attribute(model, _MARK, self)  # one set of branches per model (they expand one batch)
         group.add_forward_pre_hook(model, self._pre_forward)
-        group.add_forward_hook(model, self._post_forward, always_call=True)
+        # first of the model's forward hooks, whenever attached: any other (a plausibility cut
+        # from another attach()) must only ever see the combined original rows
+        group.add_forward_hook(model, self._post_forward, always_call=True, prepend=True)
         owner = model.base_model
         if any(b.needs_pixels for b in self.branches) and callable(getattr(owner, "get_image_features", None)):
             group.patch_attribute(owner, "get_image_features", self._wrap_encoder(owner.get_image_features))

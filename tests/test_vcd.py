@@ -302,6 +302,22 @@ def test_plausibility_alone_masks_implausible_tokens(llava):
         Plausibility(beta=2)
 
 
+def test_a_cut_attached_before_the_branches_sees_only_the_combined_rows(llava):
+    """Plausibility attached in its own attach() before VCD: the combine hook still runs
+    first, so the cut never sees (and -inf's) the contrast rows that (1 + a) l - a c then
+    turns into +inf; the tokens equal one attach() of both, and sampling runs."""
+    inputs = tiny_inputs(llava, batch_size=2, text_lengths=[6, 3], seed=4)
+    with attach(llava, VCD(seed=3), Plausibility(beta=0.8)):
+        together = _gen(llava, inputs)
+    with attach(llava, Plausibility(beta=0.8)), attach(llava, VCD(seed=3)):
+        apart = _gen(llava, inputs, output_logits=True, return_dict_in_generate=True)
+        assert not any(bool(torch.isposinf(step).any()) for step in apart.logits)
+        torch.manual_seed(0)
+        with torch.no_grad():
+            llava.generate(**inputs, max_new_tokens=4, do_sample=True, pad_token_id=0)
+    assert torch.equal(together, apart.sequences)
+
+
 def test_pipeline_image_text_to_text_works_with_vcd():
     from evaluators.organism.package import build_model_config, build_processor, build_tokenizer
     from PIL import Image
