@@ -58,7 +58,7 @@ from hooks.cache import PromptCache, cache_of
 from .base import Mitigation, register
 from .branches import Branch
 from .spans import Span, decode_with_offsets, find_prior_spans_between, spans_to_mask, user_spans
-from .vcd import _check_beta, plausibility_mask
+from .vcd import _check_beta, cut_implausible
 
 MODES = ("context", "output", "both")
 #: Zero-bias columns kept after the prompt's row for generated tokens (grown when exceeded).
@@ -144,7 +144,7 @@ class PriorSuppression(Mitigation):
             return logits
         (prior,) = branch_logits
         out = logits - self.gamma * prior
-        return out.masked_fill(~plausibility_mask(logits, self.beta), float("-inf"))
+        return cut_implausible(out, logits, self.beta)  # finite outside the set: mitigate.vcd's notes
 
     # -- context mode: attention bias on the spans ---------------------------------------------
     def span_mask(self, points: ModelPoints, input_ids: torch.Tensor) -> torch.Tensor:

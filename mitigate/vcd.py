@@ -8,7 +8,8 @@ paper, in logit form)::
 
 restricted to the adaptive plausibility set (Eq. 4)::
 
-    V_head = { y : p(y | v, x) >= beta * max_w p(w | v, x) },   l_vcd(y) = -inf outside it.
+    V_head = { y : p(y | v, x) >= beta * max_w p(w | v, x) },   l_vcd(y) = -inf outside it
+    (in effect: see the choices below).
 
 Defaults alpha = 1, beta = 0.1 and the distortion (forward diffusion noise at step 500 of
 1000, sigmoid beta schedule, on the normalised pixels) are the paper's / reference code's.
@@ -19,6 +20,16 @@ Choices the paper leaves open, made here:
   ``alpha = 0`` reproduces the unmitigated model exactly; the plausibility constraint on
   its own is a separate control, :class:`Plausibility` (the control arXiv 2504.10020
   shows matters).
+* **Outside V_head the logits are finite, not -inf** (:func:`cut_implausible`): every
+  implausible token sits :data:`IMPLAUSIBLE_GAP` below the lowest plausible one, in the
+  model's own order. The cut runs inside the forward, before ``generate()``'s logits
+  processors, and a processor may forbid every plausible token (``min_new_tokens`` while
+  V_head is only the end token; ``bad_words_ids``, ``no_repeat_ngram_size``): with -inf
+  the row was then all -inf, so greedy decoding emitted token 0 and sampling raised. The
+  reference code applies its processors after the cut too and has the same failure. Here
+  the model's best allowed token is taken instead. Elsewhere nothing changes: softmax
+  gives the implausible tokens exactly 0 in float32, so greedy and sampled tokens are
+  those of the -inf cut.
 * The distortion is applied once per image per ``generate()`` call, with a generator
   seeded by ``seed`` and the image's content, so runs are reproducible and an image is
   distorted the same way whatever batch it is in.
@@ -46,6 +57,29 @@ def plausibility_mask(logits: torch.Tensor, beta: float) -> torch.Tensor:
     """True where ``p(y) >= beta * max p`` under ``softmax(logits)`` (VCD Eq. 4)."""
     cutoff = logits.max(dim=-1, keepdim=True).values + math.log(beta)
     return logits >= cutoff
+
+
+#: How far below the lowest plausible score :func:`cut_implausible` puts the implausible
+#: tokens: exp(-1e4) is 0 in float32, so softmax (and sampling) is that of an -inf cut.
+IMPLAUSIBLE_GAP = 1e4
+
+
+def cut_implausible(scores: torch.Tensor, logits: torch.Tensor, beta: float) -> torch.Tensor:
+    """``scores`` on VCD's plausible set (Eq. 4, read from the model's own ``logits``) and,
+    outside it, :data:`IMPLAUSIBLE_GAP` below the row's lowest plausible score, ordered by
+    ``logits`` (module notes: finite, so a logits processor that forbids every plausible
+    token leaves the model's best allowed one, not an all -inf row)."""
+    keep = plausibility_mask(logits, beta)
+    lowest = scores.masked_fill(~keep, float("inf")).amin(dim=-1, keepdim=True)
+    below = lowest - IMPLAUSIBLE_GAP + (logits - logits.amax(dim=-1, keepdim=True))
+    return torch.where(keep, scores, below.to(scores.dtype))
+
+
+def allowed(scores: torch.Tensor) -> torch.Tensor:
+    """Where ``scores`` (logits as VCD, :class:`Plausibility` or prior suppression's output
+    mode return them, or a -inf-cut reference) keep a token in the plausible set: within
+    half of :data:`IMPLAUSIBLE_GAP` of the row's best score."""
+    return scores >= scores.amax(dim=-1, keepdim=True) - IMPLAUSIBLE_GAP / 2
 
 
 def _check_beta(beta: float) -> float:
@@ -117,7 +151,7 @@ class VCD(Mitigation):
             return logits
         (contrast,) = branch_logits
         out = (1 + self.alpha) * logits - self.alpha * contrast
-        return out.masked_fill(~plausibility_mask(logits, self.beta), float("-inf"))
+        return cut_implausible(out, logits, self.beta)
 
 
 @register
@@ -139,7 +173,7 @@ class Plausibility(Mitigation):
         beta = self.beta
 
         def cut(module, args, kwargs, output):
-            output.logits = output.logits.masked_fill(~plausibility_mask(output.logits, beta), float("-inf"))
+            output.logits = cut_implausible(output.logits, output.logits, beta)
             return output
 
         group.add_forward_hook(points.model, cut)

@@ -13,7 +13,7 @@ from hooks import HookGroup, resolve
 from hooks.adapters import get_adapter
 from hooks.testing import TINY_MODEL_TYPES, WordIds, build_tiny_model, tiny_inputs
 from mitigate import VCD, PriorSuppression, attach, find_prior_spans
-from mitigate.vcd import plausibility_mask
+from mitigate.vcd import allowed, plausibility_mask
 
 # decoders with softmax attention in every layer: a position shift can make a masked span
 # read as deleted; a hybrid decoder's recurrent layers step through it (compact_positions refused)
@@ -619,8 +619,8 @@ def test_every_decoding_mode_runs_with_spans_differing_per_row(model_type, mode)
         first = model(**inputs).logits[:, -1]
         scored = model.generate(**inputs, max_new_tokens=1, do_sample=False, output_logits=True,
                                 return_dict_in_generate=True)
-    finite = torch.isfinite(first)
-    assert torch.equal(finite, torch.isfinite(scored.logits[0]))
+    finite = allowed(first)
+    assert torch.equal(finite, allowed(scored.logits[0]))
     torch.testing.assert_close(scored.logits[0][finite], first[finite], rtol=0, atol=1e-5)
     assert torch.equal(greedy[:, inputs["input_ids"].shape[1]], first.argmax(-1))
 
@@ -638,8 +638,8 @@ def test_output_mode_is_logit_minus_gamma_prior_on_the_plausible_set(model_type)
             ours = model(**inputs).logits
     expected = (with_image - 0.5 * prior).masked_fill(~plausibility_mask(with_image, 0.2), -math.inf)
     real = inputs["attention_mask"].bool()
-    finite = torch.isfinite(expected[real])
-    assert torch.equal(finite, torch.isfinite(ours[real]))
+    finite = allowed(expected[real])
+    assert torch.equal(finite, allowed(ours[real]))
     torch.testing.assert_close(ours[real][finite], expected[real][finite], rtol=0, atol=1e-5)
 
 
@@ -691,8 +691,8 @@ def test_compact_positions_compose_exactly_with_vcd_and_output_mode(model_type):
             assert handle.rows_per_sample == 3
             got = model.generate(**inputs, **options)
     want_logits, got_logits = torch.stack(want.logits), torch.stack(got.logits)
-    assert torch.equal(torch.isfinite(got_logits), torch.isfinite(want_logits))  # the same plausible sets
-    finite = torch.isfinite(want_logits)
+    assert torch.equal(allowed(got_logits), allowed(want_logits))  # the same plausible sets
+    finite = allowed(want_logits)
     torch.testing.assert_close(got_logits[finite], want_logits[finite], rtol=0, atol=1e-5)
 
 

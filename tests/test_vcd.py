@@ -9,7 +9,7 @@ import torch
 from hooks import get_adapter, hook_state, resolve
 from hooks.testing import TINY_MODEL_TYPES, build_tiny_model, tiny_inputs
 from mitigate import VCD, Plausibility, PriorSuppression, attach
-from mitigate.vcd import plausibility_mask
+from mitigate.vcd import allowed, plausibility_mask
 
 NEW = 5
 
@@ -61,8 +61,8 @@ def test_batched_vcd_matches_naive_two_pass_reference(llava, distortion, batch):
         out = _gen(llava, inputs, do_sample=False, output_logits=True, return_dict_in_generate=True)
     assert torch.equal(out.sequences, ref_ids)
     for step, (ours, ref) in enumerate(zip(out.logits, ref_logits)):
-        finite = torch.isfinite(ref)
-        assert torch.equal(finite, torch.isfinite(ours)), f"plausible set differs at step {step}"
+        finite = allowed(ref)
+        assert torch.equal(finite, allowed(ours)), f"plausible set differs at step {step}"
         torch.testing.assert_close(ours[finite], ref[finite], rtol=0, atol=1e-5)
 
 
@@ -296,8 +296,14 @@ def test_plausibility_alone_masks_implausible_tokens(llava):
         with attach(llava, Plausibility(beta=0.5)):
             cut = llava(**inputs).logits
     keep = plausibility_mask(plain, 0.5)
-    assert torch.equal(torch.isfinite(cut), keep)
+    assert torch.equal(allowed(cut), keep)
     assert torch.equal(cut[keep], plain[keep])
+    # outside the set: below every plausible token, in the model's own order
+    lowest = plain.masked_fill(~keep, float("inf")).amin(-1, keepdim=True)
+    assert bool((cut[~keep] < lowest.expand_as(cut)[~keep] - 1000).all())
+    row = plain[0, -1]
+    out = cut[0, -1][~keep[0, -1]]
+    assert torch.equal(out.argsort(), row[~keep[0, -1]].argsort())
     with pytest.raises(ValueError, match="beta"):
         Plausibility(beta=2)
 
@@ -467,8 +473,8 @@ def test_every_architecture_matches_two_plain_forwards_per_token(model_type):
                              return_dict_in_generate=True)
     assert torch.equal(out.sequences, ids)
     for ours, ref in zip(out.logits, steps):
-        finite = torch.isfinite(ref)
-        assert torch.equal(finite, torch.isfinite(ours))
+        finite = allowed(ref)
+        assert torch.equal(finite, allowed(ours))
         torch.testing.assert_close(ours[finite], ref[finite], rtol=0, atol=1e-5)
 
 
@@ -685,3 +691,30 @@ def test_a_cache_from_another_call_is_refused_and_a_manual_loop_runs(llava):
         with pytest.raises(ValueError, match="continues a cache that is not"):
             llava(input_ids=token, attention_mask=torch.cat([inputs["attention_mask"], torch.ones_like(token)], 1),
                   cache=first.cache, use_cache=True)
+
+
+def test_a_processor_that_forbids_the_whole_plausible_set_leaves_the_models_best_allowed_token():
+    """On the organism a question whose plausible set is only the end token: under
+    ``min_new_tokens`` an -inf cut left all -inf rows (greedy emitted <pad>, sampling
+    raised). The cut is finite, so decoding takes the best allowed token, never <pad>,
+    and sampling runs; without the processor the tokens are VCD's as before."""
+    from evaluators.organism import ORGANISM_DIR, load_organism
+    from evaluators.organism.package import format_prompt
+    from evaluators.world import BIASED, World
+
+    if not (ORGANISM_DIR / "config.json").exists():
+        pytest.skip("organism checkpoint missing")
+    model, processor = load_organism()
+    inputs = processor(text=[format_prompt("is there a dog ?")], images=[World(BIASED).scene(10**9 + 51).render()],
+                       return_tensors="pt")
+    n = inputs["input_ids"].shape[1]
+    with torch.no_grad(), attach(model, VCD()):
+        free = model.generate(**inputs, do_sample=False, max_new_tokens=6, output_logits=True,
+                              return_dict_in_generate=True)
+        held = model.generate(**inputs, do_sample=False, max_new_tokens=6, min_new_tokens=4)
+        torch.manual_seed(1)
+        sampled = model.generate(**inputs, do_sample=True, max_new_tokens=6, min_new_tokens=4)
+    eos, pad = model.generation_config.eos_token_id, processor.tokenizer.pad_token_id
+    assert int(allowed(free.logits[1][0]).sum()) == 1 and int(free.sequences[0, n + 1]) == eos  # only </s> allowed
+    assert pad not in held[0, n:].tolist() and pad not in sampled[0, n : n + 4].tolist()
+    assert int(held[0, n]) == int(free.sequences[0, n])  # before the constraint bites: VCD's token
