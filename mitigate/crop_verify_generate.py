@@ -49,6 +49,7 @@ streamer once verification is done (prompt first, then one step at a time, as
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections import deque
 from typing import Any, Callable
@@ -79,33 +80,71 @@ def _flat_images(images: Any) -> list[Image.Image | None]:
     return [None]  # a tensor or an unknown type: cannot be cut
 
 
-def _fingerprint(pixels: torch.Tensor) -> tuple:
-    values = pixels.detach().double()
-    return tuple(pixels.shape), float(values.sum()), float(values.abs().sum())
+#: Random +-1 weightings per pixel count (seeded): their sums tell images apart, and
+#: rows in another order, where plain sums do not.
+_WEIGHTS: dict[int, torch.Tensor] = {}
+
+
+def _fingerprint(pixels: torch.Tensor) -> tuple[tuple, torch.Tensor, float]:
+    """``(shape, features, tolerance)`` of a pixel tensor: its sum, absolute sum and four
+    randomly signed sums, and how far a copy cast to bf16 / fp16 (relative rounding error
+    <= 2^-8 per value, unbiased) may drift: 2% of sqrt(n) x the values' RMS, about five
+    times bf16's drift and a small fraction of what another image's pixels change."""
+    values = pixels.detach().to("cpu", torch.float64).reshape(-1)
+    n = values.numel()
+    if n not in _WEIGHTS:
+        g = torch.Generator().manual_seed(n)
+        _WEIGHTS[n] = (torch.randint(0, 2, (4, n), generator=g) * 2 - 1).to(torch.float64)
+    features = torch.cat([torch.stack([values.sum(), values.abs().sum()]), _WEIGHTS[n] @ values])
+    rms = float(values.pow(2).mean().sqrt()) if n else 0.0
+    return tuple(pixels.shape), features, 0.02 * math.sqrt(n) * rms + 1e-9
+
+
+def _same(a: tuple, b: tuple) -> bool:
+    return a[0] == b[0] and bool(((a[1] - b[1]).abs() <= max(a[2], b[2])).all())
 
 
 class OriginalImages:
-    """The last ``keep`` batches the image processor saw, keyed by the pixels it returned.
+    """The images of the last ``keep`` preprocess calls, each findable by its pixels.
 
-    A later ``generate()`` finds its originals by matching its ``pixel_values`` (shape and
-    two sums, within 1% -- the caller may have cast them to bf16 or moved them to a GPU)."""
+    A later ``generate()`` finds its originals by matching its ``pixel_values``, image by
+    image where the image processor returns one row per image (fixed grids, tiled
+    LLaVA-NeXT): rows preprocessed one call at a time and stacked (``pipeline(...,
+    batch_size=2)`` does this) or reordered are found too. Otherwise (patches of several
+    images flattened into one tensor, Qwen2-VL) the whole call's tensor must match.
+    Matching tolerates a cast to bf16 / fp16 or a move to another device (:func:`_fingerprint`)."""
 
     def __init__(self, keep: int = 16) -> None:
-        self._seen: deque = deque(maxlen=keep)
+        self._seen: deque = deque(maxlen=keep)  # (whole fingerprint, per-row fingerprints or None, images)
         self.paused = False
 
     def record(self, images: Any, out: Any) -> None:
         pixels = out.get("pixel_values") if hasattr(out, "get") else None
-        if not self.paused and isinstance(pixels, torch.Tensor):
-            self._seen.append((_fingerprint(pixels), _flat_images(images)))
+        if self.paused or not isinstance(pixels, torch.Tensor):
+            return
+        flat = _flat_images(images)
+        rows = [_fingerprint(row) for row in pixels] if pixels.dim() >= 2 and len(pixels) == len(flat) else None
+        self._seen.append((_fingerprint(pixels), rows, flat))
 
     def find(self, pixels: torch.Tensor) -> list[Image.Image | None] | None:
-        shape, total, magnitude = _fingerprint(pixels)
-        for (seen_shape, seen_total, seen_magnitude), images in reversed(self._seen):
-            if seen_shape == shape and abs(seen_magnitude - magnitude) <= 0.01 * max(1.0, abs(seen_magnitude)) \
-                    and abs(seen_total - total) <= 0.01 * max(1.0, seen_magnitude):
+        whole = _fingerprint(pixels)
+        for seen, _, images in reversed(self._seen):
+            if _same(seen, whole):
                 return images
-        return None
+        if pixels.dim() < 2:
+            return None
+        found = []
+        for row in pixels:  # image by image, the most recent match first
+            mine = _fingerprint(row)
+            match = next((im for _, rows, images in reversed(self._seen) if rows is not None
+                          for fp, im in zip(rows, images) if _same(fp, mine)), _MISSING)
+            if match is _MISSING:
+                return None
+            found.append(match)
+        return found
+
+
+_MISSING = object()
 
 
 def _row_inputs(kwargs: dict, rows: list[int], images: list[Image.Image], image_processor, device) -> dict:

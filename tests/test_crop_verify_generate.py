@@ -140,7 +140,11 @@ def test_a_static_cache_gives_the_dynamic_caches_answers(organism, queries, kwar
     assert runs["static"] == runs[None] and runs[None][1]["verified"] > 0
 
 
-def test_pipeline_is_verified_while_attached(organism, queries):
+@pytest.mark.parametrize("batch_size", [1, 2])
+def test_pipeline_is_verified_while_attached(organism, queries, batch_size):
+    """Batched, the pipeline preprocesses one example at a time and stacks the pixels:
+    the originals are still found, image by image (they were not at batch 2: nothing was
+    verified and a warning blamed the processor)."""
     from transformers import pipeline
 
     model, processor = organism
@@ -149,7 +153,8 @@ def test_pipeline_is_verified_while_attached(organism, queries):
                 for q in queries]
 
     def answers():
-        return [o[0]["generated_text"][-1]["content"].strip() for o in pipe(text=messages, max_new_tokens=4)]
+        return [o[0]["generated_text"][-1]["content"].strip()
+                for o in pipe(text=messages, max_new_tokens=4, batch_size=batch_size)]
 
     plain = answers()
     cv = CropVerify(processor, **OBJECT)
@@ -160,6 +165,21 @@ def test_pipeline_is_verified_while_attached(organism, queries):
     assert mitigated == [r["answer"] for r in expected]
     assert sum(a != b for a, b in zip(plain, mitigated)) == cv.stats["overturned"] > 0
     assert answers() == plain  # detached: the pipeline is the plain one again
+
+
+def test_each_row_finds_its_own_original_when_another_batch_held_the_same_images(organism, queries):
+    """The same images preprocessed again in the reverse order (a prefetching loader) after
+    the batch generate() runs on: every row still verifies against its own original."""
+    model, processor = organism
+    images, prompts = [q.images[0] for q in queries[:8]], [q.prompt for q in queries[:8]]
+    expected = [r["answer"] for r in CropVerify(processor, **OBJECT).answer(model, images, prompts, max_new_tokens=4)]
+    cv = CropVerify(processor, **OBJECT)
+    with attach(model, cv):
+        enc = processor(text=_templated(processor, prompts), images=images, return_tensors="pt", padding=True)
+        processor(text=_templated(processor, prompts[::-1]), images=images[::-1], return_tensors="pt", padding=True)
+        with torch.no_grad():
+            out = model.generate(**enc, max_new_tokens=4, do_sample=False)
+    assert _decode(processor, out, enc) == expected and cv.stats["overturned"] > 0
 
 
 def test_tau_one_and_detach_leave_generate_exactly_as_it_was(organism, queries):
@@ -459,3 +479,17 @@ def test_each_gated_row_is_judged_by_its_own_question(organism):
     gated = [i for i, r in enumerate(expected) if r["verified"]]
     own = [processor.tokenizer.decode(enc["input_ids"][i], skip_special_tokens=True) for i in gated]
     assert [q for _, q in judged] == own
+
+
+def test_pixel_fingerprints_survive_a_cast_but_not_another_image_or_order():
+    from mitigate.crop_verify_generate import _fingerprint, _same
+
+    torch.manual_seed(0)
+    pixels = torch.randn(8, 3, 64, 64)
+    for cast in (torch.bfloat16, torch.float16):
+        assert _same(_fingerprint(pixels), _fingerprint(pixels.to(cast)))
+        assert all(_same(_fingerprint(row), _fingerprint(row.to(cast))) for row in pixels)
+    patched = pixels[0].clone()
+    patched[:, :8, :8] += 0.5  # one 8 x 8 patch of one image changed
+    assert not _same(_fingerprint(pixels[0]), _fingerprint(patched))
+    assert not _same(_fingerprint(pixels), _fingerprint(pixels.flip(0)))  # the same images, reordered
