@@ -228,6 +228,21 @@ def _call_setting(kwargs: dict, model, name: str) -> Any:
     return None
 
 
+def _new_token_bounds(kwargs: dict, model, start: int) -> tuple[int | None, int | None]:
+    """The call's most and fewest new tokens, as ``generate()`` derives them: ``max_new_tokens``
+    (``min_new_tokens``) where set, else ``max_length`` (``min_length``, when positive) less
+    the prompt's ``start`` tokens; None where neither is set."""
+    cap = _call_setting(kwargs, model, "max_new_tokens")
+    if cap is None:
+        length = _call_setting(kwargs, model, "max_length")
+        cap = None if length is None else max(0, int(length) - start)
+    floor = _call_setting(kwargs, model, "min_new_tokens")
+    if floor is None:
+        length = _call_setting(kwargs, model, "min_length")
+        floor = max(0, int(length) - start) if length else None
+    return cap, floor
+
+
 def _eos_ids(kwargs: dict, model) -> list[int]:
     """The end-of-sequence ids of this call (its own ``eos_token_id`` first)."""
     eos = _call_setting(kwargs, model, "eos_token_id")
@@ -348,8 +363,9 @@ class VerifiedGenerate:
             # a yes/no question's views answer with fewer tokens (CropVerify.view_tokens): one
             # generate() per token limit, each with its rows' inputs
             # the caller's limits as this call sees them (keyword, its generation_config, the model's)
-            cap = _call_setting(kwargs, model, "max_new_tokens")
-            floor = _call_setting(kwargs, model, "min_new_tokens")
+            # max_length / min_length become new-token counts of this prompt: a view's prompt
+            # may be shorter (strip_priors), and it must stop where the caller's answer would
+            cap, floor = _new_token_bounds(kwargs, model, kwargs["input_ids"].shape[1])
             limits = [cv.view_tokens(answer_kind(texts[i], p), cap, floor) for i, p in zip(gated, prompts)]
             groups = {}
             for limit in dict.fromkeys(limits):
@@ -369,6 +385,9 @@ class VerifiedGenerate:
             if limit is not None:
                 passthrough["max_new_tokens"] = limit
                 passthrough.pop("max_length", None)  # the limit says it; both would warn
+            if floor:
+                passthrough.pop("min_length", None)
+                passthrough["min_new_tokens"] = floor if limit is None else min(floor, limit)
             vout = self.generate(**{**passthrough, **views, "output_scores": True, "return_dict_in_generate": True})
             answers = vout.sequences[:, views["input_ids"].shape[1]:]
             vtexts = [t.strip() for t in tok.batch_decode(answers, skip_special_tokens=True)]

@@ -92,7 +92,9 @@ def test_generate_gives_the_answers_of_answer(organism, more_queries, kwargs):
     ({"max_new_tokens": 1}, 1),
     ({"generation_config": "max_new_tokens=1"}, 3),  # the config's limit, not only the keyword's
     ({"max_new_tokens": 4, "min_new_tokens": 3}, 1),
-], ids=["max1", "config-max1", "min3"])
+    ({"max_length": "+1"}, 3),  # lengths counted from the prompt ("+N": its length plus N)
+    ({"max_length": "+4", "min_length": "+3"}, 1),
+], ids=["max1", "config-max1", "min3", "max_length1", "min_length3"])
 def test_verified_rows_keep_the_callers_length_limits(organism, limits, view_tokens):
     """An overturned row is no longer than the call allows (a view cut at the caller's own
     limit is not closed with an extra eos), its yes/no views never answer past the call's
@@ -109,12 +111,14 @@ def test_verified_rows_keep_the_callers_length_limits(organism, limits, view_tok
     cv = CropVerify(processor, gate=1.0, tau=0.0, yes_no_view_tokens=view_tokens)
     with attach(model, cv):  # preprocessed while attached: the original images are remembered
         enc = processor(text=_templated(processor, prompts), images=images, return_tensors="pt", padding=True)
+        start = enc["input_ids"].shape[1]
+        limits = {k: start + int(v) if isinstance(v, str) else v for k, v in limits.items()}
         out = model.generate(**enc, do_sample=False, **limits)
     assert cv.stats["overturned"] >= 2
-    start = enc["input_ids"].shape[1]
-    most = limits["generation_config"].max_new_tokens if "generation_config" in limits else limits["max_new_tokens"]
+    most = (limits["generation_config"].max_new_tokens if "generation_config" in limits
+            else limits.get("max_new_tokens", limits.get("max_length", 0) - start))
     assert out.shape[1] - start <= most
-    least = limits.get("min_new_tokens", 0)
+    least = limits.get("min_new_tokens", limits.get("min_length", start) - start)
     eos = model.generation_config.eos_token_id
     for row in out[:, start:].tolist():
         assert eos not in row or row.index(eos) >= least, row
