@@ -108,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gen_kwargs", default="", help="generate() arguments, e.g. do_sample=true,temperature=1")
     parser.add_argument("--no_progress", action="store_true")
     args = parser.parse_args(argv)
+    if args.limit is not None and args.limit < 1:  # 0 read as "no limit", -3 as "all but the last 3"
+        parser.error(f"--limit must be a positive number of queries, got {args.limit}")
 
     import torch
 
@@ -136,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     queries = []
     for task in tasks:
         built = build_suite(task, args.seed, args.scale)
-        queries += built[: args.limit] if args.limit else built
+        queries += built if args.limit is None else built[: args.limit]
     from .benchmarks.protocols import load_data
 
     for bench, path in parse_kv(args.data).items():
@@ -144,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             loaded = load_data({bench: path})
         except ValueError as err:
             parser.error(str(err))
-        queries += loaded[: args.limit] if args.limit else loaded
+        queries += loaded if args.limit is None else loaded[: args.limit]
     try:
         payload = run(queries, under_test, args.output_path, batch_size=args.batch_size, seed=args.seed,
                       config={"tasks": tasks, "limit": args.limit, "mitigations": args.mitigations},

@@ -64,8 +64,18 @@ def drop_torn_tail(path: Path) -> None:
     if not path.exists() or path.stat().st_size == 0:
         return
     data = path.read_bytes()
-    if not data.endswith(b"\n"):
-        os.truncate(path, data.rfind(b"\n") + 1)
+    if data.endswith(b"\n"):
+        return
+    start = data.rfind(b"\n") + 1
+    try:  # killed between a record's "}" and its newline: the record is whole, and was counted as done
+        complete = isinstance(json.loads(data[start:]), dict)
+    except ValueError:
+        complete = False
+    if complete:
+        with path.open("ab") as f:
+            f.write(b"\n")
+    else:
+        os.truncate(path, start)
 
 
 def own_file(folder: Path, rank: int, world_size: int) -> Path:

@@ -69,3 +69,41 @@ def test_report_usage_errors_are_messages_not_tracebacks(tmp_path, capsys):
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert "expected key=value" in err and "Traceback" not in err
+
+
+class _Scripted:
+    """A stand-in for HFModel in vlm-report: unmitigated it answers by id parity, mitigated
+    it answers every yes/no question right (no weights involved: this is about bookkeeping)."""
+
+    def __init__(self, model, processor, mitigations=(), generate_kwargs=None, max_new_tokens=8, name="scripted"):
+        self.mitigations, self.generate_kwargs, self.name = list(mitigations), generate_kwargs or {}, name
+
+    def describe(self):
+        return {"model": self.name, "mitigations": [type(m).__name__ for m in self.mitigations],
+                "generate_kwargs": self.generate_kwargs}
+
+    def __call__(self, queries):
+        if self.mitigations:
+            return [str(q.truth) if q.truth in ("yes", "no") else "a" for q in queries]
+        return ["yes" if len(q.id) % 2 else "no" for q in queries]
+
+
+def test_a_report_compares_only_its_own_queries_when_the_folder_holds_an_earlier_runs(tmp_path, monkeypatch):
+    """A second vlm-report into the same folder with fewer --tasks: the arms' folders still
+    hold the first run's Causal-HalBench answers, which must not reach this report's
+    comparisons or verdicts."""
+    import json
+
+    import evaluators.model as model_module
+    from evaluators.report.main import main
+
+    monkeypatch.setattr(model_module, "HFModel", _Scripted)
+    monkeypatch.setattr(model_module, "load_hf", lambda name, **kw: (object(), type("P", (), {"tokenizer": None})()))
+    common = ["--arms", "VCD (greedy)", "--resamples", "30", "--no_progress", "--output_path", str(tmp_path)]
+    assert main(["--tasks", "dobench,causal_halbench", *common]) == 0
+    first = json.loads((tmp_path / "results.json").read_text())
+    assert {r["benchmark"] for r in first["comparisons"]["VCD (greedy)"]} == {"dobench", "causal_halbench"}
+    assert main(["--tasks", "dobench", *common]) == 0
+    second = json.loads((tmp_path / "results.json").read_text())
+    assert {r["benchmark"] for r in second["comparisons"]["VCD (greedy)"]} == {"dobench"}
+    assert second["verdicts"]["VCD (greedy)"]["cooccurrence"] == "not measured"

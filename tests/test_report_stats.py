@@ -139,3 +139,13 @@ def test_hallusegbench_splits_of_one_image_pair_are_resampled_together():
 
     ids = sorted({q.record["sample_id"] for q in build(n_pairs=2, seed=3)})
     assert len(ids) == 4 and len({UNITS["hallusegbench"]({"id": i}) for i in ids}) == 2
+
+
+def test_reactbench_questions_of_one_item_are_resampled_together():
+    from evaluators.benchmarks.reactbench.suite import build
+    from evaluators.report.attribution import UNITS
+
+    queries = build(n_per_task=2, seed=0, modes=("standard", "cot"))
+    items = {UNITS["reactbench"]({"id": q.id}) for q in queries}
+    assert len(items) == 8  # four tasks x two items, each asked several questions in both modes
+    assert UNITS["reactbench"]({"id": "react-my-own-7"}) == "react-my-own-7"  # user data: its own unit

@@ -79,7 +79,21 @@ def test_missing_images_are_invalid_inputs_not_dropped(queries, tmp_path):
     broken[0].problem = None
 
 
+def test_a_kill_between_a_records_brace_and_its_newline_loses_nothing(queries, tmp_path):
+    """The last line is a whole record without its newline: it was read as done, so the
+    resume must keep it (cutting it lost the answer and failed the merge)."""
+    answer = lambda images, prompt: "no" if "certain" in prompt else "yes"
+    run(queries[:5], CallableModel(answer), tmp_path, progress=False)
+    path = tmp_path / SAMPLES
+    path.write_bytes(path.read_bytes().rstrip(b"\n"))  # the newline the kill cut
+    resumed = run(queries, CallableModel(answer), tmp_path, progress=False)
+    assert sorted(r["id"] for r in read_samples(path)) == sorted(q.id for q in queries)
+    assert resumed["results"] == run(queries, CallableModel(answer), tmp_path / "fresh", progress=False)["results"]
+
+
 @pytest.mark.parametrize("flags, message", [
+    (["--limit", "0"], "--limit must be a positive"),
+    (["--limit", "-3"], "--limit must be a positive"),
     (["--mitigations", "crop_verify;prior_suppression"], "separated by ','"),
     (["--mitigations", "vcd:alfa=1"], "vcd has no argument"),
     (["--mitigations", "vcd:alpha=-1"], "alpha must be"),

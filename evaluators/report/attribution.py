@@ -3,7 +3,8 @@
 Every *arm* (a mitigation setting) answers the same probe queries as its baseline (greedy
 or sampling, matching its own decoding). For every metric the benchmarks tag with a
 mechanism, the paired bootstrap gives the delta and its 95% interval (resampling the
-benchmark's units: DO-Bench scenes, Causal-HalBench pairs, single questions elsewhere),
+benchmark's units, :data:`UNITS`: DO-Bench scenes, Causal-HalBench pairs, HalluSegBench
+image pairs, ReactBench items, MIOH image sets; a user's own questions where no group is known),
 and :func:`~evaluators.report.stats.verdict` reads the interval. A (mitigation, mechanism)
 cell is *fixes* when some metric of that mechanism improves and none worsens, *breaks* in
 the opposite case, *mixed* when both happen, else *no detectable effect*.
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from ..metrics import MECHANISMS, metrics_for
-from .stats import mcnemar_exact, paired_bootstrap, verdict
+from .stats import UnpairedSamples, mcnemar_exact, paired_bootstrap, verdict
 
 SAMPLING = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
 
@@ -35,10 +36,19 @@ UNITS: dict[str, Callable[[dict], Any]] = {
     # one factual/counterfactual image pair: the built-in suite asks its referring and
     # reasoning queries over the same images (ids "hsb-S-K" and "hsb-S-K-reasoning")
     "hallusegbench": lambda r: re.sub(r"-reasoning$", "", str(r["id"])),
+    # one item of the built-in suite (its image or pair): its YN / SA / MC questions and
+    # their inducing, hint and chain-of-thought variants ("react-S-re-K-..."); a user's own
+    # questions stay single units
+    "reactbench": lambda r: _react_item(str(r["id"])),
     # one image set: its selective and comprehensive questions and their decompositions
     "mioh": lambda r: re.sub(r"(-comprehensive)?(-decomposed)?$", "", str(r["id"])),
 }
 YES_NO_BENCHMARKS = ("dobench", "causal_halbench")
+
+
+def _react_item(qid: str) -> str:
+    match = re.match(r"react-\d+-[a-z]+-\d+(?=-|$)", qid)
+    return match.group(0) if match else qid
 
 
 @dataclass
@@ -124,6 +134,8 @@ def compare(base: dict[str, list], arm: dict[str, list], *, n_resamples: int = 1
             try:
                 stats = paired_bootstrap(base[bench], arm[bench], spec.fn, unit=_unit(bench),
                                          n_resamples=n_resamples, seed=seed)
+            except UnpairedSamples:
+                raise  # the arms were not run on the same samples: no verdict may rest on them
             except (KeyError, ValueError, TypeError):
                 continue  # a metric whose fields this suite lacks (reported as not computed elsewhere)
             rows.append({"benchmark": bench, "metric": spec.name, "mechanism": spec.mechanism,

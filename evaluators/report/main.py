@@ -133,7 +133,10 @@ def main(argv: list[str] | None = None) -> int:
             verify = json.loads(stats_file.read_text())
         costs[arm.name] = {"seconds": json.loads(timing.read_text())["seconds"], "forward_rows_per_token": rows,
                            "verification": verify}
-        lines = read_samples(folder / "samples.jsonl")
+        # this run's answers only: the folder keeps answers to queries of earlier runs
+        # (another --tasks or --scale), which must not enter this report's comparisons
+        wanted = {q.id for q in queries}
+        lines = [r for r in read_samples(folder / "samples.jsonl") if r["id"] in wanted]
         by_bench: dict[str, list] = {}
         for r in lines:
             by_bench.setdefault(r["benchmark"], []).append(r)

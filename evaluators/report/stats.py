@@ -31,6 +31,11 @@ Record = Mapping[str, Any]
 MIN_SUPPORT = 6
 
 
+class UnpairedSamples(ValueError):
+    """The two arms of a paired comparison hold different samples: a setup error (for
+    example answers of another run in an arm's folder), never a metric that does not apply."""
+
+
 def paired_bootstrap(
     baseline: Sequence[Record],
     mitigated: Sequence[Record],
@@ -58,8 +63,8 @@ def paired_bootstrap(
         groups_b.setdefault(unit(r), []).append(r)
     if set(groups_a) != set(groups_b):
         missing = sorted(map(str, set(groups_a) ^ set(groups_b)))[:5]
-        raise ValueError(f"baseline and mitigated runs cover different samples (e.g. {missing}); "
-                         "paired statistics need identical samples")
+        raise UnpairedSamples(f"baseline and mitigated runs cover different samples (e.g. {missing}); "
+                              "paired statistics need identical samples")
     units = sorted(groups_a, key=str)
     base_value = metric([r for u in units for r in groups_a[u]])
     mit_value = metric([r for u in units for r in groups_b[u]])
