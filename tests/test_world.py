@@ -218,3 +218,23 @@ def test_bad_input_names_the_argument(world, call, argument):
 def test_scene_round_trips_through_dict(world):
     scene = world.scene(21)
     assert Scene.from_dict(scene.to_dict()) == scene
+
+
+@pytest.mark.parametrize("target, cue, usual", [("dog", None, "park"), ("fork", "knife", "kitchen")])
+def test_image_set_conditions_hold_what_they_promise(target, cue, usual):
+    """Hard negatives: every image of the target's usual context, holding its cue where it
+    has one, never the target. Easy sets: the images without the target are of the other
+    context and hold no cue. (Before, a target without a cue got easy scenes as its hard
+    negatives, and easy sets kept the cue in a third of their images.)"""
+    from evaluators.world.sets import image_set
+
+    world = World(BIASED)
+    for seed in range(12):
+        hard = image_set(world, seed, 4, target, "hard_negative", present=False)
+        assert all(s.context == usual and not s.present(target) for s in hard.scenes)
+        assert cue is None or all(s.present(cue) for s in hard.scenes)
+        easy = image_set(world, seed, 4, target, "easy", present=True)
+        others = [s for i, s in enumerate(easy.scenes) if i != easy.answer_index]
+        assert easy.answer_index is not None and len(others) == 3
+        assert all(s.context != usual and not s.present(target) for s in others)
+        assert cue is None or not any(s.present(cue) for s in others)

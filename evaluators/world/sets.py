@@ -13,7 +13,7 @@ from . import edits
 from .generator import World, check_seed
 from .scene import Obj, Scene
 from .views import MARGINS, check_margin, cluster_box, crop_box, cut
-from .vocab import CATEGORIES, COLOURS, check_category
+from .vocab import CATEGORIES, COLOURS, CONTEXT_CATEGORIES, check_category
 
 CHANGE_KINDS = ("move", "add", "remove", "replace")
 MIOH_CONDITIONS = ("easy", "hard_positive", "hard_negative")
@@ -155,10 +155,13 @@ def image_set(world: World, seed: int, n_images: int, target: str, condition: st
               *, present: bool = True) -> ImageSet:
     """``n_images`` scenes where the target is in exactly one image (``present``) or none.
 
-    * ``easy``: the target, when present, is large; other images have no cue for it.
+    * ``easy``: the target, when present, is large; the other images have no cue for it:
+      they are of the other context than the target's usual one and hold no object that
+      co-occurs with it.
     * ``hard_positive``: the target is present and small.
-    * ``hard_negative``: the target is absent everywhere, but its co-occurrence cue (or its
-      usual context) is present in the images.
+    * ``hard_negative``: the target is absent everywhere, but every image is of its usual
+      context (a park for a dog) and holds its co-occurrence cue where it has one (a knife
+      for a fork).
     """
     seed = check_seed(seed)
     check_category(target, "target")
@@ -172,13 +175,18 @@ def image_set(world: World, seed: int, n_images: int, target: str, condition: st
         raise ValueError("present: hard positives have the target present; pass present=True")
     rng = np.random.default_rng([seed, 5])
     cue = next((c for c, comp, _ in world.config.cooccurrence if comp == target), None)
+    usual = next((c for c, members in CONTEXT_CATEGORIES.items() if target in members), None)
+    unusual = next((c for c in CONTEXT_CATEGORIES if c != usual), None) if usual is not None else None
     holder = int(rng.integers(n_images)) if present else None
     scenes = []
     for i in range(n_images):
-        scene = world.scene(seed * 1009 + i * 13 + 7)
+        context = {"hard_negative": usual, "easy": unusual if i != holder else None}.get(condition)
+        scene = world.scene(seed * 1009 + i * 13 + 7, context=context)
         scene = _without(scene, target)
         if condition == "hard_negative" and cue is not None and not scene.present(cue):
             scene = _with(world, rng, scene, cue, small=False)
+        if condition == "easy" and cue is not None and i != holder:
+            scene = _without(scene, cue)
         if i == holder:
             scene = _with(world, rng, scene, target, small=(condition == "hard_positive"))
         scenes.append(scene)
