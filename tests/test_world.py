@@ -97,7 +97,11 @@ def test_replace_gives_halluseg_pair_with_both_masks(world):
     assert pair.factual_mask.any() and pair.replacement_mask.any()
     assert not pair.counterfactual_mask.any(), "the factual label has no pixels after replacement"
     f, c = pair.factual.get(pair.uid), pair.counterfactual.get(pair.uid)
-    assert (f.cx, f.cy, f.size) == (c.cx, c.cy, c.size), "same place and size"
+    assert (f.cx, f.cy) == (c.cx, c.cy), "same place"
+    fb, cb = f.box, c.box  # same size: the new shape's largest box inside the old one
+    assert fb[0] <= cb[0] and fb[1] <= cb[1] and cb[2] <= fb[2] and cb[3] <= fb[3]
+    assert max(cb[2] - cb[0], cb[3] - cb[1]) == pytest.approx(min(fb[2] - fb[0], fb[3] - fb[1])) or \
+        (cb[2] - cb[0], cb[3] - cb[1]) == pytest.approx((fb[2] - fb[0], fb[3] - fb[1]))
 
 
 def test_recolour_and_change_pairs(world):
@@ -238,3 +242,25 @@ def test_image_set_conditions_hold_what_they_promise(target, cue, usual):
         assert easy.answer_index is not None and len(others) == 3
         assert all(s.context != usual and not s.present(target) for s in others)
         assert cue is None or not any(s.present(cue) for s in others)
+
+
+def test_replace_fits_the_new_shape_in_the_old_box_and_changes_nothing_else():
+    """A knife (a flat bar) replaced by a dog (a square) keeps its centre, and the dog's box
+    is the largest square inside the knife's: the pair differs in that one object only."""
+    from evaluators.world import edits
+    from evaluators.world.sets import segmentation_pair
+
+    scene = Scene("kitchen", (Obj(0, "knife", "red", 40.0, 40.0, 30.0), Obj(1, "cup", "blue", 40.0, 60.0, 10.0)),
+                  seed=0, resolution=128)
+    dog = edits.replace(scene, 0, "dog").get(0)
+    assert (dog.cx, dog.cy) == (40.0, 40.0) and dog.box == pytest.approx((34.3, 34.3, 45.7, 45.7))
+    world = World(BIASED)
+    for seed in range(60):
+        pair = segmentation_pair(world, seed)
+        old, new = pair.factual.get(pair.uid).box, pair.counterfactual.get(pair.uid).box
+        assert old[0] <= new[0] + 1e-9 and old[1] <= new[1] + 1e-9 and new[2] <= old[2] + 1e-9 and new[3] <= old[3] + 1e-9
+        for o in pair.factual.objects:
+            if o.uid != pair.uid:
+                assert np.array_equal(pair.factual.masks()[o.uid], pair.counterfactual.masks()[o.uid])
+    with pytest.raises(ValueError, match="colour"):
+        edits.replace(scene, 0, "dog", colour="")

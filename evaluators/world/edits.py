@@ -4,7 +4,7 @@ background texture shows through where an object was)."""
 
 from __future__ import annotations
 
-from .scene import Obj, Scene
+from .scene import Obj, Scene, aspect
 from .vocab import check_category, check_colour
 
 
@@ -29,15 +29,22 @@ def remove_category(scene: Scene, category: str) -> Scene:
 
 
 def replace(scene: Scene, uid: int, category: str, *, colour: str | None = None) -> Scene:
-    """Object ``uid`` becomes ``category`` in the same place and size (HalluSegBench's pair).
+    """Object ``uid`` becomes ``category`` in the same place and size (HalluSegBench's pair):
+    the same centre, and the largest box of the new shape that fits in the old box.
 
-    The colour is kept unless given. Replacing with the same category is an error.
+    Shapes differ in aspect (a knife is a flat bar, a dog a square), so keeping the size
+    number would grow a knife's 1 x 0.38 box into a square 2.6 times as tall, reaching
+    out of the image or over a neighbour: the pair would then differ in more than the one
+    object. Inside the old box it cannot. The colour is kept unless given. Replacing with
+    the same category is an error.
     """
     obj = _require(scene, uid)
     check_category(category)
     if category == obj.category:
         raise ValueError(f"category: object {uid} already is a {category!r}")
-    new = obj.replace(category=category, colour=check_colour(colour) if colour else obj.colour)
+    new = obj.replace(category=category, colour=obj.colour if colour is None else check_colour(colour))
+    (ow, oh), (nw, nh) = (aspect(o.shape) for o in (obj, new))
+    new = new.replace(size=obj.size * min(ow / nw, oh / nh))
     return scene.with_objects(new if o.uid == uid else o for o in scene.objects)
 
 

@@ -22,6 +22,11 @@ Box = tuple[float, float, float, float]  # x0, y0, x1, y1 in source pixels (x1, 
 
 # aspect (width, height) of each shape's box relative to its size
 _ASPECT = {"hbar": (1.0, 0.38), "vbar": (0.38, 1.0)}
+def aspect(shape: str) -> tuple[float, float]:
+    """A shape's box, width and height, per unit of an object's ``size``."""
+    return _ASPECT.get(shape, (1.0, 1.0))
+
+
 NOISE_STD = 6.0  # sensor-like noise on every pixel, seeded per scene
 
 
@@ -48,7 +53,7 @@ class Obj:
 
     @property
     def box(self) -> Box:
-        aw, ah = _ASPECT.get(self.shape, (1.0, 1.0))
+        aw, ah = aspect(self.shape)
         w, h = self.size * aw, self.size * ah
         return (self.cx - w / 2, self.cy - h / 2, self.cx + w / 2, self.cy + h / 2)
 
