@@ -264,3 +264,12 @@ def test_replace_fits_the_new_shape_in_the_old_box_and_changes_nothing_else():
                 assert np.array_equal(pair.factual.masks()[o.uid], pair.counterfactual.masks()[o.uid])
     with pytest.raises(ValueError, match="colour"):
         edits.replace(scene, 0, "dog", colour="")
+
+
+def test_a_scenes_masks_are_read_only():
+    """The cached masks are the scene's ground truth, handed to every caller: an in-place
+    edit by one caller would change the boxes, presence and rendering for all."""
+    scene = World(BIASED).scene(3)
+    mask = scene.masks()[scene.objects[0].uid]
+    with pytest.raises(ValueError, match="read-only"):
+        mask &= False

@@ -122,7 +122,8 @@ class Scene:
 
     # -- rendering ------------------------------------------------------------------
     def masks(self) -> dict[int, np.ndarray]:
-        """Exact per-instance boolean masks of visible pixels at source resolution."""
+        """Exact per-instance boolean masks of visible pixels at source resolution (read-only:
+        they are cached and shared; copy one to edit it)."""
         if "masks" not in self._cache:
             covered = np.zeros((self.resolution, self.resolution), dtype=bool)
             masks: dict[int, np.ndarray] = {}
@@ -130,6 +131,8 @@ class Scene:
                 own = _shape_mask(obj, self.resolution)
                 masks[obj.uid] = own & ~covered
                 covered |= own
+            for mask in masks.values():  # shared by every caller: the scene's ground truth, read-only
+                mask.flags.writeable = False
             self._cache["masks"] = {o.uid: masks[o.uid] for o in self.objects}
         return self._cache["masks"]
 
