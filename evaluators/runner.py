@@ -109,9 +109,17 @@ def run(
                                            "invalid_input": q.problem, "invalid": True, "correct": False})) + "\n")
         f.flush()
         bar.update(len(invalid))
-        ready = [q for q in todo if not q.problem]
+        # Batches are cut from this rank's whole share, done or not, and seeded by their
+        # place in it: a run resumed on the same process count answers its missing queries
+        # in the batches, and with the random stream, of an uninterrupted one. Only the
+        # missing queries of a batch are asked (none is answered twice); a batch that is
+        # partly done -- a kill while its answers were written, or another process count --
+        # is asked with fewer rows, so its sampled answers may differ from a straight run's.
+        ready = [q for q in mine if not q.problem]
         for start in range(0, len(ready), batch_size):
-            batch = ready[start : start + batch_size]
+            batch = [q for q in ready[start : start + batch_size] if q.id not in done]
+            if not batch:
+                continue
             torch.manual_seed(seed + start)  # sampling is reproducible for a given batch layout
             answers = model(batch)
             if len(answers) != len(batch):

@@ -405,3 +405,28 @@ def test_changed_fields_name_the_leaf_that_changed():
     assert changed_fields(old, new) == ["model.generate_kwargs.do_sample", "model.mitigations", "seed"]
     assert changed_fields(old, {**old, "weights": None}) == ["weights"]
     assert changed_fields(old, old) == []
+
+
+def test_a_killed_and_resumed_sampled_run_answers_as_an_uninterrupted_one(queries, tmp_path):
+    """A model whose answers draw on torch's random stream (as sampling does): the resumed
+    run's batches and seeds are the uninterrupted run's, so every answer is the same."""
+    import torch
+
+    def sampler(kill_at=None):
+        calls = {"n": 0}
+
+        def answer(images, prompt):
+            calls["n"] += 1
+            if calls["n"] == kill_at:
+                raise KeyboardInterrupt
+            return "yes" if float(torch.rand(())) < 0.5 else "no"
+        return CallableModel(answer)
+
+    straight = tmp_path / "straight"
+    run(queries, sampler(), straight, batch_size=4, progress=False)
+    resumed = tmp_path / "resumed"
+    with pytest.raises(KeyboardInterrupt):
+        run(queries, sampler(kill_at=11), resumed, batch_size=4, progress=False)
+    run(queries, sampler(), resumed, batch_size=4, progress=False)
+    answers = [{r["id"]: r["answer"] for r in read_samples(folder / SAMPLES)} for folder in (straight, resumed)]
+    assert answers[0] == answers[1]
