@@ -273,3 +273,24 @@ def test_a_scenes_masks_are_read_only():
     mask = scene.masks()[scene.objects[0].uid]
     with pytest.raises(ValueError, match="read-only"):
         mask &= False
+
+
+@pytest.mark.parametrize("make, argument", [
+    (lambda: Obj(0, "cup", "red", float("nan"), 10.0, 5.0), "cx"),
+    (lambda: Obj(0, "cup", "red", 10.0, 10.0, float("inf")), "size"),
+    (lambda: edits.move(World(BIASED).scene(1), World(BIASED).scene(1).objects[0].uid, float("nan"), 5.0), "cx"),
+    (lambda: edits.add("a scene", Obj(0, "cup", "red", 10.0, 10.0, 5.0)), "scene"),
+    (lambda: edits.remove_category("a scene", "cup"), "scene"),
+    (lambda: crop_box((10, 10, 20, 20), 64, 64, margin=True), "margin"),
+    (lambda: BIASED.replace(min_gap=float("nan")), "min_gap"),
+    (lambda: BIASED.replace(n_objects=(1.5, 3)), "n_objects"),
+    (lambda: World(BIASED).scene(1, n_objects=2.5), "n_objects"),
+])
+def test_bad_world_input_is_a_value_error_naming_the_argument(make, argument):
+    """Caught at the call, not at render time or as an AttributeError (reviewer's list)."""
+    with pytest.raises(ValueError, match=argument):
+        make()
+
+
+def test_a_numpy_margin_is_a_margin():
+    assert crop_box((10, 10, 20, 20), 64, 64, margin=np.float32(0.1)) == pytest.approx(crop_box((10, 10, 20, 20), 64, 64, 0.1))

@@ -22,6 +22,8 @@ def remove(scene: Scene, uid: int) -> Scene:
 
 def remove_category(scene: Scene, category: str) -> Scene:
     """The scene without any instance of ``category`` (which must be present)."""
+    if not isinstance(scene, Scene):
+        raise ValueError(f"scene must be a Scene, got {type(scene).__name__}")
     check_category(category)
     if not scene.present(category):
         raise ValueError(f"category: {category!r} is not in the scene, nothing to remove")
@@ -60,7 +62,7 @@ def recolour(scene: Scene, uid: int, colour: str) -> Scene:
 def move(scene: Scene, uid: int, cx: float, cy: float) -> Scene:
     """Object ``uid`` moved to centre ``(cx, cy)``; it must stay inside the image."""
     obj = _require(scene, uid)
-    moved = obj.replace(cx=float(cx), cy=float(cy))
+    moved = Obj(obj.uid, obj.category, obj.colour, cx, cy, obj.size)  # checks cx, cy are finite numbers
     x0, y0, x1, y1 = moved.box
     if x0 < 0 or y0 < 0 or x1 > scene.resolution or y1 > scene.resolution:
         raise ValueError(f"cx, cy: ({cx}, {cy}) puts object {uid} outside the {scene.resolution}px image")
@@ -69,6 +71,10 @@ def move(scene: Scene, uid: int, cx: float, cy: float) -> Scene:
 
 def add(scene: Scene, obj: Obj) -> Scene:
     """The scene with ``obj`` added on top (its uid must be new)."""
+    if not isinstance(scene, Scene):
+        raise ValueError(f"scene must be a Scene, got {type(scene).__name__}")
+    if not isinstance(obj, Obj):
+        raise ValueError(f"obj must be an Obj, got {type(obj).__name__}")
     if any(o.uid == obj.uid for o in scene.objects):
         raise ValueError(f"obj: uid {obj.uid} already used in the scene")
     x0, y0, x1, y1 = obj.box

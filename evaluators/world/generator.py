@@ -13,6 +13,7 @@ comes from the statistics below, not from code.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -41,15 +42,19 @@ class WorldConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.resolution, int) or self.resolution < 32:
             raise ValueError(f"resolution must be an int >= 32, got {self.resolution!r}")
+        if not math.isfinite(self.min_gap) or self.min_gap < 0:
+            raise ValueError(f"min_gap must be a finite number of pixels >= 0, got {self.min_gap!r}")
         lo, hi = self.n_objects
-        if not 1 <= lo <= hi <= 12:
+        if not all(isinstance(n, int) and not isinstance(n, bool) for n in (lo, hi)) or not 1 <= lo <= hi <= 12:
             raise ValueError(f"n_objects must satisfy 1 <= min <= max <= 12, got {self.n_objects}")
         for context, weights in self.context_weights.items():
             check_context(context, "context_weights")
             for category, w in weights.items():
                 check_category(category, "context_weights")
-                if w < 0:
-                    raise ValueError(f"context_weights[{context!r}][{category!r}] must be >= 0")
+                if not math.isfinite(w) or w < 0:
+                    raise ValueError(f"context_weights[{context!r}][{category!r}] must be a finite number >= 0")
+            if weights and not sum(weights.values()) > 0:
+                raise ValueError(f"context_weights[{context!r}] must not all be 0")
         for cue, companion, p in self.cooccurrence:
             check_category(cue, "cooccurrence")
             check_category(companion, "cooccurrence")
@@ -172,8 +177,8 @@ class World:
         check_context(context)
         lo, hi = self.config.n_objects
         n = int(rng.integers(lo, hi + 1)) if n_objects is None else n_objects
-        if not 1 <= n <= 12:
-            raise ValueError(f"n_objects must be in [1, 12], got {n}")
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 12:
+            raise ValueError(f"n_objects must be an int in [1, 12], got {n!r}")
         names, probs = self._weights(context)
         chosen = list(rng.choice(names, size=min(n, len(names)), replace=False, p=probs))
         for cue, companion, p in self.config.cooccurrence:

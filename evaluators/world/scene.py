@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
+import numbers
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -44,6 +46,10 @@ class Obj:
     def __post_init__(self) -> None:
         check_category(self.category)
         check_colour(self.colour)
+        for name in ("cx", "cy", "size"):  # NaN passed every comparison and failed at render time
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
         if not self.size > 0:
             raise ValueError(f"size must be positive, got {self.size}")
 

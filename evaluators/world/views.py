@@ -25,6 +25,7 @@ resized input.
 
 from __future__ import annotations
 
+import numbers
 from typing import Iterable, Sequence
 
 from PIL import Image
@@ -34,7 +35,7 @@ MARGINS = (0.1, 0.2)
 
 
 def check_margin(margin: float) -> float:
-    if not isinstance(margin, (int, float)) or not 0.0 <= margin <= 1.0:
+    if isinstance(margin, bool) or not isinstance(margin, numbers.Real) or not 0.0 <= margin <= 1.0:
         raise ValueError(f"margin must be a fraction in [0, 1] (DO-Bench uses 0.1 and 0.2), got {margin!r}")
     return float(margin)
 
