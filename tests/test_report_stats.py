@@ -149,3 +149,19 @@ def test_reactbench_questions_of_one_item_are_resampled_together():
     items = {UNITS["reactbench"]({"id": q.id}) for q in queries}
     assert len(items) == 8  # four tasks x two items, each asked several questions in both modes
     assert UNITS["reactbench"]({"id": "react-my-own-7"}) == "react-my-own-7"  # user data: its own unit
+
+
+@pytest.mark.parametrize("fixed, expected", [(4, "no detectable effect"), (8, "fixes")])
+def test_a_verdict_needs_six_units_that_changed_not_only_six_read(fixed, expected):
+    """4 answers fixed among 100 unchanged ones: the interval stays above 0, yet no paired
+    test at 5% decides on 4 discordant pairs (McNemar p = 0.125); 8 are enough."""
+    import math
+
+    from evaluators.report.stats import paired_bootstrap, verdict
+
+    acc = lambda rs: 100.0 * sum(r["correct"] for r in rs) / len(rs) if rs else math.nan  # noqa: E731
+    base = [{"id": i, "correct": i >= 50} for i in range(100)]
+    mitigated = [{"id": i, "correct": i >= 50 or i < fixed} for i in range(100)]
+    stats = paired_bootstrap(base, mitigated, acc, n_resamples=1000, seed=0)
+    assert stats["low"] > 0 and stats["support"] == 100 and stats["changed"] == min(fixed, 6)
+    assert verdict(stats["low"], stats["high"], True, min(stats["support"], stats["changed"])) == expected

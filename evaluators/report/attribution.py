@@ -140,7 +140,8 @@ def compare(base: dict[str, list], arm: dict[str, list], *, n_resamples: int = 1
                 continue  # a metric whose fields this suite lacks (reported as not computed elsewhere)
             rows.append({"benchmark": bench, "metric": spec.name, "mechanism": spec.mechanism,
                          "higher_is_better": spec.higher_is_better, **stats,
-                         "verdict": verdict(stats["low"], stats["high"], spec.higher_is_better, stats["support"])})
+                         "verdict": verdict(stats["low"], stats["high"], spec.higher_is_better,
+                                            min(stats["support"], stats["changed"]))})
         correct_a = {r["id"]: bool(r.get("correct")) for r in base[bench] if "correct" in r}
         correct_b = {r["id"]: bool(r.get("correct")) for r in arm[bench] if "correct" in r}
         shared = sorted(set(correct_a) & set(correct_b))

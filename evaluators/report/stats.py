@@ -21,13 +21,17 @@ from scipy.stats import binomtest
 
 Record = Mapping[str, Any]
 
-#: The fewest units a metric may rest on for a verdict. A metric often reads a few units of
-#: its benchmark (MIOH's LC-S: 4 queries at the small scale); when they all move the same
-#: way, every resample gives the same delta and the percentile interval collapses onto it
-#: ("+100 [+100, +100]" from 4 queries). No paired two-sided test at the 5% level can
-#: decide on fewer than 6 units -- the sign test's smallest p-value on k units is
-#: 2 * 0.5**k, 0.0625 for k = 5 and 0.031 for k = 6 -- so neither may the bootstrap. Applying
-#: that bound to the bootstrap is our choice (no benchmark paper addresses it).
+#: The fewest units a metric may rest on for a verdict: units it reads (:func:`support`)
+#: *and* units where the two arms differ as it sees them (:func:`changed`). A metric often
+#: reads a few units of its benchmark (MIOH's LC-S: 4 queries at the small scale); when
+#: they all move the same way, every resample gives the same delta and the percentile
+#: interval collapses onto it ("+100 [+100, +100]" from 4 queries). Likewise 4 changed
+#: answers among 100 unchanged ones leave the interval above 0 (the chance that a resample
+#: misses all 4 is 0.96**100 = 1.7%), while the exact McNemar test gives p = 0.125. No
+#: paired two-sided test at the 5% level can decide on fewer than 6 discordant units -- the
+#: sign test's smallest p-value on k of them is 2 * 0.5**k, 0.0625 for k = 5 and 0.031 for
+#: k = 6 -- so neither may the bootstrap. Applying that bound to the bootstrap is our choice
+#: (no benchmark paper addresses it).
 MIN_SUPPORT = 6
 
 
@@ -51,7 +55,8 @@ def paired_bootstrap(
 
     Both arms must hold the same units (the comparison is on identical samples); a
     resample whose metric is NaN in either arm is dropped and counted in ``dropped``.
-    ``support`` is how many of the ``n_units`` the metric reads (:func:`support`).
+    ``support`` is how many of the ``n_units`` the metric reads (:func:`support`),
+    ``changed`` in how many the arms differ as the metric sees it (:func:`changed`).
     """
     if not 0 < level < 1:
         raise ValueError(f"level must be in (0, 1), got {level}")
@@ -83,7 +88,39 @@ def paired_bootstrap(
     return {"baseline": base_value, "mitigated": mit_value, "delta": mit_value - base_value,
             "low": float(low), "high": float(high), "n_units": len(units),
             "support": support([groups_a[u] for u in units], metric, other=[groups_b[u] for u in units]),
+            "changed": changed([groups_a[u] for u in units], [groups_b[u] for u in units], metric),
             "dropped": dropped}
+
+
+def _same_records(a: list, b: list) -> bool:
+    """The two arms' records of a unit say the same (fields starting with "_" are caches)."""
+    strip = lambda rs: [{k: v for k, v in r.items() if not str(k).startswith("_")} for r in rs]  # noqa: E731
+    try:
+        return len(a) == len(b) and strip(a) == strip(b)
+    except ValueError:  # array fields (masks) compare elementwise
+        return len(a) == len(b) and all(
+            ra.keys() == rb.keys() and all(np.array_equal(ra[k], rb[k]) if isinstance(ra[k], np.ndarray)
+                                           else ra[k] == rb[k] for k in ra if not str(k).startswith("_"))
+            for ra, rb in zip(a, b))
+
+
+def changed(baseline: Sequence[list], mitigated: Sequence[list], metric: Callable[[list[Record]], float],
+            enough: int = MIN_SUPPORT) -> int:
+    """In how many units (each a unit's records, same order in both arms) the arms differ as
+    ``metric`` sees them, counted up to ``enough``: putting the baseline's records of the
+    unit in place of the mitigated ones changes the mitigated value. The paired analogue of
+    McNemar's discordant pairs for any metric (:data:`MIN_SUPPORT`)."""
+    full = _value(metric, [r for u in mitigated for r in u])
+    count = 0
+    for i, (a, b) in enumerate(zip(baseline, mitigated)):
+        if _same_records(a, b):
+            continue
+        swapped = _value(metric, [r for j, u in enumerate(mitigated) for r in (a if j == i else u)])
+        if not ((math.isnan(swapped) and math.isnan(full)) or swapped == full):
+            count += 1
+            if count >= enough:
+                break
+    return count
 
 
 def _value(metric: Callable[[list[Record]], float], records: list[Record]) -> float:
@@ -147,7 +184,8 @@ def mcnemar_exact(baseline_correct: Sequence[bool], mitigated_correct: Sequence[
 def verdict(low: float, high: float, higher_is_better: bool | None, support: int | None = None) -> str:
     """*fixes* when the whole interval lies on the good side of 0, *breaks* when on the bad
     side, otherwise *no detectable effect* (also for metrics without a direction, and for a
-    metric that rests on fewer than :data:`MIN_SUPPORT` units, whatever its interval)."""
+    metric that rests on fewer than :data:`MIN_SUPPORT` units, whatever its interval:
+    ``support`` is the fewer of the units it reads and the units that changed)."""
     if higher_is_better is None or math.isnan(low) or math.isnan(high):
         return "no detectable effect"
     if support is not None and support < MIN_SUPPORT:
