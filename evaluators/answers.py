@@ -71,7 +71,7 @@ def parse_count(text: str) -> int | tuple[int, int] | None:
         if second is None and "-" in text:  # "3-5": the hyphen is not a word
             m = re.search(rf"\b{re.escape(token)}\s*-\s*([a-z0-9]+)", text.lower())
             second = _number(m.group(1)) if m else None
-        return (first, second) if second is not None else first
+        return (first, second) if second is not None and first <= second else first
     return None
 
 
@@ -88,10 +88,15 @@ NEGATIONS = frozenset({"no", "not", "without", "never", "nothing", "none", "neit
 
 def keywords_found(text: str, keywords: Sequence[str]) -> set[str]:
     """The members of ``keywords`` that ``text`` says, each occurrence unless one of the two
-    words before it is a negation (:data:`NEGATIONS`)."""
-    w = words(text)
+    words before it, in the same clause (punctuation ends one: "No. A fork." says fork), is
+    a negation (:data:`NEGATIONS`) that is not itself one of ``keywords`` ("no entry sign")."""
     wanted = set(keywords)
-    return {t for i, t in enumerate(w) if t in wanted and not NEGATIONS & set(w[max(0, i - 2) : i])}
+    negations = NEGATIONS - wanted
+    found = set()
+    for clause in re.split(r"[.,;:!?]", text):
+        w = words(clause)
+        found |= {t for i, t in enumerate(w) if t in wanted and not negations & set(w[max(0, i - 2) : i])}
+    return found
 
 
 def parse_choice(text: str, choices: Sequence[str]) -> str | None:

@@ -80,28 +80,45 @@ def _flat_images(images: Any) -> list[Image.Image | None]:
     return [None]  # a tensor or an unknown type: cannot be cut
 
 
-#: Random +-1 weightings per pixel count (seeded): their sums tell images apart, and
-#: rows in another order, where plain sums do not.
-_WEIGHTS: dict[int, torch.Tensor] = {}
+#: Odd multipliers of the hashed +-1 signs (:func:`_signed_sums`), one per signed sum.
+_MULTIPLIERS = (2654435761, 2246822519, 3266489917, 668265263)
+_CHUNK = 1 << 20
 
 
-def _fingerprint(pixels: torch.Tensor) -> tuple[tuple, torch.Tensor, float]:
-    """``(shape, features, tolerance)`` of a pixel tensor: its sum, absolute sum and four
-    randomly signed sums, and how far a copy cast to bf16 / fp16 (relative rounding error
-    <= 2^-8 per value, unbiased) may drift: 2% of sqrt(n) x the values' RMS, about five
-    times bf16's drift and a small fraction of what another image's pixels change."""
+def _signed_sums(values: torch.Tensor) -> torch.Tensor:
+    """Four sums of ``values`` under pseudo-random +-1 signs hashed from each value's
+    position (Knuth's multiplicative hash, a high bit): order-sensitive, deterministic, and
+    made a chunk at a time, so no weights of an image's size are ever stored."""
+    out = torch.zeros(len(_MULTIPLIERS), dtype=torch.float64)
+    for start in range(0, values.numel(), _CHUNK):
+        part = values[start : start + _CHUNK]
+        index = torch.arange(start, start + part.numel(), dtype=torch.int64, device=part.device)
+        for k, multiplier in enumerate(_MULTIPLIERS):
+            sign = (((index * multiplier) % (1 << 32)) >> 27) & 1
+            out[k] += float((part * (sign * 2 - 1)).sum())
+    return out
+
+
+def _fingerprint(pixels: torch.Tensor) -> tuple[tuple, torch.Tensor, torch.Tensor]:
+    """``(shape, features, tolerances)`` of a pixel tensor: its sum, absolute sum and four
+    randomly signed sums, and how far a copy cast to bf16 / fp16 may drift from them. The
+    two plain sums may drift by 2^-7 of the absolute sum (rounding many equal pixels, a
+    flat background, errs the same way for all of them); the signed sums, whose signs
+    cancel that, by 2% of sqrt(n) x the values' RMS, about five times bf16's random drift
+    and a small fraction of what another image's pixels change."""
     values = pixels.detach().to("cpu", torch.float64).reshape(-1)
     n = values.numel()
-    if n not in _WEIGHTS:
-        g = torch.Generator().manual_seed(n)
-        _WEIGHTS[n] = (torch.randint(0, 2, (4, n), generator=g) * 2 - 1).to(torch.float64)
-    features = torch.cat([torch.stack([values.sum(), values.abs().sum()]), _WEIGHTS[n] @ values])
+    magnitude = values.abs().sum()
+    features = torch.cat([torch.stack([values.sum(), magnitude]), _signed_sums(values)])
     rms = float(values.pow(2).mean().sqrt()) if n else 0.0
-    return tuple(pixels.shape), features, 0.02 * math.sqrt(n) * rms + 1e-9
+    signed = 0.02 * math.sqrt(n) * rms + 1e-9
+    plain = float(magnitude) * 2.0**-7 + 1e-9
+    return tuple(pixels.shape), features, torch.tensor([plain, plain, signed, signed, signed, signed],
+                                                       dtype=torch.float64)
 
 
 def _same(a: tuple, b: tuple) -> bool:
-    return a[0] == b[0] and bool(((a[1] - b[1]).abs() <= max(a[2], b[2])).all())
+    return a[0] == b[0] and bool(((a[1] - b[1]).abs() <= torch.maximum(a[2], b[2])).all())
 
 
 class OriginalImages:

@@ -60,7 +60,8 @@ def plausibility_mask(logits: torch.Tensor, beta: float) -> torch.Tensor:
 
 
 #: How far below the lowest plausible score :func:`cut_implausible` puts the implausible
-#: tokens: exp(-1e4) is 0 in float32, so softmax (and sampling) is that of an -inf cut.
+#: tokens: exp(-1e4 / T) is 0 in float32 for any temperature T below about 100, so softmax
+#: (and sampling) is that of an -inf cut.
 IMPLAUSIBLE_GAP = 1e4
 
 
@@ -68,11 +69,16 @@ def cut_implausible(scores: torch.Tensor, logits: torch.Tensor, beta: float) -> 
     """``scores`` on VCD's plausible set (Eq. 4, read from the model's own ``logits``) and,
     outside it, :data:`IMPLAUSIBLE_GAP` below the row's lowest plausible score, ordered by
     ``logits`` (module notes: finite, so a logits processor that forbids every plausible
-    token leaves the model's best allowed one, not an all -inf row)."""
+    token leaves the model's best allowed one, not an all -inf row). Returned in float32 at
+    least (a bf16 / fp16 model's logits come back as float32 where it is applied)."""
     keep = plausibility_mask(logits, beta)
+    # in float32 at least: at 1e4 below, bf16 / fp16 steps are 64 / 8 apart, which would tie
+    # every implausible token (and fp16 overflows near -6.5e4); generate() reads float32 anyway
+    dtype = torch.promote_types(scores.dtype, torch.float32)
+    scores, logits = scores.to(dtype), logits.to(dtype)
     lowest = scores.masked_fill(~keep, float("inf")).amin(dim=-1, keepdim=True)
     below = lowest - IMPLAUSIBLE_GAP + (logits - logits.amax(dim=-1, keepdim=True))
-    return torch.where(keep, scores, below.to(scores.dtype))
+    return torch.where(keep, scores, below)
 
 
 def allowed(scores: torch.Tensor) -> torch.Tensor:

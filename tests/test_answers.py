@@ -54,3 +54,13 @@ def test_keywords_found_skips_denied_words():
     assert keywords_found("a fork", ["fork"]) == {"fork"}
     assert keywords_found("there is no fork on the plate", ["fork", "plate"]) == {"plate"}
     assert keywords_found("not a spoon but a fork", ["fork", "spoon"]) == {"fork"}
+
+
+def test_a_negation_reaches_only_within_its_clause_and_never_a_ground_truth_word():
+    from evaluators.answers import keywords_found, parse_count
+
+    assert keywords_found("No. A fork.", ["fork"]) == {"fork"}
+    assert keywords_found("No, a fork.", ["fork"]) == {"fork"}
+    assert keywords_found("A no entry sign", ["no", "entry", "sign"]) == {"no", "entry", "sign"}
+    assert keywords_found("there is no fork", ["fork"]) == set()
+    assert parse_count("it is 5 - 1 = 4") == 5  # not a range: its ends are reversed

@@ -360,6 +360,9 @@ def test_dobench_crop_margins_are_read_one_at_a_time():
     only_wide = [r for r in base if r["view"] == "Full"] + wide
     assert do.perception_ability(only_wide) == 0.0 and do.perception_ability_by_margin(base) == {}
     assert "perception_ability_by_margin" not in do.details(base)
+    # some views naming a margin and others not: which margin the others had is unknown
+    with pytest.raises(ValueError, match="margin"):
+        do.perception_ability(base + wide)
 
 
 def test_dobench_missing_level_and_bad_records():

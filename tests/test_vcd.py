@@ -304,6 +304,13 @@ def test_plausibility_alone_masks_implausible_tokens(llava):
     row = plain[0, -1]
     out = cut[0, -1][~keep[0, -1]]
     assert torch.equal(out.argsort(), row[~keep[0, -1]].argsort())
+    from mitigate.vcd import cut_implausible
+
+    for half in (torch.bfloat16, torch.float16):  # the order survives a half-precision model's logits
+        low = cut_implausible(plain.to(half), plain.to(half), 0.5)
+        assert low.dtype == torch.float32
+        assert torch.equal(low[0, -1][~keep[0, -1]].argsort(stable=True),
+                           plain.to(half)[0, -1][~keep[0, -1]].float().argsort(stable=True))
     with pytest.raises(ValueError, match="beta"):
         Plausibility(beta=2)
 

@@ -81,8 +81,15 @@ def _margin(r: Mapping[str, Any]) -> float | None:
 
 
 def margins(records: Iterable[Mapping[str, Any]]) -> list[float]:
-    """The distinct crop margins of the records' Cluster/Crop views, ascending."""
-    return sorted({m for m in map(_margin, records) if m is not None})
+    """The distinct crop margins of the records' Cluster/Crop views, ascending; a
+    ``ValueError`` when some of those views name a margin and others do not (which margin
+    the unnamed ones were cut with cannot be told)."""
+    views = [r for r in records if _view_of(r) != "Full"]
+    named = [_margin(r) for r in views]
+    if any(m is None for m in named) and any(m is not None for m in named):
+        raise ValueError("margin: some Cluster/Crop records name a crop margin and others do not; "
+                         "name it on all of them or on none")
+    return sorted({m for m in named if m is not None})
 
 
 def _at_margin(records: Iterable[Mapping[str, Any]], margin: float | None = None) -> list[Mapping[str, Any]]:
