@@ -294,3 +294,14 @@ def test_bad_world_input_is_a_value_error_naming_the_argument(make, argument):
 
 def test_a_numpy_margin_is_a_margin():
     assert crop_box((10, 10, 20, 20), 64, 64, margin=np.float32(0.1)) == pytest.approx(crop_box((10, 10, 20, 20), 64, 64, 0.1))
+
+
+def test_an_object_hidden_by_a_later_one_is_not_present_nor_counted():
+    """Ground truth follows the pixels: an object wholly covered by one added on top is not
+    in the scene's presence, counts or categories; partly covered, it still is."""
+    scene = Scene("kitchen", (Obj(0, "fork", "red", 40.0, 40.0, 10.0),), seed=0, resolution=128)
+    hidden = edits.add(scene, Obj(1, "cup", "blue", 40.0, 40.0, 30.0))  # a cup is a filled square
+    assert not hidden.present("fork") and hidden.count("fork") == 0 and hidden.categories() == {"cup"}
+    assert not hidden.masks()[0].any()
+    partly = edits.add(scene, Obj(1, "cup", "blue", 50.0, 40.0, 12.0))
+    assert partly.present("fork") and partly.masks()[0].any()

@@ -84,20 +84,34 @@ class Scene:
             raise ValueError(f"object uids must be unique, got {uids}")
 
     # -- ground truth ---------------------------------------------------------------
+    def visible(self) -> tuple[Obj, ...]:
+        """The objects with at least one visible pixel, in drawing order: the ground truth of
+        presence and counts follows the pixels. An object is hidden only when later objects
+        cover all of it (``edits.add`` / ``edits.move`` can do that; generated scenes keep
+        their objects apart), so masks are read only for objects a later box overlaps."""
+        if "visible" not in self._cache:
+            kept = []
+            for i, obj in enumerate(self.objects):
+                covered = any(_boxes_overlap(obj.box, o.box) for o in self.objects[i + 1 :])
+                if not covered or self.masks()[obj.uid].any():
+                    kept.append(obj)
+            self._cache["visible"] = tuple(kept)
+        return self._cache["visible"]
+
     def categories(self) -> set[str]:
-        return {o.category for o in self.objects}
+        return {o.category for o in self.visible()}
 
     def present(self, category: str) -> bool:
         check_category(category)
-        return any(o.category == category for o in self.objects)
+        return any(o.category == category for o in self.visible())
 
     def count(self, category: str) -> int:
         check_category(category)
-        return sum(o.category == category for o in self.objects)
+        return sum(o.category == category for o in self.visible())
 
     def of(self, category: str) -> list[Obj]:
         check_category(category)
-        return [o for o in self.objects if o.category == category]
+        return [o for o in self.visible() if o.category == category]
 
     def get(self, uid: int) -> Obj:
         for o in self.objects:
@@ -237,6 +251,10 @@ def _pattern(name: str, resolution: int, obj: Obj, window: tuple[slice, slice] |
         cx, cy = (obj.box[0] + obj.box[2]) / 2, (obj.box[1] + obj.box[3]) / 2
         return (np.hypot(x - cx, y - cy) // 3) % 2 == 0
     raise ValueError(f"no pattern {name!r}")  # pragma: no cover
+
+
+def _boxes_overlap(a: tuple, b: tuple) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
 
 
 def _shape_mask(obj: Obj, resolution: int) -> np.ndarray:
