@@ -49,12 +49,7 @@ def parse_option(text: str, options: Sequence[str], letters: Sequence[str] = "ab
 
 def parse_number(text: str) -> int | None:
     """The first number, as digits or a word ("three", "3 dogs"); None if there is none."""
-    for w in words(text):
-        if w.isdigit():
-            return int(w)
-        if w in NUMBER_WORDS and w != "no":
-            return NUMBER_WORDS[w]
-    return None
+    return next((n for n in map(_number, words(text)) if n is not None), None)
 
 
 def parse_count(text: str) -> int | tuple[int, int] | None:

@@ -51,19 +51,25 @@ def check_mitigations(text: str | None) -> None:
     """A ``ValueError`` naming what is wrong in a ``--mitigations`` value -- an unknown
     mitigation or argument -- before any model is loaded (the values themselves are
     checked when the mitigations are made)."""
+    try:
+        specs = list(_mitigation_specs(text))
+    except KeyError as err:
+        raise ValueError(f"--mitigations: {err.args[0]} (mitigations are separated by ',', a mitigation's "
+                         "arguments follow ':' and are separated by ';')") from None
+    for name, cls, kwargs in specs:
+        known = {f.name for f in dataclasses.fields(cls) if f.init}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise ValueError(f"--mitigations: {name} has no argument(s) {unknown}; it takes {sorted(known)}")
+
+
+def _mitigation_specs(text: str | None):
+    """``(name, class, keyword arguments)`` per mitigation of a ``--mitigations`` value."""
     from mitigate import get_mitigation
 
     for item in filter(None, (text or "").split(",")):
         name, _, args = item.partition(":")
-        try:
-            cls = get_mitigation(name.strip())
-        except KeyError as err:
-            raise ValueError(f"--mitigations: {err.args[0]} (mitigations are separated by ',', a mitigation's "
-                             "arguments follow ':' and are separated by ';')") from None
-        known = {f.name for f in dataclasses.fields(cls) if f.init}
-        unknown = sorted(set(parse_kv(args.replace(";", ","))) - known)
-        if unknown:
-            raise ValueError(f"--mitigations: {name.strip()} has no argument(s) {unknown}; it takes {sorted(known)}")
+        yield name.strip(), get_mitigation(name.strip()), parse_kv(args.replace(";", ","))
 
 
 def parse_mitigations(text: str | None, tokenizer: Any, processor: Any = None) -> list:
@@ -72,13 +78,8 @@ def parse_mitigations(text: str | None, tokenizer: Any, processor: Any = None) -
     Mitigations are separated by commas; a mitigation's own arguments follow a colon and
     are separated by semicolons.
     """
-    from mitigate import get_mitigation
-
     out = []
-    for item in filter(None, (text or "").split(",")):
-        name, _, args = item.partition(":")
-        cls = get_mitigation(name.strip())
-        kwargs = parse_kv(args.replace(";", ","))
+    for _, cls, kwargs in _mitigation_specs(text):
         names = {f.name for f in dataclasses.fields(cls)}
         if "tokenizer" in names and "tokenizer" not in kwargs:
             kwargs["tokenizer"] = tokenizer

@@ -132,7 +132,8 @@ class OriginalImages:
     Matching tolerates a cast to bf16 / fp16 or a move to another device (:func:`_fingerprint`)."""
 
     def __init__(self, keep: int = 16) -> None:
-        self._seen: deque = deque(maxlen=keep)  # (whole fingerprint, per-row fingerprints or None, images)
+        # per call: ("rows", a fingerprint per image) or ("whole", the tensor's), and its images
+        self._seen: deque = deque(maxlen=keep)
         self.paused = False
 
     def record(self, images: Any, out: Any) -> None:
@@ -140,25 +141,29 @@ class OriginalImages:
         if self.paused or not isinstance(pixels, torch.Tensor):
             return
         flat = _flat_images(images)
-        rows = [_fingerprint(row) for row in pixels] if pixels.dim() >= 2 and len(pixels) == len(flat) else None
-        self._seen.append((_fingerprint(pixels), rows, flat))
+        if pixels.dim() >= 2 and len(pixels) == len(flat):  # one row per image
+            self._seen.append(("rows", [_fingerprint(row) for row in pixels], flat))
+        else:
+            self._seen.append(("whole", _fingerprint(pixels), flat))
 
     def find(self, pixels: torch.Tensor) -> list[Image.Image | None] | None:
-        whole = _fingerprint(pixels)
-        for seen, _, images in reversed(self._seen):
-            if _same(seen, whole):
-                return images
-        if pixels.dim() < 2:
-            return None
-        found = []
-        for row in pixels:  # image by image, the most recent match first
-            mine = _fingerprint(row)
-            match = next((im for _, rows, images in reversed(self._seen) if rows is not None
-                          for fp, im in zip(rows, images) if _same(fp, mine)), _MISSING)
-            if match is _MISSING:
-                return None
-            found.append(match)
-        return found
+        per_image = [(fp, im) for kind, fps, images in reversed(self._seen) if kind == "rows"
+                     for fp, im in zip(fps, images)]  # the most recent first
+        if per_image and pixels.dim() >= 2:
+            found = []
+            for row in pixels:  # image by image
+                mine = _fingerprint(row)
+                match = next((im for fp, im in per_image if _same(fp, mine)), _MISSING)
+                if match is _MISSING:
+                    break
+                found.append(match)
+            else:
+                return found
+        wholes = [(fp, images) for kind, fp, images in reversed(self._seen) if kind == "whole"]
+        if wholes:
+            mine = _fingerprint(pixels)
+            return next((images for fp, images in wholes if _same(fp, mine)), None)
+        return None
 
 
 _MISSING = object()

@@ -92,20 +92,17 @@ def paired_bootstrap(
             "dropped": dropped}
 
 
-def _same_records(a: list, b: list) -> bool:
-    """The two arms' records of a unit say the same (fields starting with "_" are caches)."""
-    strip = lambda rs: [{k: v for k, v in r.items() if not str(k).startswith("_")} for r in rs]  # noqa: E731
-    try:
-        return len(a) == len(b) and strip(a) == strip(b)
-    except ValueError:  # array fields (masks) compare elementwise
-        return len(a) == len(b) and all(
-            ra.keys() == rb.keys() and all(np.array_equal(ra[k], rb[k]) if isinstance(ra[k], np.ndarray)
-                                           else ra[k] == rb[k] for k in ra if not str(k).startswith("_"))
-            for ra, rb in zip(a, b))
+def _same_records(a: list, b: list, skip: frozenset = frozenset()) -> bool:
+    """The two arms' records of a unit say the same, fields in ``skip`` and caches (fields
+    starting with "_") aside; arrays (masks) compare elementwise."""
+    def same(x, y) -> bool:
+        return bool(np.array_equal(x, y)) if isinstance(x, np.ndarray) or isinstance(y, np.ndarray) else x == y
 
+    def fields(r) -> set:
+        return {k for k in r if k not in skip and not str(k).startswith("_")}
 
-def _without_answer(records: list) -> list:
-    return [{k: v for k, v in r.items() if k != "answer"} for r in records]
+    return len(a) == len(b) and all(fields(ra) == fields(rb) and all(same(ra[k], rb[k]) for k in fields(ra))
+                                    for ra, rb in zip(a, b))
 
 
 def _same_value(a: float, b: float) -> bool:
@@ -125,7 +122,7 @@ def changed(baseline: Sequence[list], mitigated: Sequence[list], metric: Callabl
         # value equal in both arms, say the same to the metric. Sampled arms word most answers
         # differently, and the swap below costs a whole metric per unit; the metrics read
         # parsed fields, and a caption metric (CHAIR) shows a changed caption in the unit's value
-        if _same_records(a, b) or (_same_records(_without_answer(a), _without_answer(b))
+        if _same_records(a, b) or (_same_records(a, b, skip=frozenset({"answer"}))
                                    and _same_value(_value(metric, list(a)), _value(metric, list(b)))):
             continue
         swapped = _value(metric, [r for j, u in enumerate(mitigated) for r in (a if j == i else u)])
