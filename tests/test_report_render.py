@@ -107,3 +107,43 @@ def test_a_report_compares_only_its_own_queries_when_the_folder_holds_an_earlier
     second = json.loads((tmp_path / "results.json").read_text())
     assert {r["benchmark"] for r in second["comparisons"]["VCD (greedy)"]} == {"dobench"}
     assert second["verdicts"]["VCD (greedy)"]["cooccurrence"] == "not measured"
+
+
+def test_the_cost_column_times_whole_runs_only(tmp_path, monkeypatch):
+    """An arm's wall clock is the time of a run that answered all of this report's queries:
+    read back when the same command is rerun over finished folders, and "not measured"
+    when the arm was resumed after a kill (it timed only its remainder) or the folder's
+    timing belongs to another query set (here: the earlier run also asked Causal-HalBench)."""
+    import json
+
+    import evaluators.model as model_module
+    from evaluators.report.main import main
+    from evaluators.report.table import text_table
+
+    monkeypatch.setattr(model_module, "HFModel", _Scripted)
+    monkeypatch.setattr(model_module, "load_hf", lambda name, **kw: (object(), type("P", (), {"tokenizer": None})()))
+    common = ["--arms", "VCD (greedy)", "--resamples", "30", "--no_progress", "--output_path", str(tmp_path)]
+
+    def cost():
+        return json.loads((tmp_path / "results.json").read_text())["cost"]
+
+    assert main(["--tasks", "dobench", *common]) == 0
+    first = cost()
+    assert first["VCD (greedy)"]["seconds"] > 0 and first["VCD (greedy)"]["wall_clock_vs_baseline"] > 0
+    assert main(["--tasks", "dobench", *common]) == 0  # nothing left to answer: the whole run's figures
+    assert cost()["VCD (greedy)"]["seconds"] == first["VCD (greedy)"]["seconds"]
+    samples = tmp_path / "vcd-greedy" / "samples.jsonl"  # killed half way through, then resumed
+    lines = samples.read_text().splitlines(keepends=True)
+    samples.write_text("".join(lines[: len(lines) // 2]))
+    (tmp_path / "vcd-greedy" / "timing.json").unlink()
+    assert main(["--tasks", "dobench", *common]) == 0
+    resumed = json.loads((tmp_path / "results.json").read_text())
+    assert resumed["cost"]["VCD (greedy)"]["seconds"] is None
+    assert resumed["cost"]["VCD (greedy)"]["wall_clock_vs_baseline"] is None
+    assert "not measured" in text_table(resumed)
+    assert resumed["cost"]["baseline (greedy)"]["seconds"] == first["baseline (greedy)"]["seconds"]
+    other = tmp_path / "other"
+    common[-1] = str(other)
+    assert main(["--tasks", "dobench,causal_halbench", *common]) == 0
+    assert main(["--tasks", "dobench", *common]) == 0  # all answered before, but timed with Causal-HalBench
+    assert json.loads((other / "results.json").read_text())["cost"]["VCD (greedy)"]["seconds"] is None

@@ -11,7 +11,7 @@ from pathlib import Path
 from PIL import ImageDraw
 
 from ..metrics import MECHANISMS
-from .table import SHORT, headline
+from .table import SHORT, ratio_text, headline
 
 COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#17becf"]
 VERDICT_BG = {"fixes": "#c9f2c7", "breaks": "#f7c6c5", "mixed": "#f9e7b4"}
@@ -117,7 +117,7 @@ def write_html(result: dict, queries, records, path: Path) -> None:
     body += "<tr><th>yes-ratio (DO-Bench)</th>" + "".join(
         f"<td>{result['yes_ratio'][a].get('dobench', float('nan')):.1f}%</td>" for a in compared) + "</tr>"
     body += "<tr><th>cost (rows/token, wall clock)</th>" + "".join(
-        f"<td>{result['cost'][a]['forward_rows_per_token']}x, {result['cost'][a]['wall_clock_vs_baseline']:.2f}x</td>"
+        f"<td>{result['cost'][a]['forward_rows_per_token']}x, {ratio_text(result['cost'][a]['wall_clock_vs_baseline'])}</td>"
         for a in compared) + "</tr>"
     plots = []
     if all("dobench" in records[a] for a in arms):

@@ -55,6 +55,28 @@ def with_references(chosen: list, known: list) -> list:
     return arms
 
 
+def _whole_run(path: Path, query_ids: set[str], measured):
+    """A per-arm figure (wall clock, verification counts) over *all* of this run's queries.
+
+    ``measured``: this invocation's figure when it answered every query itself, else None
+    (a resumed run times and counts only its remainder). It is written to ``path`` with a
+    digest of the query set; with None, the figure an earlier whole run wrote for the same
+    query set is read back, and there is none when the set differs (another ``--tasks`` or
+    ``--scale`` in the same folder) or no whole run was recorded (killed, then resumed).
+    """
+    import hashlib
+
+    digest = hashlib.sha256("\n".join(sorted(query_ids)).encode()).hexdigest()
+    if measured is not None:
+        path.write_text(json.dumps({"value": measured, "queries": digest}))
+        return measured
+    if path.exists():
+        saved = json.loads(path.read_text())
+        if saved.get("queries") == digest:
+            return saved["value"]
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="vlm-report", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -79,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     from ..cli import parse_kv
     from ..model import HFModel, load_hf
     from ..runner import RunMismatch, metric_records, read_samples, run, versions
+    from ..shards import done_ids
     from .attribution import cell_verdicts, compare, default_arms, explained_by_control, optional_arms, yes_ratio
     from .html import write_html
     from .table import text_table
@@ -114,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         under_test = HFModel(model, processor, mitigations=mitigations, generate_kwargs=arm.generate_kwargs,
                              max_new_tokens=8, name=args.model)
         folder = out / slug(arm.name)
+        wanted = {q.id for q in queries}
+        resumed = bool(wanted & done_ids(folder)) if folder.exists() else False
         start = time.perf_counter()
         try:
             payloads[arm.name] = run(queries, under_test, folder, batch_size=args.batch_size, seed=args.seed,
@@ -121,27 +146,24 @@ def main(argv: list[str] | None = None) -> int:
         except RunMismatch as err:
             parser.error(str(err))
         seconds = time.perf_counter() - start
-        timing = folder / "timing.json"
-        if not timing.exists():  # the first complete run's wall clock (a resumed run would understate it)
-            timing.write_text(json.dumps({"seconds": seconds}))
         rows = 1 + sum(getattr(m, "extra_rows", 0) for m in mitigations)
         verify = next((dict(m.stats) for m in mitigations if hasattr(m, "stats")), None)
-        stats_file = folder / "verification.json"  # like timing.json: a resumed run only sees its new queries
-        if verify is not None and verify.get("queries") and not stats_file.exists():
-            stats_file.write_text(json.dumps(verify))
-        if stats_file.exists():
-            verify = json.loads(stats_file.read_text())
-        costs[arm.name] = {"seconds": json.loads(timing.read_text())["seconds"], "forward_rows_per_token": rows,
-                           "verification": verify}
+        costs[arm.name] = {
+            "seconds": _whole_run(folder / "timing.json", wanted, None if resumed else seconds),
+            "forward_rows_per_token": rows,
+            "verification": _whole_run(folder / "verification.json", wanted,
+                                       None if resumed or not (verify or {}).get("queries") else verify),
+        }
         # this run's answers only: the folder keeps answers to queries of earlier runs
         # (another --tasks or --scale), which must not enter this report's comparisons
-        wanted = {q.id for q in queries}
         lines = [r for r in read_samples(folder / "samples.jsonl") if r["id"] in wanted]
         by_bench: dict[str, list] = {}
         for r in lines:
             by_bench.setdefault(r["benchmark"], []).append(r)
         records[arm.name] = {b: metric_records(b, rs) for b, rs in by_bench.items()}
-        print(f"{arm.name}: {costs[arm.name]['seconds']:.0f}s", file=sys.stderr, flush=True)
+        took = costs[arm.name]["seconds"]
+        print(f"{arm.name}: " + (f"{took:.0f}s" if took is not None else "resumed, wall clock not measured"),
+              file=sys.stderr, flush=True)
 
     comparisons, cells, flags = {}, {}, {}
     for arm in arms:
@@ -156,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
             flags[arm.name] = explained_by_control(rows, against)
     for arm in arms:
         base = costs.get(arm.baseline or arm.name)
-        costs[arm.name]["wall_clock_vs_baseline"] = costs[arm.name]["seconds"] / base["seconds"] if base else None
+        measured = base and base["seconds"] and costs[arm.name]["seconds"] is not None
+        costs[arm.name]["wall_clock_vs_baseline"] = costs[arm.name]["seconds"] / base["seconds"] if measured else None
     result = {
         "model": args.model, "tasks": tasks, "data": parse_kv(args.data), "scale": args.scale, "seed": args.seed,
         "resamples": args.resamples,

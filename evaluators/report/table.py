@@ -28,6 +28,11 @@ def headline(rows: list[dict], mechanism: str) -> str:
     return f"{best['delta']:+.1f} [{best['low']:+.1f},{best['high']:+.1f}]"
 
 
+def ratio_text(value: float | None) -> str:
+    """A wall-clock ratio, or why there is none (an arm resumed after a kill timed only its rest)."""
+    return "not measured" if value is None else f"{value:.2f}x"
+
+
 def text_table(result: dict) -> str:
     arms = [a["name"] for a in result["arms"] if a["baseline"]]
     width = len("cost: rows/token, time") + 2
@@ -44,7 +49,7 @@ def text_table(result: dict) -> str:
     lines.append(yes + "".join(f"{result['yes_ratio'][a].get('dobench', float('nan')):.1f}%".ljust(col) for a in arms))
     cost = "cost: rows/token, time".ljust(width)
     lines.append(cost + "".join(
-        f"{result['cost'][a]['forward_rows_per_token']}x, {result['cost'][a]['wall_clock_vs_baseline']:.2f}x".ljust(col)
+        f"{result['cost'][a]['forward_rows_per_token']}x, {ratio_text(result['cost'][a]['wall_clock_vs_baseline'])}".ljust(col)
         for a in arms))
     flags = [f"{a}: gain on {', '.join(m)} is matched by its control" for a, m in result["explained_by_control"].items() if m]
     return "\n".join(lines + (["", *flags] if flags else []))
