@@ -175,7 +175,11 @@ def test_each_row_finds_its_own_original_when_another_batch_held_the_same_images
     """The same images preprocessed again in the reverse order (a prefetching loader) after
     the batch generate() runs on: every row still verifies against its own original."""
     model, processor = organism
-    images, prompts = [q.images[0] for q in queries[:8]], [q.prompt for q in queries[:8]]
+    rows = CropVerify(processor, **OBJECT).answer(model, [q.images[0] for q in queries], [q.prompt for q in queries],
+                                                  max_new_tokens=4)
+    first = next(i for i, r in enumerate(rows) if r["answer"] != r["first_answer"])
+    chosen = queries[max(first - 4, 0):][:8]  # 8 rows, one of them overturned
+    images, prompts = [q.images[0] for q in chosen], [q.prompt for q in chosen]
     expected = [r["answer"] for r in CropVerify(processor, **OBJECT).answer(model, images, prompts, max_new_tokens=4)]
     cv = CropVerify(processor, **OBJECT)
     with attach(model, cv):

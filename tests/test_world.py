@@ -7,7 +7,7 @@ import pytest
 
 from evaluators.world import (
     BIASED, CATEGORIES, CHANGE_KINDS, UNBIASED, Obj, Scene, World, WorldConfig, change_pair, cluster_box, crop_box,
-    do_views, edits, grow, image_set, segmentation_pair,
+    cut, derive_seed, do_views, edits, grow, image_set, pixel_bounds, segmentation_pair,
 )
 from evaluators.world.scene import NOISE_STD
 
@@ -181,8 +181,11 @@ def test_cluster_view_exact_boxes():
     kept inside the image -- at a border and in a non-square image too."""
     assert cluster_box((50, 50, 60, 60), [(62, 50, 70, 58)], 128, 128, 0.1) == (48.0, 43.0, 72.0, 67.0)
     assert cluster_box((50, 50, 60, 60), [(110, 110, 120, 120)], 128, 128, 0.1) == (25.0, 25.0, 85.0, 85.0)
-    assert cluster_box((0, 0, 10, 10), [], 128, 128, 0.1) == (0.0, 0.0, 36.0, 36.0)
-    assert cluster_box((90, 10, 100, 30), [], 100, 40, 0.1) == (40.0, 0.0, 100.0, 40.0)
+    # at a border the lonely target's context is shifted inside, as wide as in the middle
+    assert cluster_box((0, 0, 10, 10), [], 128, 128, 0.1) == (0.0, 0.0, 60.0, 60.0)
+    assert cluster_box((59, 59, 69, 69), [], 128, 128, 0.1) == (34.0, 34.0, 94.0, 94.0)
+    assert cluster_box((118, 60, 128, 70), [], 128, 128, 0.1) == (68.0, 35.0, 128.0, 95.0)
+    assert cluster_box((90, 10, 100, 30), [], 100, 40, 0.1) == (0.0, 0.0, 100.0, 40.0)
 
 
 def test_do_views_cut_from_the_source(world):
@@ -285,6 +288,10 @@ def test_a_scenes_masks_are_read_only():
     (lambda: BIASED.replace(min_gap=float("nan")), "min_gap"),
     (lambda: BIASED.replace(n_objects=(1.5, 3)), "n_objects"),
     (lambda: World(BIASED).scene(1, n_objects=2.5), "n_objects"),
+    (lambda: World(BIASED).scene(1, n_objects=11), "n_objects"),  # 10 categories, one instance each
+    (lambda: Obj(0, "knife", "red", 10.0, 10.0, 2.0), "size"),  # a 2 x 0.76 px bar draws nothing
+    (lambda: derive_seed(0, -1), "stream"),
+    (lambda: derive_seed(2**63), "seed"),
 ])
 def test_bad_world_input_is_a_value_error_naming_the_argument(make, argument):
     """Caught at the call, not at render time or as an AttributeError (reviewer's list)."""
@@ -305,3 +312,83 @@ def test_an_object_hidden_by_a_later_one_is_not_present_nor_counted():
     assert not hidden.masks()[0].any()
     partly = edits.add(scene, Obj(1, "cup", "blue", 50.0, 40.0, 12.0))
     assert partly.present("fork") and partly.masks()[0].any()
+
+
+def test_derived_seeds_neither_overflow_nor_collide():
+    """Set builders and suites draw their world seeds through derive_seed: arithmetic such
+    as ``seed * 97 + attempt`` overflowed the seed range for large seeds (a ValueError about
+    a seed the caller never passed) and gave seed + 1's scenes from attempt 97 on."""
+    assert derive_seed(5, 3, 7) == derive_seed(5, 3, 7)
+    seeds = [derive_seed(s, 4, a) for s in range(50) for a in range(120)]
+    assert len(set(seeds)) == len(seeds)
+    # the encodings SeedSequence alone confuses: [2**32] is the words [0, 1]; a missing word is a zero one
+    assert len({derive_seed(2**32), derive_seed(0, 1), derive_seed(0), derive_seed(0, 0)}) == 4
+    assert all(0 <= s < 2**63 for s in seeds + [derive_seed(2**63 - 1, 2**63 - 1)])
+    world, top = World(BIASED), 2**63 - 1
+    segmentation_pair(world, top)
+    image_set(world, top, 3, "dog", "hard_negative", present=False)
+    for kind in CHANGE_KINDS:
+        change_pair(world, top, kind)
+
+
+def test_suites_build_at_the_largest_seed():
+    from evaluators.benchmarks.suites import build_queries
+
+    queries = build_queries(["dobench", "mioh", "causal_halbench", "hallusegbench", "reactbench"], 2**63 - 1, "small")
+    assert {q.benchmark for q in queries} == {"dobench", "mioh", "causal_halbench", "hallusegbench", "reactbench"}
+
+
+def test_square_views_are_cut_square():
+    """A square view box gives a square image: flooring one edge and ceiling the other made a
+    third of DO-Bench's Cluster and Crop cuts a pixel wider than tall (10% on a 10 px crop),
+    which the processor's resize then stretched."""
+    from evaluators.benchmarks.dobench.suite import scene_groups
+
+    world, checked = World(BIASED), 0
+    for _, (_, (scene, uid, _, _)) in zip(range(30), scene_groups(0, world)):
+        for margin in (0.1, 0.2):
+            views = do_views(scene, uid, margin)
+            for image in (views.cluster, views.crop):
+                assert image.width == image.height
+                checked += 1
+    assert checked == 120
+    # worked by hand: sides round to whole pixels around the centre, shifted inside
+    assert pixel_bounds((10.5, 20.3, 20.8, 30.6), 128, 128) == (11, 20, 21, 30)
+    assert pixel_bounds((0.2, 0.2, 9.9, 9.9), 128, 128) == (0, 0, 10, 10)
+    assert pixel_bounds((120.4, 3.0, 128.0, 10.6), 128, 128) == (120, 3, 128, 11)
+    assert pixel_bounds((0.0, 0.0, 0.3, 0.3), 128, 128) == (0, 0, 1, 1)
+    image = World(BIASED).scene(3).render()
+    assert cut(image, (10.5, 20.3, 20.8, 30.6)).size == (10, 10)
+
+
+@pytest.mark.parametrize("resolution", [32, 40])
+def test_low_resolution_worlds_draw_every_object(resolution):
+    """A small bar at 32-40 px was under a pixel thin: PIL refused to draw it, so rendering
+    crashed, and a bar replaced by the other bar could shrink below a pixel too. Sizes are
+    raised to a pixel on the narrow side, and replacements that cannot fit are not drawn."""
+    world = World(BIASED.replace(resolution=resolution))
+    for seed in range(40):
+        scenes = [world.scene(seed), segmentation_pair(world, seed).counterfactual,
+                  *(change_pair(world, seed, kind).after for kind in CHANGE_KINDS)]
+        for scene in scenes:
+            scene.render()
+            assert all(mask.any() for mask in scene.masks().values())
+
+
+def test_a_replacement_too_thin_for_the_box_is_refused():
+    hbar = Obj(0, "knife", "red", 20.0, 20.0, 3.0)  # a 3 x 1.14 px bar
+    scene = Scene("kitchen", (hbar,), 0, 64)
+    assert not edits.can_replace(hbar, "fork") and edits.can_replace(hbar, "cup")
+    with pytest.raises(ValueError, match="category"):
+        edits.replace(scene, 0, "fork")  # a vertical bar 1.14 px tall would be 0.43 px wide
+    assert edits.replace(scene, 0, "cup").get(0).box == pytest.approx((19.43, 19.43, 20.57, 20.57), abs=0.01)
+
+
+def test_n_objects_is_exact_and_keeps_the_cooccurrence():
+    world = World(BIASED)
+    for n in (1, 3, 6):
+        assert all(len(world.scene(seed, n_objects=n).objects) == n for seed in range(60))
+    with_cue = [world.scene(seed, n_objects=3) for seed in range(1500)]
+    with_cue = [s for s in with_cue if s.present("knife")]
+    assert len(with_cue) > 100
+    assert sum(s.present("fork") for s in with_cue) / len(with_cue) > 0.85  # BIASED: 0.92 (+ chance)

@@ -8,7 +8,7 @@ size) rendered at a source resolution (``WorldConfig.resolution``, 128 px: 2x th
 """
 
 from . import edits
-from .generator import BIASED, UNBIASED, World, WorldConfig, box_gap, check_count, check_seed, check_subset
+from .generator import BIASED, UNBIASED, World, WorldConfig, box_gap, check_count, check_seed, check_subset, derive_seed
 from .scene import Obj, Scene
 from .sets import (
     CHANGE_KINDS, MIOH_CONDITIONS, ChangePair, ImageSet, SegmentationPair, Views, change_pair, do_views,
@@ -20,6 +20,6 @@ from .vocab import CATEGORIES, COLOURS, CONTEXT_CATEGORIES, CONTEXTS, REASONING,
 __all__ = [
     "BIASED", "CATEGORIES", "CONTEXT_CATEGORIES", "box_gap", "check_count", "check_subset", "CHANGE_KINDS", "COLOURS", "CONTEXTS", "ChangePair", "ImageSet", "MARGINS",
     "MIOH_CONDITIONS", "Obj", "REASONING", "RELATIONS", "SYNONYMS", "Scene", "SegmentationPair", "UNBIASED", "Views", "World",
-    "WorldConfig", "change_pair", "check_seed", "cluster_box", "coverage", "crop_box", "cut", "do_views", "edits", "grow", "pixel_bounds",
+    "WorldConfig", "change_pair", "check_seed", "derive_seed", "cluster_box", "coverage", "crop_box", "cut", "do_views", "edits", "grow", "pixel_bounds",
     "image_set", "segmentation_pair",
 ]

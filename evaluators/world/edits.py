@@ -4,8 +4,8 @@ background texture shows through where an object was)."""
 
 from __future__ import annotations
 
-from .scene import Obj, Scene, aspect
-from .vocab import check_category, check_colour
+from .scene import MIN_SIDE, Obj, Scene, aspect, min_size
+from .vocab import CATEGORIES, check_category, check_colour
 
 
 def _require(scene: Scene, uid: int) -> Obj:
@@ -38,16 +38,33 @@ def replace(scene: Scene, uid: int, category: str, *, colour: str | None = None)
     number would grow a knife's 1 x 0.38 box into a square 2.6 times as tall, reaching
     out of the image or over a neighbour: the pair would then differ in more than the one
     object. Inside the old box it cannot. The colour is kept unless given. Replacing with
-    the same category is an error.
+    the same category, or with one whose box there would be under a pixel on a side
+    (:func:`can_replace`), is an error.
     """
     obj = _require(scene, uid)
     check_category(category)
     if category == obj.category:
         raise ValueError(f"category: object {uid} already is a {category!r}")
-    new = obj.replace(category=category, colour=obj.colour if colour is None else check_colour(colour))
-    (ow, oh), (nw, nh) = (aspect(o.shape) for o in (obj, new))
-    new = new.replace(size=obj.size * min(ow / nw, oh / nh))
+    if not can_replace(obj, category):
+        x0, y0, x1, y1 = obj.box
+        raise ValueError(f"category: a {category!r} inside object {uid}'s {x1 - x0:.1f} x {y1 - y0:.1f} px box "
+                         f"would be under {MIN_SIDE:g} px on a side")
+    new = obj.replace(category=category, size=replaced_size(obj, category),
+                      colour=obj.colour if colour is None else check_colour(colour))
     return scene.with_objects(new if o.uid == uid else o for o in scene.objects)
+
+
+def replaced_size(obj: Obj, category: str) -> float:
+    """The size :func:`replace` gives ``category`` in ``obj``'s place: that of its shape's
+    largest box inside ``obj``'s box."""
+    (ow, oh), (nw, nh) = aspect(obj.shape), aspect(CATEGORIES[check_category(category)])
+    return obj.size * min(ow / nw, oh / nh)
+
+
+def can_replace(obj: Obj, category: str) -> bool:
+    """Whether :func:`replace` can put ``category`` in ``obj``'s place: another category whose
+    box there is at least a pixel on each side (a bar in a small bar's box can be thinner)."""
+    return category != obj.category and replaced_size(obj, category) >= min_size(CATEGORIES[category])
 
 
 def recolour(scene: Scene, uid: int, colour: str) -> Scene:

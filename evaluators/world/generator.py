@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .scene import Obj, Scene
+from .scene import Obj, Scene, min_size
 from .vocab import CATEGORIES, COLOURS, CONTEXT_CATEGORIES, CONTEXTS, check_category, check_colour, check_context
 
 
@@ -82,6 +82,22 @@ def check_seed(seed: int, argument: str = "seed") -> int:
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= int(seed) < 2**63:
         raise ValueError(f"{argument} must be a non-negative integer, got {seed!r}")
     return int(seed)
+
+
+def derive_seed(seed: int, *stream: int) -> int:
+    """The world seed of draw ``stream`` (e.g. ``(suite tag, attempt)``) under ``seed``, in
+    ``[0, 2**63)``.
+
+    A hash (numpy's ``SeedSequence``), not arithmetic: ``seed * 97 + attempt`` overflowed the
+    seed range for large seeds and reused seed + 1's scenes from attempt 97 on. Distinct
+    ``(seed, *stream)`` give independent seeds; the same give the same.
+    """
+    parts = [check_seed(seed), *(check_seed(part, "stream") for part in stream)]
+    # fixed-width words behind a count: SeedSequence reads [2**32] as the words [0, 1], the
+    # same as [0, 1], and a missing word as a zero one
+    words = [len(parts)] + [w for part in parts for w in (part & 0xFFFFFFFF, part >> 32)]
+    high, low = np.random.SeedSequence(words).generate_state(2, np.uint32)
+    return ((int(high) << 32) | int(low)) >> 1
 
 
 def check_subset(values, allowed: tuple, argument: str) -> tuple:
@@ -154,8 +170,13 @@ class World:
         self, rng: np.random.Generator, scene_objects: list[Obj], category: str, colour: str, size: float,
         uid: int, tries: int = 200,
     ) -> Obj | None:
-        """An object of ``category`` at a random free spot (no box overlap), or None."""
+        """An object of ``category`` at a random free spot (no box overlap), or None.
+
+        ``size`` is raised to the shape's :func:`~evaluators.world.scene.min_size` (a pixel on
+        its narrow side): at low resolutions a small bar would otherwise draw nothing. At the
+        default 128 px no sampled size is that small, so generated scenes are unchanged."""
         r = self.config.resolution
+        size = max(size, min_size(CATEGORIES[check_category(category)]))
         for _ in range(tries):
             probe = Obj(uid, category, colour, 0.0, 0.0, size)
             x0, y0, x1, y1 = probe.box
@@ -169,7 +190,14 @@ class World:
 
     # -- scenes ---------------------------------------------------------------------
     def scene(self, seed: int, *, context: str | None = None, n_objects: int | None = None) -> Scene:
-        """A scene drawn with the world's statistics."""
+        """A scene drawn with the world's statistics.
+
+        ``n_objects`` given: exactly that many objects. A co-occurrence companion then takes
+        the place of the last drawn category that belongs to no co-occurrence pair (so the
+        companion still follows its cue at the configured rate), and an object with no free
+        spot is a ValueError. Left out, the count is drawn from ``config.n_objects``, a
+        companion joins on top, and an object with no free spot is left out, as always.
+        """
         seed = check_seed(seed)
         rng = np.random.default_rng([seed, 1])
         if context is None:
@@ -180,16 +208,27 @@ class World:
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 12:
             raise ValueError(f"n_objects must be an int in [1, 12], got {n!r}")
         names, probs = self._weights(context)
+        if n_objects is not None and n > len(names):
+            raise ValueError(f"n_objects: the {context!r} context has only {len(names)} categories, asked for {n}")
         chosen = list(rng.choice(names, size=min(n, len(names)), replace=False, p=probs))
+        paired = {c for pair in self.config.cooccurrence for c in pair[:2]}
         for cue, companion, p in self.config.cooccurrence:
             if cue in chosen and companion not in chosen and rng.random() < p:
-                chosen.append(companion)  # one-directional: the companion may also appear alone
+                if n_objects is None:
+                    chosen.append(companion)  # one-directional: the companion may also appear alone
+                    continue
+                free = [i for i, c in enumerate(chosen) if c not in paired]
+                if free:
+                    chosen[free[-1]] = companion
         objects: list[Obj] = []
         for category in chosen:
             obj = self.place(rng, objects, str(category), self.sample_colour(rng, str(category)),
-                             self.sample_size(rng), uid=len(objects))
+                             self.sample_size(rng), uid=len(objects), tries=200 if n_objects is None else 1000)
             if obj is not None:
                 objects.append(obj)
+            elif n_objects is not None:
+                raise ValueError(f"n_objects: cannot fit {n} objects apart in a {self.config.resolution}px scene "
+                                 f"(seed {seed})")
         return Scene(context, tuple(objects), seed, self.config.resolution)
 
     def dense_scene(self, seed: int, category: str, count: int, *, context: str | None = None,

@@ -31,6 +31,15 @@ def aspect(shape: str) -> tuple[float, float]:
 
 NOISE_STD = 6.0  # sensor-like noise on every pixel, seeded per scene
 
+#: The narrowest side an object's box may have, in source pixels. A thinner box draws
+#: nothing (PIL refuses an end before the start), so its mask would be empty.
+MIN_SIDE = 1.0
+
+
+def min_size(shape: str) -> float:
+    """The smallest ``size`` whose box of ``shape`` is :data:`MIN_SIDE` wide and tall."""
+    return MIN_SIDE / min(aspect(shape))
+
 
 @dataclass(frozen=True)
 class Obj:
@@ -50,8 +59,10 @@ class Obj:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
                 raise ValueError(f"{name} must be a finite number, got {value!r}")
-        if not self.size > 0:
-            raise ValueError(f"size must be positive, got {self.size}")
+        if not self.size >= min_size(self.shape):
+            aw, ah = aspect(self.shape)
+            raise ValueError(f"size {self.size!r} gives a {self.category!r} box of {self.size * aw:.2f} x "
+                             f"{self.size * ah:.2f} px; each side must be at least {MIN_SIDE:g} px")
 
     @property
     def shape(self) -> str:
@@ -265,8 +276,9 @@ def _shape_mask(obj: Obj, resolution: int) -> np.ndarray:
 
 def _draw_shape(draw: ImageDraw.ImageDraw, shape: str, box: Box, size: float) -> None:
     x0, y0, x1, y1 = box
-    # PIL treats the end coordinate as inclusive
-    x1, y1 = x1 - 1, y1 - 1
+    # PIL treats the end coordinate as inclusive (and refuses an end before the start, which
+    # float rounding gives a box exactly MIN_SIDE wide)
+    x1, y1 = max(x1 - 1, x0), max(y1 - 1, y0)
     mx, my = (x0 + x1) / 2, (y0 + y1) / 2
     line = max(1, round(size * 0.2))
     if shape == "circle":

@@ -10,7 +10,7 @@ import numpy as np
 from PIL import Image
 
 from . import edits
-from .generator import World, check_seed
+from .generator import World, check_seed, derive_seed
 from .scene import Obj, Scene
 from .views import MARGINS, check_margin, cluster_box, crop_box, cut
 from .vocab import CATEGORIES, COLOURS, CONTEXT_CATEGORIES, check_category
@@ -79,14 +79,14 @@ def segmentation_pair(world: World, seed: int) -> SegmentationPair:
     seed = check_seed(seed)
     rng = np.random.default_rng([seed, 3])
     for attempt in range(100):
-        scene = world.scene(seed * 101 + attempt)
+        scene = world.scene(derive_seed(seed, 3, attempt))
         singles = [o for o in scene.objects if scene.count(o.category) == 1 and o.size >= 0.12 * scene.resolution]
         if singles:
             break
     else:  # pragma: no cover - the biased world nearly always has a large single object
         raise ValueError(f"seed: no scene with a large single object found for seed {seed}")
     obj = singles[int(rng.integers(len(singles)))]
-    absent = [c for c in CATEGORIES if not scene.present(c)]
+    absent = [c for c in CATEGORIES if not scene.present(c) and edits.can_replace(obj, c)]
     new = absent[int(rng.integers(len(absent)))]
     return SegmentationPair(scene, edits.replace(scene, obj.uid, new), obj.uid, obj.category, new)
 
@@ -108,7 +108,7 @@ def change_pair(world: World, seed: int, kind: str) -> ChangePair:
         raise ValueError(f"kind must be one of {CHANGE_KINDS}, got {kind!r}")
     rng = np.random.default_rng([seed, 4])
     for attempt in range(100):
-        before = world.scene(seed * 97 + attempt)
+        before = world.scene(derive_seed(seed, 4, attempt))
         singles = [o for o in before.objects if before.count(o.category) == 1]
         absent = [c for c in CATEGORIES if not before.present(c)]
         if not singles or not absent:
@@ -117,6 +117,9 @@ def change_pair(world: World, seed: int, kind: str) -> ChangePair:
         if kind == "remove":
             return ChangePair(before, edits.remove(before, obj.uid), kind, obj.category, "")
         if kind == "replace":
+            absent = [c for c in absent if edits.can_replace(obj, c)]
+            if not absent:
+                continue
             new = absent[int(rng.integers(len(absent)))]
             return ChangePair(before, edits.replace(before, obj.uid, new), kind, obj.category, new)
         if kind == "add":
@@ -181,7 +184,7 @@ def image_set(world: World, seed: int, n_images: int, target: str, condition: st
     scenes = []
     for i in range(n_images):
         context = {"hard_negative": usual, "easy": unusual if i != holder else None}.get(condition)
-        scene = world.scene(seed * 1009 + i * 13 + 7, context=context)
+        scene = world.scene(derive_seed(seed, 5, i), context=context)
         scene = _without(scene, target)
         if condition == "hard_negative" and cue is not None and not scene.present(cue):
             scene = _with(world, rng, scene, cue, small=False)

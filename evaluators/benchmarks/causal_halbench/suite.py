@@ -22,7 +22,7 @@ import numpy as np
 
 from ...organism.tasks import existence_question
 from ...query import Query
-from ...world import BIASED, CONTEXT_CATEGORIES, World, check_count, check_seed, edits
+from ...world import BIASED, CONTEXT_CATEGORIES, World, check_count, check_seed, derive_seed, edits
 
 
 
@@ -32,10 +32,10 @@ def build(n_pairs: int = 30, seed: int = 0, world: World | None = None) -> list[
     world = world or World(BIASED)
     rng = np.random.default_rng([seed, 51])
     queries: list[Query] = []
-    s, built = seed * 1_000_003 + 4_000_000_000, 0
+    s, built = 0, 0
     while built < n_pairs:
         s += 1
-        scene = world.scene(s)
+        scene = world.scene(derive_seed(seed, 51, s))
         pair = next(((c, t) for c, t, _ in world.config.cooccurrence
                      if scene.count(c) == 1 and scene.count(t) == 1), None)
         if pair is None:
@@ -44,7 +44,7 @@ def build(n_pairs: int = 30, seed: int = 0, world: World | None = None) -> list[
         home = next(ctx for ctx, cats in CONTEXT_CATEGORIES.items() if cue in cats)
         typical = CONTEXT_CATEGORIES[home]
         other = [c for ctx, cats in CONTEXT_CATEGORIES.items() if ctx != home for c in cats]
-        cf = [c for c in other if not scene.present(c)]
+        cf = [c for c in other if not scene.present(c) and edits.can_replace(scene.of(target)[0], c)]
         absent = [c for c in typical if not scene.present(c)]
         if not cf or not absent:
             continue

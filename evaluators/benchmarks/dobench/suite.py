@@ -20,7 +20,7 @@ import numpy as np
 
 from ...organism.tasks import do_prior, existence_question
 from ...query import Query
-from ...world import BIASED, CATEGORIES, CONTEXT_CATEGORIES, Obj, World, box_gap, check_count, check_seed, do_views, edits
+from ...world import BIASED, CATEGORIES, CONTEXT_CATEGORIES, Obj, World, box_gap, check_count, check_seed, derive_seed, do_views, edits
 from ...world.views import check_margin
 
 
@@ -56,12 +56,13 @@ def _scene_group(world: World, seed: int):
 
 def scene_groups(seed: int, world: World):
     """The scene groups of the suite built with ``seed``, in order, as ``(world seed,
-    (scene, A uid, A category, B category))``: tried at consecutive world seeds from a base
-    the suite seed fixes, skipping those :func:`_scene_group` rejects. Endless: take what
+    (scene, A uid, A category, B category))``: tried at the world seeds :func:`derive_seed` gives the
+    suite seed and a counter, skipping those :func:`_scene_group` rejects. Endless: take what
     you need."""
-    s = check_seed(seed) * 1_000_003 + 2_000_000_000
+    seed, attempt = check_seed(seed), 0
     while True:
-        s += 1
+        attempt += 1
+        s = derive_seed(seed, 31, attempt)
         group = _scene_group(world, s)
         if group is not None:
             yield s, group

@@ -30,7 +30,7 @@ import numpy as np
 
 from ...masks import answer_mask
 from ...query import Query
-from ...world import BIASED, REASONING, Scene, World, check_count, check_seed, check_subset, segmentation_pair
+from ...world import BIASED, REASONING, Scene, World, check_count, check_seed, check_subset, derive_seed, segmentation_pair
 from .metrics import SPLITS
 
 
@@ -52,7 +52,7 @@ def build(n_pairs: int = 30, seed: int = 0, world: World | None = None,
     world = world or World(BIASED)
     queries = []
     for k in range(n_pairs):
-        pair = segmentation_pair(world, seed * 1_000_003 + 5_000_000 + k)
+        pair = segmentation_pair(world, derive_seed(seed, 21, k))
         images = {"factual": pair.factual.render(), "counterfactual": pair.counterfactual.render()}
         scenes = {"factual_scene": pair.factual.to_dict(), "counterfactual_scene": pair.counterfactual.to_dict()}
         for split in splits:

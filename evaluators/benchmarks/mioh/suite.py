@@ -41,7 +41,7 @@ import numpy as np
 from ...benchmarks.mioh.metrics import combine_existence, combine_selective
 from ...organism.tasks import OPTION_LETTERS, existence_question, mioh_context
 from ...query import Query
-from ...world import BIASED, World, check_count, check_seed, image_set
+from ...world import BIASED, World, check_count, check_seed, derive_seed, image_set
 
 TARGETS = ("fork", "tree")  # the world's co-occurrence companions: HN needs a cue for them
 ALL_TARGETS = ("cup", "plate", "fork", "knife", "banana", "tree", "dog", "ball", "bench", "bird")
@@ -88,7 +88,7 @@ def build(n_per_condition: int = 12, seed: int = 0, world: World | None = None,
 
     def add(cond: str, n_images: int, target: str, present: bool, k: int, kind: str = "easy", context: str = ""):
         nonlocal drawn
-        s = image_set(world, seed * 100_003 + 3_000_000_000 + drawn, n_images, target, kind,
+        s = image_set(world, derive_seed(seed, 41, drawn), n_images, target, kind,
                       present=present)
         others = [i for i in range(n_images) if i != s.answer_index]
         pick = list(rng.choice(others, size=min(4, n_images) - (s.answer_index is not None), replace=False))

@@ -45,7 +45,7 @@ import numpy as np
 
 from ...organism.tasks import NUMBERS, OPTION_LETTERS, existence_question
 from ...query import Query
-from ...world import BIASED, CATEGORIES, COLOURS, World, change_pair, check_count, check_seed, check_subset, edits
+from ...world import BIASED, CATEGORIES, COLOURS, World, change_pair, check_count, check_seed, check_subset, derive_seed, edits
 from ...world.sets import CHANGE_KINDS
 
 DIMENSIONS = ("direct", "commonsense", "premise", "absurd")
@@ -91,7 +91,9 @@ def build(n_per_task: int = 10, seed: int = 0, world: World | None = None, *,
     rng = np.random.default_rng([seed, 61])
     extra_rng = np.random.default_rng([seed, 62])  # the inducing variants draw apart: direct queries stay as they were
     queries: list[Query] = []
-    base = seed * 1_000_003 + 6_000_000_000
+    def world_seed(task: int, k: int) -> int:  # one hashed stream per task: no overflow, no overlap
+        return derive_seed(seed, 61, task, k)
+
     dominant = {c: colour for c, (colour, _) in world.config.dominant_colour.items()}
 
     def q(qid, task, qtype, images, prompt, kind, truth, extra, options=None):
@@ -101,10 +103,10 @@ def build(n_per_task: int = 10, seed: int = 0, world: World | None = None, *,
                                  {"task": task, "qtype": qtype, "mode": mode, **extra}, options=options))
 
     # Relational Erasure
-    k, s = 0, base
+    k, s = 0, 0
     while k < n_per_task:
         s += 1
-        scene = world.scene(s)
+        scene = world.scene(world_seed(0, s))
         pair = next(((c, t) for c, t, _ in world.config.cooccurrence if scene.present(c) and scene.present(t)), None)
         if pair is None:
             continue
@@ -137,10 +139,10 @@ def build(n_per_task: int = 10, seed: int = 0, world: World | None = None, *,
         k += 1
 
     # Counterfactual Attribute
-    k, s = 0, base + 100_000
+    k, s = 0, 0
     while k < n_per_task:
         s += 1
-        scene = world.scene(s)
+        scene = world.scene(world_seed(1, s))
         objs = [o for o in scene.objects if o.category in dominant and scene.count(o.category) == 1
                 and o.size >= 0.12 * scene.resolution]
         if not objs:
@@ -176,7 +178,7 @@ def build(n_per_task: int = 10, seed: int = 0, world: World | None = None, *,
     # Alteration Tracing
     for k in range(n_per_task):
         kind = CHANGE_KINDS[k % len(CHANGE_KINDS)]
-        pair = change_pair(world, base + 200_000 + k, kind)
+        pair = change_pair(world, world_seed(2, k), kind)
         if kind == "replace":
             said = f"the {pair.category} was replaced by a {pair.detail}"
             keys = [pair.category, "replaced", pair.detail]
@@ -209,7 +211,7 @@ def build(n_per_task: int = 10, seed: int = 0, world: World | None = None, *,
     for k in range(n_per_task):
         category = list(CATEGORIES)[int(rng.integers(len(CATEGORIES)))]
         count = int(rng.integers(3, 10))
-        scene = world.dense_scene(base + 300_000 + k, category, count, small=True)
+        scene = world.dense_scene(world_seed(3, k), category, count, small=True)
         img, rid = [scene.render()], f"react-{seed}-dc-{k}"
         q(f"{rid}-SA", "dense_counting", "SA", img, f"how many {category} are there ?", "number", count,
           {"count_setting": "exact"})
