@@ -36,14 +36,23 @@ def parse_yes_no(text: str) -> bool | None:
     return None
 
 
-def parse_option(text: str, options: Sequence[str], letters: Sequence[str] = "abcde") -> str | None:
+#: Option letters in order: MIOH's selective questions list up to ten images plus "none of
+#: the above" (Sec. 3), so five letters (a-e) are not enough.
+OPTION_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+
+def parse_option(text: str, options: Sequence[str], letters: Sequence[str] = OPTION_LETTERS) -> str | None:
     """The chosen option letter: a lone letter token ("b", "b)", "(B)"), else a unique option text."""
+    if len(options) > len(letters):
+        raise ValueError(f"options: {len(options)} options but only {len(letters)} letters to name them")
     lowered = text.lower().strip()
     letter = re.match(r"^\(?([a-z])\)?(?:[\s.):,]|$)", lowered)
     valid = [l.lower() for l in letters[: len(options)]]
     if letter and letter.group(1) in valid:
         return letter.group(1)
-    hits = [valid[i] for i, opt in enumerate(options) if opt and opt.lower() in lowered]
+    # whole words only: "image 1" is not said by "image 10"
+    hits = [valid[i] for i, opt in enumerate(options)
+            if opt and re.search(rf"(?<!\w){re.escape(opt.lower())}(?!\w)", lowered)]
     return hits[0] if len(hits) == 1 else None
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from evaluators.answers import parse_option, parse_yes_no
+from evaluators.answers import OPTION_LETTERS, parse_option, parse_yes_no
 
 #: the per-image question; ``{object}`` is the queried object as the question names it.
 #: Lower case with spaced punctuation is what the organism was trained on; real models read
@@ -29,7 +29,7 @@ EXISTENCE_TEMPLATE = "is there a {object} in the image ? answer yes or no ."
 
 _QUESTION = re.compile(r"\bin\s+which\s+image\s+(?:is|are)\s+there\s+(?:an?\s+|any\s+|the\s+)?(?P<object>[^?]+?)\s*\?",
                        re.I)
-_OPTION = re.compile(r"(?:^|\s)\(?(?P<letter>[a-e])\s*\)\s*(?P<text>image\s+(?P<index>\d+)|none\s+of\s+the\s+above)",
+_OPTION = re.compile(r"(?:^|\s)\(?(?P<letter>[a-z])\s*\)\s*(?P<text>image\s+(?P<index>\d+)|none\s+of\s+the\s+above)",
                      re.I)
 
 
@@ -48,7 +48,7 @@ class WhichImage:
 
     def answer_with(self, letter: str) -> str:
         """The answer choosing option ``letter``: the letter and its option text, "b) image 2"."""
-        return f"{letter}) {self.options['abcde'.index(letter)]}"
+        return f"{letter}) {self.options[OPTION_LETTERS.index(letter)]}"
 
     def answer_for(self, image: int) -> str:
         """The answer naming ``image`` (0-based)."""
@@ -89,7 +89,7 @@ def parse_which_image(prompt: str, n_images: int) -> WhichImage | None:
         if not 0 <= index < n_images or index in letters:
             return None
         letters[index] = letter
-    order = "abcde"[: len(texts)]
+    order = OPTION_LETTERS[: len(texts)]
     if not letters or sorted(texts) != list(order):  # options must be a, b, c ... in order
         return None
     return WhichImage(found.group("object").strip(), letters, none, tuple(texts[l] for l in order))
@@ -124,7 +124,7 @@ class AnyImage:
 #: objects that make the question something else: "is there no X ...", "is there a
 #: difference between ...", "is there the same X ..." (MIOH's comparative questions)
 _NOT_AN_OBJECT = re.compile(r"^(?:no|not|any\s+difference|a\s+difference|difference|the\s+same|same)\b", re.I)
-_LETTERED_OPTION = re.compile(r"(?:^|\s)\(?[a-e]\s*\)", re.I)
+_LETTERED_OPTION = re.compile(r"(?:^|\s)\(?[a-z]\s*\)", re.I)
 
 
 def parse_any_image(prompt: str, n_images: int) -> AnyImage | None:

@@ -147,3 +147,11 @@ def test_the_cost_column_times_whole_runs_only(tmp_path, monkeypatch):
     assert main(["--tasks", "dobench,causal_halbench", *common]) == 0
     assert main(["--tasks", "dobench", *common]) == 0  # all answered before, but timed with Causal-HalBench
     assert json.loads((other / "results.json").read_text())["cost"]["VCD (greedy)"]["seconds"] is None
+    # a whole run of another query set into the same folder keeps this set's figure
+    third = tmp_path / "third"
+    common[-1] = str(third)
+    assert main(["--tasks", "dobench", *common]) == 0
+    whole = json.loads((third / "results.json").read_text())["cost"]["VCD (greedy)"]["seconds"]
+    assert main(["--tasks", "causal_halbench", *common]) == 0
+    assert main(["--tasks", "dobench", *common]) == 0
+    assert json.loads((third / "results.json").read_text())["cost"]["VCD (greedy)"]["seconds"] == whole

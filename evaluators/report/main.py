@@ -59,22 +59,20 @@ def _whole_run(path: Path, query_ids: set[str], measured):
     """A per-arm figure (wall clock, verification counts) over *all* of this run's queries.
 
     ``measured``: this invocation's figure when it answered every query itself, else None
-    (a resumed run times and counts only its remainder). It is written to ``path`` with a
-    digest of the query set; with None, the figure an earlier whole run wrote for the same
-    query set is read back, and there is none when the set differs (another ``--tasks`` or
-    ``--scale`` in the same folder) or no whole run was recorded (killed, then resumed).
+    (a resumed run times and counts only its remainder). ``path`` keeps one figure per
+    query set (a digest of its ids): with None, the figure an earlier whole run recorded
+    for this query set is read back, and there is none when no whole run of it was
+    recorded (killed, then resumed; or only other ``--tasks`` / ``--scale`` ran whole).
     """
     import hashlib
 
     digest = hashlib.sha256("\n".join(sorted(query_ids)).encode()).hexdigest()
+    saved = json.loads(path.read_text()) if path.exists() else {}
+    saved = saved.get("by_query_set", {}) if isinstance(saved, dict) else {}  # older files held one figure
     if measured is not None:
-        path.write_text(json.dumps({"value": measured, "queries": digest}))
+        path.write_text(json.dumps({"by_query_set": {**saved, digest: measured}}))
         return measured
-    if path.exists():
-        saved = json.loads(path.read_text())
-        if saved.get("queries") == digest:
-            return saved["value"]
-    return None
+    return saved.get(digest)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -38,7 +38,7 @@ def replace(scene: Scene, uid: int, category: str, *, colour: str | None = None)
     number would grow a knife's 1 x 0.38 box into a square 2.6 times as tall, reaching
     out of the image or over a neighbour: the pair would then differ in more than the one
     object. Inside the old box it cannot. The colour is kept unless given. Replacing with
-    the same category, or with one whose box there would be under a pixel on a side
+    the same category, or with one whose box there would be under MIN_SIDE on a side
     (:func:`can_replace`), is an error.
     """
     obj = _require(scene, uid)
@@ -63,7 +63,8 @@ def replaced_size(obj: Obj, category: str) -> float:
 
 def can_replace(obj: Obj, category: str) -> bool:
     """Whether :func:`replace` can put ``category`` in ``obj``'s place: another category whose
-    box there is at least a pixel on each side (a bar in a small bar's box can be thinner)."""
+    box there is at least :data:`~evaluators.world.scene.MIN_SIDE` on each side (a bar in a
+    small bar's box can be thinner)."""
     return category != obj.category and replaced_size(obj, category) >= min_size(CATEGORIES[category])
 
 

@@ -31,9 +31,10 @@ def aspect(shape: str) -> tuple[float, float]:
 
 NOISE_STD = 6.0  # sensor-like noise on every pixel, seeded per scene
 
-#: The narrowest side an object's box may have, in source pixels. A thinner box draws
-#: nothing (PIL refuses an end before the start), so its mask would be empty.
-MIN_SIDE = 1.0
+#: The narrowest side an object's box may have, in source pixels. Under it a shape may
+#: draw nothing: PIL refuses a box under a pixel, and draws no circle in most boxes under
+#: two (measured over random sub-pixel placements); every shape draws from two on.
+MIN_SIDE = 2.0
 
 
 def min_size(shape: str) -> float:

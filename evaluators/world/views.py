@@ -122,26 +122,34 @@ def cluster_box(
 
 
 def pixel_bounds(box: Box, width: int, height: int) -> tuple[int, int, int, int]:
-    """The integer pixel window :func:`cut` takes for ``box``: per axis, the box's side rounded
-    to whole pixels (at least 1), centred on the box and shifted to stay inside the image.
+    """The integer pixel window :func:`cut` takes for ``box``: the smallest that contains it,
+    and square when the box is.
 
-    Rounding each side rather than flooring one edge and ceiling the other keeps a square
-    view square: floor/ceil made a third of DO-Bench's square Crop views a pixel wider than
-    tall (about 10% off on a 10 px crop), which the processor's resize then stretched. The
-    window may leave out less than a pixel of the box's margin at an edge; that is the
-    price of the aspect.
+    Flooring one edge and ceiling the other gives a square box sides that differ by a pixel
+    when its two axes fall differently on the pixel grid: a third of DO-Bench's square Crop
+    views were a pixel wider than tall (10% on a 10 px crop), which the processor's resize
+    then stretched. The shorter side is then widened by the missing pixel, on the side the
+    box reaches further into its border pixel (kept inside the image). Rounding instead
+    would cut off pixels of small objects (PIL draws a whole pixel a box only touches).
     """
     import math
 
     box = check_box(box, width, height)
-    bounds = []
-    for lo, hi, limit in ((box[0], box[2], width), (box[1], box[3], height)):
-        side = min(max(math.floor(hi - lo + 0.5), 1), limit)
-        start = math.floor((lo + hi) / 2 - side / 2 + 0.5)
-        start = min(max(start, 0), limit - side)
-        bounds.append((start, start + side))
-    (x0, x1), (y0, y1) = bounds
+    x0, y0, x1, y1 = math.floor(box[0]), math.floor(box[1]), min(math.ceil(box[2]), width), min(math.ceil(box[3]), height)
+    if math.isclose(box[2] - box[0], box[3] - box[1], rel_tol=1e-9, abs_tol=1e-9):
+        side = max(x1 - x0, y1 - y0)
+        x0, x1 = _widen(x0, x1, side, box[0] - x0, x1 - box[2], width)
+        y0, y1 = _widen(y0, y1, side, box[1] - y0, y1 - box[3], height)
     return (x0, y0, x1, y1)
+
+
+def _widen(lo: int, hi: int, side: int, slack_lo: float, slack_hi: float, limit: int) -> tuple[int, int]:
+    """``[lo, hi)`` widened to ``side`` pixels (as far as the image allows): the pixel goes
+    where the box leaves less of its border pixel empty."""
+    while hi - lo < min(side, limit):
+        grow_hi = (slack_hi <= slack_lo and hi < limit) or lo == 0
+        lo, hi = (lo, hi + 1) if grow_hi else (lo - 1, hi)
+    return lo, hi
 
 
 def cut(image: Image.Image, box: Box) -> Image.Image:
