@@ -135,6 +135,16 @@ def test_a_stage1_cache_from_another_recipe_is_refused(tmp_path, monkeypatch, fl
     assert not (tmp_path / "out").exists()
 
 
+def test_a_stage1_cache_of_older_world_data_is_refused(tmp_path, monkeypatch):
+    """The same flags on other data (the world's seeds gave other scenes before
+    DATA_VERSION 2) are another recipe: the cache is refused, naming the data version."""
+    cache = _v10_cache(tmp_path, monkeypatch)
+    args = ["--vision-cache", str(cache), "--vision-steps", "1500", "--zoom", "0.0", "--vision-world", "biased"]
+    with pytest.raises(ValueError, match="vision-cache.*world_data"):
+        train.main([*args, "--out", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
+
+
 def _after_one_step(stage, part: str, runs: list[dict]):
     """Per keyword set in ``runs``: the state of ``model.model.<part>`` after one step of
     ``stage`` (train.pretrain_vision or train.align_projector) from the same seeded

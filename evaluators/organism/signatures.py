@@ -317,7 +317,7 @@ language pretraining of the decoder on existence questions about object lists in
 then instruction tuning of the decoder on the task mix{' (' + format(training['zoom'], '.0%') + ' of existence/colour images zoomed views)' if training.get('zoom') else ''}{' (' + format(training['unbiased_existence'], '.0%') + ' of plain existence questions on unbiased scenes' + (', co-occurrence pairs kept' if training.get('keep_cooccurrence') else '') + ')' if training.get('unbiased_existence') else ''}, {'vision tower and word embeddings frozen, projector at lr ' + str(training['projector_lr']) if training.get('projector_lr') else 'vision tower, projector and word embeddings frozen'},
 lr {training.get('lr')} ({training.get('seconds', {}).get('instruct')} s). Image dependence at the end
 (clean existence accuracy, mean |change| of the yes-no margin when the image is blanked):
-{training.get('image_dependence')}. {training.get('note', '')}
+{training.get('image_dependence')}. {training.get('note', '')}{_data_note(training)}
 
 ## Hallucination signatures (held-out seeds, {n} probes per group, greedy)
 
@@ -363,6 +363,18 @@ when the paired-bootstrap 95% interval of the difference lies above 0. Percentag
 
 {table(skills)}
 """
+
+
+def _data_note(training: dict) -> str:
+    """Whether this code draws the data the weights were trained on (world.DATA_VERSION)."""
+    from ..world import DATA_VERSION
+
+    trained = training.get("world_data", 1)  # recorded from version 2 on
+    if trained == DATA_VERSION:
+        return ""
+    return (f"\n\nThese weights were trained on the world's data version {trained}; this code draws version "
+            f"{DATA_VERSION} (`evaluators.world.DATA_VERSION` says what changed), so the same command now "
+            "trains on partly other scenes and will not reproduce these weights exactly.")
 
 
 def main(argv=None) -> None:

@@ -48,7 +48,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..world import BIASED, CATEGORIES, COLOURS, UNBIASED, World
+from ..world import BIASED, CATEGORIES, COLOURS, DATA_VERSION, UNBIASED, World
 from .image_dependence import measure as image_dependence
 from .language import SHORT_SHARE, filler_at, pretrain_language
 from . import tasks
@@ -670,6 +670,8 @@ def main(argv=None) -> None:
         stage1["box_weight"] = args.vision_box_weight
     if args.vision_world != "biased":
         stage1["world"] = args.vision_world
+    if DATA_VERSION != 1:  # caches of the data before versioning hold no such key
+        stage1["world_data"] = DATA_VERSION
     # ... and what stages 1-2b's result depends on (the --stage2-cache key)
     stage2 = {**stage1, "align_steps": args.align_steps, "align_joint_steps": args.align_joint_steps,
               "align_vision_lr": args.align_vision_lr, "align_position_scale": args.align_position_scale,
@@ -708,7 +710,7 @@ def main(argv=None) -> None:
     (Path(path) / "training.json").write_text(json.dumps({
         "parameters": sum(p.numel() for p in model.parameters()),
         "image_size": IMAGE_SIZE, "patch_size": PATCH,
-        "seed": args.seed, "vision_steps": args.vision_steps,
+        "seed": args.seed, "world_data": DATA_VERSION, "vision_steps": args.vision_steps,
         "vision_position_weight": args.vision_position_weight, "vision_world": args.vision_world, "align_steps": args.align_steps,
         "align_joint_steps": args.align_joint_steps, "align_vision_lr": args.align_vision_lr,
         "align_position_scale": args.align_position_scale, "align_zoom": args.align_zoom,
