@@ -64,6 +64,25 @@ def test_causal_halbench_qa_json_and_pairs(tmp_path):
     assert (a.id, b.id) == ("1", "2")
 
 
+def test_causal_halbench_pairs_the_releases_underscore_names(tmp_path):
+    """The authors' release names a counterfactual ``<origin stem>_001.jpg``; cutting three
+    characters off the stem formed no pair at all, so CPR was empty on the real data."""
+    items = [
+        {"image_name": "COCO_val2014_000000580294.jpg", "q": "Is there a fork?", "type": "target", "tag": "origin",
+         "id": 1, "answer": "yes"},
+        {"image_name": "COCO_val2014_000000580294_001.jpg", "q": "Is there a fork?", "type": "target",
+         "tag": "inpainted", "id": 2, "answer": "no"},
+        {"image_name": "COCO_val2014_000000000123.jpg", "q": "Is there a cup?", "type": "target", "tag": "origin",
+         "id": 3, "answer": "yes"},
+        {"image_name": "COCO_val2014_000000000123002.jpg", "q": "Is there a cup?", "type": "target",
+         "tag": "inpainted", "id": 4, "answer": "no"},  # the bare form still pairs
+    ]
+    (tmp_path / "qa.json").write_text(json.dumps(items))
+    loaded = causal_halbench.load(tmp_path)
+    assert [it.base_name for it in loaded[1::2]] == ["COCO_val2014_000000580294.jpg", "COCO_val2014_000000000123.jpg"]
+    assert [(a.id, b.id) for a, b in causal_halbench.pairs(loaded)] == [("1", "2"), ("3", "4")]
+
+
 @pytest.mark.parametrize("bad, fieldname", [
     ({"tag": "edited"}, "tag"), ({"answer": "maybe"}, "answer"), ({"type": "other"}, "type"), ({"q": 3}, "q"),
     ({"tag": "inpainted", "image_name": "x.jpg"}, "image_name"),

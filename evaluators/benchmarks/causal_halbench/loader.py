@@ -2,12 +2,16 @@
 
 Items: ``image_name``, ``q``, ``type`` (target | absent | inpaint), ``tag`` (origin |
 inpainted), ``id``, ``answer`` (yes | no). A counterfactual image's name is its base
-image's name plus a 3-digit suffix (``000123.jpg`` -> ``000123001.jpg``), which is how
-base/counterfactual pairs are formed (for CPR and the paired metrics).
+image's name plus a 3-digit suffix, which is how base/counterfactual pairs are formed (for
+CPR and the paired metrics). The authors' release writes the suffix after an underscore
+(``COCO_val2014_000000580294.jpg`` -> ``COCO_val2014_000000580294_001.jpg``); the bare form
+(``000123.jpg`` -> ``000123001.jpg``) is read too. Where both readings are possible, the one
+naming an origin image of the file wins.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,13 +36,20 @@ class QAItem:
         return self.image.problem
 
 
-def _base_name(image_name: str, tag: str, file: Path, line: int) -> str:
-    stem, suffix = Path(image_name).stem, Path(image_name).suffix
-    if tag == "origin":
-        return image_name
-    if len(stem) <= 3 or not stem[-3:].isdigit():
-        raise DataError(file, line, "image_name", f"an inpainted image needs a 3-digit suffix, got {image_name!r}")
-    return stem[:-3] + suffix
+_SUFFIX = re.compile(r"^(?P<base>.+?)(?P<sep>_?)(?P<n>\d{3})$")
+
+
+def _base_candidates(image_name: str, file: Path, line: int) -> list[str]:
+    """The origin names an inpainted image's name can derive from, underscore form first."""
+    path = Path(image_name)
+    stem, suffix = path.stem, path.suffix
+    m = _SUFFIX.match(stem)
+    if m is None:
+        raise DataError(file, line, "image_name",
+                        f"an inpainted image needs a 3-digit suffix (name_001.jpg or name001.jpg), got {image_name!r}")
+    forms = [stem[:-4] + suffix] if m.group("sep") else []
+    forms.append(stem[:-3] + suffix)
+    return [str(path.with_name(f)) if path.parent != Path(".") else f for f in forms]
 
 
 def load(path: str | Path, image_dir: str | Path | None = None) -> list[QAItem]:
@@ -50,10 +61,14 @@ def load(path: str | Path, image_dir: str | Path | None = None) -> list[QAItem]:
     if image_dir is None:
         image_dir = path.parent / "images" if (path.parent / "images").is_dir() else path.parent
     image_dir = Path(image_dir)
-    items = []
+    rows = []
     for i, raw in read_json_list(path):
         name = field(raw, "image_name", str, path, i)
         tag = field(raw, "tag", str, path, i, choices=TAGS)
+        rows.append((i, raw, name, tag, _base_candidates(name, path, i) if tag == "inpainted" else [name]))
+    origins = {name for _, _, name, tag, _ in rows if tag == "origin"}
+    items = []
+    for i, raw, name, tag, bases in rows:
         items.append(QAItem(
             id=str(field(raw, "id", (str, int), path, i)),
             image=ImageRef(image_dir / name),
@@ -61,7 +76,7 @@ def load(path: str | Path, image_dir: str | Path | None = None) -> list[QAItem]:
             type=field(raw, "type", str, path, i, choices=TYPES),
             tag=tag,
             answer=field(raw, "answer", str, path, i, choices=("yes", "no")),
-            base_name=_base_name(name, tag, path, i),
+            base_name=next((b for b in bases if b in origins), bases[0]),
         ))
     return items
 
