@@ -43,6 +43,9 @@ def parse_kv(text: str | None) -> dict[str, Any]:
         if "=" not in part:
             raise ValueError(f"expected key=value, got {part!r}")
         key, value = part.split("=", 1)
+        if key.strip() in out:  # the later one silently won (two data files of one benchmark)
+            raise ValueError(f"{key.strip()!r} is given twice in {text!r} (for several files of one benchmark, "
+                             "give the folder that holds them)")
         out[key.strip()] = _value(value.strip())
     return out
 
@@ -127,16 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         check_mitigations(args.mitigations)
     except ValueError as err:
         parser.error(str(err))
-    ranks = distributed.init()  # one process, or this rank of an accelerate / torchrun launch
-    torch.manual_seed(args.seed)
-    model, processor = load_hf(args.model, **distributed.placement(ranks, model_args))
-    try:
-        mitigations = parse_mitigations(args.mitigations, processor.tokenizer, processor)
-    except ValueError as err:  # a value a mitigation refuses (alpha < 0, ...)
-        parser.error(f"--mitigations: {err}")
-    under_test = HFModel(model, processor, mitigations=mitigations, max_new_tokens=args.max_new_tokens,
-                         generate_kwargs=gen_kwargs, name=args.model)
-    queries = []
+    queries = []  # the data too is read before the model loads: a bad file is a message, at once
     for task in tasks:
         built = build_suite(task, args.seed, args.scale)
         queries += built if args.limit is None else built[: args.limit]
@@ -148,6 +142,21 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as err:
             parser.error(str(err))
         queries += loaded if args.limit is None else loaded[: args.limit]
+    seen: dict[str, int] = {}
+    for q in queries:
+        seen[q.id] = seen.get(q.id, 0) + 1
+    if twice := [i for i, n in seen.items() if n > 1]:
+        parser.error(f"{len(twice)} query ids occur more than once (ids must be unique across --tasks and --data), "
+                     f"e.g. {twice[:3]}")
+    ranks = distributed.init()  # one process, or this rank of an accelerate / torchrun launch
+    torch.manual_seed(args.seed)
+    model, processor = load_hf(args.model, **distributed.placement(ranks, model_args))
+    try:
+        mitigations = parse_mitigations(args.mitigations, processor.tokenizer, processor)
+    except ValueError as err:  # a value a mitigation refuses (alpha < 0, ...)
+        parser.error(f"--mitigations: {err}")
+    under_test = HFModel(model, processor, mitigations=mitigations, max_new_tokens=args.max_new_tokens,
+                         generate_kwargs=gen_kwargs, name=args.model)
     try:
         payload = run(queries, under_test, args.output_path, batch_size=args.batch_size, seed=args.seed,
                       config={"tasks": tasks, "limit": args.limit, "mitigations": args.mitigations},

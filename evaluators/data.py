@@ -26,7 +26,7 @@ def read_json_list(path: str | Path) -> Iterator[tuple[int, dict]]:
     if not path.is_file():
         raise DataError(path, None, None, "file not found")
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(_text(path))
     except json.JSONDecodeError as exc:
         raise DataError(path, exc.lineno, None, f"invalid JSON: {exc.msg}") from None
     if isinstance(data, dict):  # some releases wrap the list: {"data": [...]}
@@ -36,6 +36,8 @@ def read_json_list(path: str | Path) -> Iterator[tuple[int, dict]]:
         data = lists[0]
     if not isinstance(data, list):
         raise DataError(path, None, None, f"expected a list of items, got {type(data).__name__}")
+    if not data:
+        raise DataError(path, None, None, "holds no items")
     for i, item in enumerate(data, start=1):
         if not isinstance(item, dict):
             raise DataError(path, i, None, f"item must be an object, got {type(item).__name__}")
@@ -47,17 +49,32 @@ def read_jsonl(path: str | Path) -> Iterator[tuple[int, dict]]:
     path = Path(path)
     if not path.is_file():
         raise DataError(path, None, None, "file not found")
-    with path.open() as f:
-        for n, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(path, n, None, f"invalid JSON: {exc.msg}") from None
-            if not isinstance(record, dict):
-                raise DataError(path, n, None, f"a record must be an object, got {type(record).__name__}")
-            yield n, record
+    read = 0
+    for n, line in enumerate(_text(path).split("\n"), start=1):  # not splitlines(): U+2028 may sit in a string
+        if not line.strip():
+            continue
+        read += 1
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(path, n, None, f"invalid JSON: {exc.msg}") from None
+        if not isinstance(record, dict):
+            raise DataError(path, n, None, f"a record must be an object, got {type(record).__name__}")
+        yield n, record
+    if not read:  # an empty file would leave its benchmark out of the results without a word
+        raise DataError(path, None, None, "holds no records")
+
+
+def _text(path: Path) -> str:
+    """A data file's text: UTF-8 (JSON's encoding), with or without a BOM, whatever the
+    locale; other bytes are a DataError naming the file and line."""
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise DataError(path, line, None, f"not UTF-8 (byte {raw[exc.start]:#04x} at offset {exc.start}); "
+                        "save the file as UTF-8") from None
 
 
 def field(record: dict, name: str, types: type | tuple, file: str | Path, line: int,
@@ -86,10 +103,10 @@ class ImageRef:
     def problem(self) -> str | None:
         if not self.path.is_file():
             return f"missing image {self.path}"
-        try:
-            with Image.open(self.path) as img:
-                img.verify()
-        except (UnidentifiedImageError, OSError, SyntaxError) as exc:
+        try:  # a full decode: verify() reads no JPEG data, so a truncated download passed it and
+            with Image.open(self.path) as img:  # then stopped the whole run when it was opened
+                img.load()
+        except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
             return f"corrupt image {self.path}: {exc}"
         return None
 

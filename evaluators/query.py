@@ -37,6 +37,25 @@ class Query:
         return [img.open() if hasattr(img, "open") and hasattr(img, "path") else img for img in self.images]
 
 
+def fingerprint(query: Query) -> str:
+    """A digest of what the query asks: benchmark, prompt, kind, truth, options and images
+    (a rendered image by its pixels, a file by its path and size). A run resumes by query
+    id; two queries under one id that differ in this are not the same question."""
+    import hashlib
+    import json
+
+    h = hashlib.sha256(json.dumps([query.benchmark, query.prompt, query.kind, query.truth, query.options],
+                                  sort_keys=True, default=str).encode())
+    for image in query.images:
+        if hasattr(image, "path"):  # an ImageRef: read lazily, so by name and size
+            path = image.path
+            h.update(f"file:{path}:{path.stat().st_size if path.is_file() else -1}".encode())
+        else:
+            h.update(f"pixels:{image.mode}:{image.size}".encode())
+            h.update(image.tobytes())
+    return h.hexdigest()[:16]
+
+
 def parse(query: Query, text: str) -> Any:
     """The answer as the benchmark compares it, or None if unreadable."""
     if query.kind == "yes_no":

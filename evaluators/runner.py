@@ -30,7 +30,7 @@ import torch
 
 from . import shards
 from .distributed import Ranks
-from .query import Query, to_record
+from .query import Query, fingerprint, to_record
 from .shards import SAMPLES, read_samples
 
 RESULTS = "results.json"
@@ -94,7 +94,15 @@ def run(
             f"see {out / RUN_IDENTITY}); a run resumes only with the same model, weights, mitigations, "
             "generation settings and seed -- choose another output_dir or delete that one")
     mine = [q for q in queries if ranks.owns(q.id)]
-    done = shards.done_ids(out)
+    answered = shards.done_fingerprints(out)
+    prints = {q.id: fingerprint(q) for q in queries}
+    other = [i for i in ids if answered.get(i) is not None and answered[i] != prints[i]]
+    if other:  # e.g. another data file whose ids repeat these, or suites drawn differently
+        raise RunMismatch(
+            f"output_dir {out} holds answers to other questions under {len(other)} of these query ids "
+            f"(e.g. {other[:3]}: their prompt, images, truth or options differ); a run resumes only on the same "
+            "queries -- choose another output_dir or delete that one")
+    done = set(answered)
     ranks.barrier()  # every rank has read the files before any rank cuts a torn tail or appends
     if stored is None and ranks.is_main:
         shards.write_atomically(out / RUN_IDENTITY, [json.dumps(identity, indent=2) + "\n"])
@@ -106,7 +114,8 @@ def run(
         invalid = [q for q in todo if q.problem]
         for q in invalid:
             f.write(json.dumps(_json_safe({**q.record, "id": q.id, "benchmark": q.benchmark, "answer": None,
-                                           "invalid_input": q.problem, "invalid": True, "correct": False})) + "\n")
+                                           "invalid_input": q.problem, "invalid": True, "correct": False,
+                                           "query_fingerprint": prints[q.id]})) + "\n")
         f.flush()
         bar.update(len(invalid))
         # Batches are cut from this rank's whole share, done or not, and seeded by their
@@ -125,7 +134,7 @@ def run(
             if len(answers) != len(batch):
                 raise RuntimeError(f"the model answered {len(answers)} of {len(batch)} queries")
             for q, text in zip(batch, answers):
-                f.write(json.dumps(_json_safe(to_record(q, text))) + "\n")
+                f.write(json.dumps(_json_safe({**to_record(q, text), "query_fingerprint": prints[q.id]})) + "\n")
             f.flush()
             bar.update(len(batch))
     bar.close()

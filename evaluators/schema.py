@@ -32,7 +32,13 @@ def load_jsonl(path: str | Path, schema: tuple[Field, ...], image_root: str | Pa
     root = Path(image_root) if image_root is not None else path.parent
     known = {f.name for f in schema}
     out = []
+    first_line: dict[str, int] = {}
     for line, record in read_jsonl(path):
+        if "id" in known and "id" in record:
+            rid = str(record["id"])
+            if rid in first_line:  # a run resumes by id: the second would be taken as answered
+                raise DataError(path, line, "id", f"{rid!r} already used on line {first_line[rid]}")
+            first_line[rid] = line
         row: dict[str, Any] = {}
         for f in schema:
             value = field(record, f.name, f.types, path, line, choices=f.choices, optional=f.optional)

@@ -95,7 +95,13 @@ def _all_files(folder: Path) -> list[Path]:
 
 def done_ids(folder: Path) -> set[str]:
     """Ids answered in any samples file of ``folder``."""
-    return {r["id"] for path in _all_files(folder) for r in read_samples(path)}
+    return set(done_fingerprints(folder))
+
+
+def done_fingerprints(folder: Path) -> dict[str, str | None]:
+    """Ids answered in any samples file of ``folder``, with the fingerprint of the query each
+    answers (:func:`evaluators.query.fingerprint`; None in files written before it was kept)."""
+    return {r["id"]: r.get("query_fingerprint") for path in _all_files(folder) for r in read_samples(path)}
 
 
 def merge(folder: Path, order: Sequence[str]) -> tuple[list[dict], int]:

@@ -151,3 +151,118 @@ def test_reactbench_short_answers_take_synonyms_and_refuse_denials_and_intervals
     (tmp_path / "bad.jsonl").write_text(json.dumps(bad[0]))
     with pytest.raises(ValueError, match="interval"):
         PROTOCOLS["reactbench"](tmp_path / "bad.jsonl")
+
+
+def _seg_entry(image="f.png", **extra):
+    return {"factual_image_path": image, "factual_mask_path": "m.png", "counterfactual_image_path": image,
+            "counterfactual_mask_path": "m.png", "factual_label": "dog", "counterfactual_label": "cat", **extra}
+
+
+def _seg_subset(folder, entries):
+    folder.mkdir(parents=True)
+    Image.fromarray(np.zeros((32, 32), dtype=np.uint8)).save(folder / "m.png")
+    _png(folder / "f.png")
+    (folder / "data.json").write_text(json.dumps(entries))
+
+
+def test_hallusegbench_release_folder_loads_every_subset_with_distinct_ids(tmp_path):
+    """The release keeps a data.json per subset and names entries by ann_id: the test/
+    folder loads all of them, and no two subsets share a query id (a run resumes by id)."""
+    from evaluators.benchmarks.hallusegbench import load
+
+    _seg_subset(tmp_path / "test" / "refer_seg", [_seg_entry(ann_id=1), _seg_entry(ann_id=2)])
+    _seg_subset(tmp_path / "test" / "reason_seg_test",
+                [_seg_entry(ann_id=1, question="which animal barks?", counterfactual_question="which barks?")])
+    samples = load(tmp_path / "test")
+    assert [s.id for s in samples] == ["reason_seg_test/1", "refer_seg/1", "refer_seg/2"]
+    assert [s.split for s in samples] == ["reasoning", "referring", "referring"]
+    queries = PROTOCOLS["hallusegbench"](tmp_path / "test")
+    assert len({q.id for q in queries}) == len(queries) == 9
+    with pytest.raises(ValueError, match="no data.json"):
+        load(tmp_path)
+
+
+def test_a_resumed_run_refuses_other_questions_under_the_same_ids(tmp_path):
+    """Two subsets whose ids repeat (or a data file edited between runs) into one folder:
+    the second run's answers are not taken from the first's."""
+    from evaluators.runner import RunMismatch
+
+    first, target = tmp_path / "x" / "a", tmp_path / "y" / "a"  # same folder name: same ids
+    _seg_subset(first, [_seg_entry(ann_id=1)])
+    _seg_subset(target, [_seg_entry(ann_id=1, factual_label="cup")])
+    model = CallableModel(lambda i, p: "none")
+    run(PROTOCOLS["hallusegbench"](first), model, tmp_path / "run", progress=False)
+    again = PROTOCOLS["hallusegbench"](target)
+    assert {q.id for q in again} == {q.id for q in PROTOCOLS["hallusegbench"](first)}
+    with pytest.raises(RunMismatch, match="other questions"):
+        run(again, model, tmp_path / "run", progress=False)
+    run(PROTOCOLS["hallusegbench"](first), model, tmp_path / "run", progress=False)  # the same queries resume
+
+
+def test_a_truncated_jpeg_is_an_invalid_input_not_a_crash(tmp_path):
+    import io
+
+    image = Image.fromarray((np.random.default_rng(0).random((32, 32, 3)) * 255).astype(np.uint8))
+    buffer = io.BytesIO()
+    image.save(buffer, "JPEG")
+    (tmp_path / "cut.jpg").write_bytes(buffer.getvalue()[: len(buffer.getvalue()) // 2])
+    _png(tmp_path / "s.png")
+    rows = [{"id": 1, "scene_id": "s", "image": "cut.jpg", "series": "A", "level": 0, "view": "Full", "object": "dog",
+             "question": "Is there a dog?", "answer": "yes"},
+            {"id": 2, "scene_id": "s", "image": "s.png", "series": "A", "level": 0, "view": "Full", "object": "dog",
+             "question": "Is there a dog?", "answer": "yes"}]
+    (tmp_path / "do.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    queries = PROTOCOLS["dobench"](tmp_path / "do.jsonl")
+    assert "truncated" in queries[0].problem and queries[1].problem is None
+    out = run(queries, CallableModel(lambda i, p: "yes"), tmp_path / "run", progress=False)
+    assert out["invalid"]["dobench"]["invalid_inputs"] == 1
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"", "holds no records"),
+    (b'{"id": 1}\n\xe9\n', "line 2.*not UTF-8"),
+])
+def test_unreadable_jsonl_files_are_errors_naming_the_file(tmp_path, content, message):
+    (tmp_path / "do.jsonl").write_bytes(content)
+    with pytest.raises(ValueError, match=message):
+        PROTOCOLS["dobench"](tmp_path / "do.jsonl")
+
+
+def test_a_bom_and_a_repeated_id_in_jsonl(tmp_path):
+    _png(tmp_path / "s.png")
+    row = {"id": 7, "scene_id": "s", "image": "s.png", "series": "A", "level": 0, "view": "Full", "object": "dog",
+           "question": "Is there a dog?", "answer": "yes"}
+    (tmp_path / "do.jsonl").write_bytes(b"\xef\xbb\xbf" + json.dumps(row).encode())  # saved by a Windows editor
+    assert len(PROTOCOLS["dobench"](tmp_path / "do.jsonl")) == 1
+    (tmp_path / "do.jsonl").write_text(json.dumps(row) + "\n" + json.dumps({**row, "level": 1}))
+    with pytest.raises(ValueError, match=r"line 2, field 'id': '7' already used on line 1"):
+        PROTOCOLS["dobench"](tmp_path / "do.jsonl")
+
+
+def test_mioh_questions_with_ten_images_are_scored(tmp_path):
+    """MIOH lists up to ten images and "none of the above": option k, and "h) image 8", are
+    answers (the letters stopped at e, and the second raised IndexError)."""
+    from evaluators.query import Query, to_record
+
+    options = [f"image {i}" for i in range(1, 11)] + ["none of the above"]
+    q = Query("m", "mioh", [], "in which image ...", "option", "h", {}, options=options)
+    assert to_record(q, "h) image 8")["correct"] and to_record(q, "H")["correct"]
+    assert to_record(q, "image 8")["correct"] and not to_record(q, "image 10")["correct"]
+    assert to_record(q, "k")["parsed"] == "k"
+
+
+def test_vlm_eval_reads_the_data_before_loading_the_model(tmp_path, monkeypatch, capsys):
+    """A bad --data (a missing file, a benchmark given twice) is a usage message at once, not
+    after minutes of loading a model."""
+    import evaluators.model as model_module
+    from evaluators.cli import main
+
+    def loading(*args, **kwargs):
+        raise AssertionError("the model was loaded before the data was checked")
+
+    monkeypatch.setattr(model_module, "load_hf", loading)
+    for data, said in [(f"dobench={tmp_path / 'nope.jsonl'}", "file not found"),
+                       (f"hallusegbench={tmp_path}/a,hallusegbench={tmp_path}/b", "given twice")]:
+        with pytest.raises(SystemExit):
+            main(["--model", "organism", "--data", data, "--output_path", str(tmp_path / "run")])
+        assert said in capsys.readouterr().err

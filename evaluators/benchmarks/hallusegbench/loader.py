@@ -5,6 +5,12 @@ Each entry: ``factual_image_path``, ``factual_mask_path``, ``counterfactual_imag
 entries also carry ``question`` and ``counterfactual_question``. Paths are relative to the
 folder of ``data.json`` unless absolute. An entry with a question belongs to the
 ``reasoning`` split, otherwise to ``referring`` (the paper reports them apart).
+
+The release on the Hugging Face Hub keeps one ``data.json`` per subset
+(``test/refer_seg``, ``test/reason_seg_val``, ``test/reason_seg_test``) and names entries by
+``ann_id``: a folder without a ``data.json`` of its own loads the ``data.json`` of each
+subfolder, and a sample's id is ``<subset folder>/<id or ann_id or position>``, so that
+samples of two subsets never share an id (a run resumes by id).
 """
 
 from __future__ import annotations
@@ -44,6 +50,11 @@ def load(path: str | Path) -> list[SegSample]:
     :class:`DataError` naming file, item and field; file problems are left to
     :attr:`SegSample.problem` so a run can count them and go on."""
     path = Path(path)
+    if path.is_dir() and not (path / "data.json").is_file():
+        subsets = sorted(p for p in path.glob("*/data.json") if p.is_file())
+        if not subsets:
+            raise DataError(path, None, None, "no data.json here nor in any subfolder (one per subset)")
+        return [s for subset in subsets for s in load(subset)]
     if path.is_dir():
         path = path / "data.json"
     root = path.parent
@@ -57,7 +68,7 @@ def load(path: str | Path) -> list[SegSample]:
         ref = {name: ImageRef(p if Path(p).is_absolute() else root / p) for name, p in
                ((n, Path(v)) for n, v in paths.items())}
         samples.append(SegSample(
-            id=str(item.get("id", i)),
+            id=f"{root.name}/{item.get('id', item.get('ann_id', i))}",
             split="reasoning" if question is not None else "referring",
             factual_image=ref["factual_image_path"],
             factual_mask=ref["factual_mask_path"],
