@@ -103,7 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", default="", help="your data: benchmark=path[,benchmark=path] in native formats")
     parser.add_argument("--mitigations", default="", help="e.g. vcd:alpha=1;beta=0.1,prior_suppression")
     parser.add_argument("--batch_size", type=int, default=8)
-    parser.add_argument("--limit", type=int, default=None, help="first N queries of each suite")
+    parser.add_argument("--limit", type=int, default=None,
+                        help="first N queries of each suite or data file, completed to whole samples (an image "
+                             "pair, a scene group), so no metric reads a partial one")
     parser.add_argument("--scale", default="full", choices=sorted(SCALES),
                         help="built-in suite sizes (evaluators/benchmarks/suites.py)")
     parser.add_argument("--output_path", required=True)
@@ -133,15 +135,16 @@ def main(argv: list[str] | None = None) -> int:
     queries = []  # the data too is read before the model loads: a bad file is a message, at once
     for task in tasks:
         built = build_suite(task, args.seed, args.scale)
-        queries += built if args.limit is None else built[: args.limit]
+        queries += built if args.limit is None else first_units(built, args.limit)
     from .benchmarks.protocols import load_data
+    from .query import first_units
 
     for bench, path in parse_kv(args.data).items():
         try:
             loaded = load_data({bench: path})
         except ValueError as err:
             parser.error(str(err))
-        queries += loaded if args.limit is None else loaded[: args.limit]
+        queries += loaded if args.limit is None else first_units(loaded, args.limit)
     seen: dict[str, int] = {}
     for q in queries:
         seen[q.id] = seen.get(q.id, 0) + 1

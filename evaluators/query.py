@@ -37,6 +37,35 @@ class Query:
         return [img.open() if hasattr(img, "open") and hasattr(img, "path") else img for img in self.images]
 
 
+#: Record fields that tie a query to others its metrics read together: a HalluSegBench
+#: image pair, a Causal-HalBench pair, a DO-Bench scene group, a MIOH set and the per-image
+#: questions decomposed from it.
+UNIT_FIELDS = ("sample_id", "pair_id", "scene_id", "decomposed_of")
+
+
+def unit_of(query: Query) -> str:
+    """The sample ``query`` belongs to (its own id when it stands alone)."""
+    return next((str(query.record[f]) for f in UNIT_FIELDS if query.record.get(f) is not None), query.id)
+
+
+def first_units(queries: list[Query], n: int) -> list[Query]:
+    """The queries of the first samples, taken whole, until there are at least ``n`` (the
+    ``--limit`` rule): cutting at exactly ``n`` left a HalluSegBench pair or a scene group
+    half asked, and its metrics then skipped it without a word."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be a positive number of queries, got {n!r}")
+    size: dict[str, int] = {}
+    for q in queries:
+        size[unit_of(q)] = size.get(unit_of(q), 0) + 1
+    kept, count = set(), 0
+    for q in queries:
+        unit = unit_of(q)
+        if unit not in kept and count < n:
+            kept.add(unit)
+            count += size[unit]
+    return [q for q in queries if unit_of(q) in kept]
+
+
 def fingerprint(query: Query) -> str:
     """A digest of what the query asks: benchmark, prompt, kind, truth, options and images
     (a rendered image by its pixels, a file by its path and size). A run resumes by query

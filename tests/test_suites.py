@@ -30,3 +30,22 @@ def test_bad_task_or_scale_is_named():
         build_queries(["dobnch"])
     with pytest.raises(ValueError, match="scale 'huge'"):
         build_suite("dobench", scale="huge")
+
+
+@pytest.mark.parametrize("bench", ["dobench", "mioh", "causal_halbench", "hallusegbench", "reactbench"])
+def test_limit_takes_whole_samples(bench):
+    """--limit N: at least N queries, and every sample they touch whole (a HalluSegBench pair
+    cut after its factual query was scored as nothing, silently)."""
+    from evaluators.benchmarks.suites import build_queries
+    from evaluators.query import first_units, unit_of
+
+    queries = build_queries([bench], 0, "small")
+    for n in (1, 4, 7):
+        kept = first_units(queries, n)
+        assert len(kept) >= n and kept == [q for q in queries if q in kept]
+        units = {unit_of(q) for q in kept}
+        assert [q for q in queries if unit_of(q) in units] == kept
+        order = list(dict.fromkeys(unit_of(q) for q in kept))  # units in the order first met
+        assert sum(unit_of(q) != order[-1] for q in kept) < n  # no more whole samples than needed
+    with pytest.raises(ValueError, match="positive"):
+        first_units(queries, 0)

@@ -266,3 +266,24 @@ def test_vlm_eval_reads_the_data_before_loading_the_model(tmp_path, monkeypatch,
         with pytest.raises(SystemExit):
             main(["--model", "organism", "--data", data, "--output_path", str(tmp_path / "run")])
         assert said in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bench, change, field", [
+    ("mioh", {"answer": "Image 1"}, "answer"),  # an option's text, not its letter
+    ("mioh", {"answer": "f"}, "answer"),  # past the options
+    ("reactbench", {"answer": True}, "answer"),  # a yes/no answer must be yes or no
+    ("reactbench", {"question_type": "MC", "answer": "e", "options": ["a", "b", "c", "d"]}, "answer"),
+    ("reactbench", {"question_type": "MC", "answer": "a"}, "options"),
+    ("reactbench", {"question_type": "SA", "task": "dense_counting", "answer": "twelve"}, "answer"),
+])
+def test_answers_that_could_never_be_right_are_data_errors(tmp_path, bench, change, field):
+    """Each was accepted and then scored wrong on every run (a reviewer's list)."""
+    _png(tmp_path / "s.png")
+    base = {"mioh": {"id": 1, "task": "existence", "question_type": "selective", "condition": "easy",
+                     "images": ["s.png", "s.png"], "question": "In which image is there a dog?",
+                     "options": ["Image 1", "Image 2", "None of the above"], "answer": "a"},
+            "reactbench": {"id": 1, "task": "relational_erasure", "images": ["s.png"], "question": "A dog?",
+                           "question_type": "YN", "answer": "yes"}}[bench]
+    (tmp_path / "x.jsonl").write_text(json.dumps(base) + "\n" + json.dumps({**base, "id": 2, **change}))
+    with pytest.raises(ValueError, match=rf"line 2, field '{field}'"):
+        PROTOCOLS[bench](tmp_path / "x.jsonl")

@@ -13,7 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from ..answers import words
+from ..answers import OPTION_LETTERS, words
+from ..data import DataError
 from ..query import Query
 
 SEGMENT_PROMPT = "where is the {label} ?"  # a box-answering model; segmentation models get the label
@@ -66,18 +67,20 @@ def reactbench(path: str | Path) -> list[Query]:
         record = {ours: r[theirs] for theirs, ours in fields.items() if r.get(theirs) is not None}
         record.update(qtype=r["question_type"], mode=r.get("mode") or "standard")
         if r["question_type"] == "YN":
-            kind, truth, options = "yes_no", str(r["answer"]).lower(), None
+            kind, truth, options = "yes_no", _yes_no(r, path), None
         elif r["question_type"] == "MC":
-            kind, truth, options = "option", str(r["answer"]).lower(), r.get("options") or []
+            kind, truth, options = "option", _letter(r, path), r.get("options")
         elif r["task"] == "dense_counting" and r.get("count_query") == "interval":
             # an interval query is right when the count answered lies in the question's
             # ground-truth interval (metrics.count_correct's rule)
             bounds = r.get("interval")
             if not (isinstance(bounds, list) and len(bounds) == 2 and all(isinstance(b, int) for b in bounds)
                     and bounds[0] <= bounds[1]):
-                raise ValueError(f"{path}: question {r['id']!r}: an interval count query needs 'interval': [low, high]")
+                raise DataError(path, r["_line"], "interval", "an interval count query needs [low, high]")
             kind, truth, options = "interval", bounds, None
         elif r["task"] == "dense_counting":
+            if not str(r["answer"]).strip().isdigit():
+                raise DataError(path, r["_line"], "answer", f"a count must be a whole number, got {r['answer']!r}")
             kind, truth, options = "number", int(r["answer"]), None
         else:  # short answer: right when it says every word of the answer or of a synonym
             # (evaluators.query.to_record; the paper's LLM judge, App. C.1, is not run here)
@@ -91,10 +94,34 @@ def reactbench(path: str | Path) -> list[Query]:
 def mioh(path: str | Path) -> list[Query]:
     from .mioh import load
 
-    return [Query(f"mioh-{r['id']}", "mioh", list(r["images"]), r["question"], "option", str(r["answer"]).lower(),
+    return [Query(f"mioh-{r['id']}", "mioh", list(r["images"]), r["question"], "option", _letter(r, path),
                   {"task": r["task"], "qtype": r["question_type"], "condition": r["condition"],
                    "n_images": len(r["images"])}, options=r["options"], problem=r["_problem"])
             for r in load(path)]
+
+
+def _yes_no(r: dict, path) -> str:
+    """A yes/no question's answer, or a DataError: any other answer is scored wrong on every run."""
+    answer = str(r["answer"]).strip().lower() if isinstance(r["answer"], str) else None
+    if answer not in ("yes", "no"):
+        raise DataError(path, r["_line"], "answer", f"a yes/no question's answer must be 'yes' or 'no', got {r['answer']!r}")
+    return answer
+
+
+def _letter(r: dict, path) -> str:
+    """A multiple-choice answer as the letter of one of the question's options, or a
+    DataError: an option's text or a letter past the options is never matched."""
+    options = r.get("options")
+    if not isinstance(options, list) or not options:
+        raise DataError(path, r["_line"], "options", "a multiple-choice question needs its option texts")
+    if len(options) > len(OPTION_LETTERS):
+        raise DataError(path, r["_line"], "options", f"at most {len(OPTION_LETTERS)} options, got {len(options)}")
+    answer = str(r["answer"]).strip().lower()
+    letters = OPTION_LETTERS[: len(options)]
+    if len(answer) != 1 or answer not in letters:
+        raise DataError(path, r["_line"], "answer",
+                        f"must be the letter of one of the {len(options)} options ({', '.join(letters)}), got {r['answer']!r}")
+    return answer
 
 
 PROTOCOLS: dict[str, Callable[[str | Path], list[Query]]] = {
