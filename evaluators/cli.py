@@ -132,12 +132,13 @@ def main(argv: list[str] | None = None) -> int:
         check_mitigations(args.mitigations)
     except ValueError as err:
         parser.error(str(err))
+    from .query import first_units
+
     queries = []  # the data too is read before the model loads: a bad file is a message, at once
     for task in tasks:
         built = build_suite(task, args.seed, args.scale)
         queries += built if args.limit is None else first_units(built, args.limit)
     from .benchmarks.protocols import load_data
-    from .query import first_units
 
     for bench, path in parse_kv(args.data).items():
         try:
