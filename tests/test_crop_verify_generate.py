@@ -5,6 +5,8 @@ verified is counted and warned about or refused, never passed through silently."
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from PIL import Image
@@ -24,11 +26,12 @@ def organism():
     return load_organism()
 
 
-def _full_view_queries(n_scenes: int, per_level: int) -> list:
+@functools.lru_cache(maxsize=None)
+def _full_view_queries(n_scenes: int, per_level: int, seed: int = 1) -> list:
     """DO-Bench Full-view questions at every prior level (levels 1-3 carry belief sentences)."""
     from evaluators.benchmarks.dobench.suite import build
 
-    full = [q for q in build(n_scenes=n_scenes, seed=1) if q.record["view"] == "Full"]
+    full = [q for q in build(n_scenes=n_scenes, seed=seed) if q.record["view"] == "Full"]
     return [q for level in range(4) for q in [q for q in full if q.record["level"] == level][:per_level]]
 
 
@@ -69,10 +72,14 @@ def _decode(processor, out, enc):
     return [t.strip() for t in processor.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)]
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"strip_priors": False, "control": True, **OBJECT}, {"locate": "embedding"},
-                                    {"locate": "zoom"}], ids=["default", "whole-prompt+control", "embedding", "zoom"])
-def test_generate_gives_the_answers_of_answer(organism, more_queries, kwargs):
+#: Each setting on 40 questions where it overturns answers (the default overturns 1 of seed
+#: 1's, 8 of seed 4's; the whole prompt with a control 5 of seed 1's and none of seed 4's).
+@pytest.mark.parametrize("kwargs, seed", [({}, 4), ({"strip_priors": False, "control": True, **OBJECT}, 1),
+                                          ({"locate": "embedding"}, 1), ({"locate": "zoom"}, 1)],
+                         ids=["default", "whole-prompt+control", "embedding", "zoom"])
+def test_generate_gives_the_answers_of_answer(organism, kwargs, seed):
     model, processor = organism
+    more_queries = _full_view_queries(12, 10, seed)
     images, prompts = [q.images[0] for q in more_queries], [q.prompt for q in more_queries]
     reference = CropVerify(processor, **kwargs)
     expected = reference.answer(model, images, prompts, max_new_tokens=4)
