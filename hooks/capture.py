@@ -39,6 +39,7 @@ from .points import ModelPoints
 
 IMPLEMENTATION = "hallu_capture"
 _STATE = "_hallu_capture"  # attribute of the config copy: (capture, layer index, inner function)
+WRAPS = "_hallu_capture_wraps"  # attribute of the config copy: the implementation the capture wraps
 
 
 def _registered() -> None:
@@ -157,6 +158,7 @@ class AttentionCapture:
                                  "attention implementation; its attention cannot be captured")
             inner = _inner_function(module, config._attn_implementation or "eager")
             mine = copy.copy(config)
+            setattr(mine, WRAPS, config._attn_implementation or "eager")  # what the decoder really runs
             mine._attn_implementation = IMPLEMENTATION
             setattr(mine, _STATE, (self, index, inner))
             group.patch_attribute(module, "config", mine)

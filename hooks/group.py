@@ -148,8 +148,17 @@ class HookGroup:
     def __enter__(self) -> "HookGroup":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.remove()
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc is None:
+            self.remove()
+            return
+        try:  # the user's exception is what leaves the block; a removal problem is a warning
+            self.remove()
+        except RuntimeError as err:
+            import warnings
+
+            warnings.warn(f"{err} (while {exc_type.__name__} left the block; the group keeps those hooks: "
+                          "remove() retries them)", RuntimeWarning, stacklevel=2)
 
     def run(self, fn: Callable, *args: Any, **kwargs: Any) -> Any:
         """Call ``fn(*args, **kwargs)`` and remove this group's hooks afterwards, whatever happens."""

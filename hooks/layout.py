@@ -110,6 +110,7 @@ def token_regions(layout: str, config: Any, n_tokens: int, inputs: dict | None =
         raise ValueError(unknown("token layout", layout, LAYOUTS))
     if n_tokens < 1:
         raise ValueError(f"row {row} has no image tokens to map")
+    _one_image_per_row(inputs or {}, row)
     regions = LAYOUTS[layout](config, n_tokens, inputs or {}, row, image_size)
     end = max(r.end for r in regions)
     if end != n_tokens:
@@ -141,6 +142,29 @@ def _vision(config: Any, name: str):
     if value is None:
         raise ValueError(f"config.vision_config has no {name!r}; cannot place image tokens")
     return int(value[0] if isinstance(value, (list, tuple)) else value)
+
+
+def _one_image_per_row(inputs: dict, row: int) -> None:
+    """A clear error where the processor's output shows more than one image in a row: every
+    layout maps one image's tokens, and several images' tokens can add up to a count that
+    fits a layout (four LLaVA images of 16 tokens make one 8x8 "grid")."""
+    crops = inputs.get("num_crops")  # Gemma 3's pan-and-scan: the image plus its crops
+    if crops is not None and row < len(crops) and int(torch.as_tensor(crops[row]).sum()) > 0:
+        raise ValueError(f"row {row} holds its image and {int(torch.as_tensor(crops[row]).sum())} pan-and-scan crops; "
+                         "image-token positions are mapped for one image per row (do_pan_and_scan=False)")
+    ids, pixels = inputs.get("input_ids"), inputs.get("pixel_values")
+    if isinstance(ids, torch.Tensor) and isinstance(pixels, torch.Tensor) and ids.dim() == 2 and pixels.dim() == 4 \
+            and pixels.shape[0] != ids.shape[0]:
+        raise ValueError(f"{pixels.shape[0]} images for {ids.shape[0]} rows: image-token positions are mapped for "
+                         "one image per row")
+
+
+@register_layout("unknown")
+def _unknown(config, n_tokens, inputs, row, image_size) -> list[Region]:
+    """An architecture known only by introspection: where its image tokens lie is not known
+    (a perceiver's latents have no place at all), so nothing is guessed."""
+    raise ValueError(f"model_type {getattr(config, 'model_type', None)!r} has no adapter stating where its image "
+                     "tokens lie in the image; add hooks/adapters/<model_type>.json with its token_layout")
 
 
 @register_layout("grid")

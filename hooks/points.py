@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
-from .adapters import Adapter, get_adapter
+from .adapters import Adapter, adapter_for_class, get_adapter
 from .adapters.introspect import HookPointError, introspect_adapter
 from .errors import unknown
 from .group import HookGroup
@@ -98,8 +98,9 @@ class ModelPoints:
         """The attention implementation the decoder uses (``sdpa``, ``eager``, ``flash_attention_2`` …)."""
         first = next(a for a in self.attention if a is not None)
         config = getattr(first, "config", None) or getattr(self.language_model, "config", None)
-        impl = getattr(config, "_attn_implementation", None)
-        return impl or "eager"
+        # under an attention capture the config names the capture's wrapper, which runs the
+        # implementation it wraps (an attention bias added after a capture was refused)
+        return getattr(config, "_hallu_capture_wraps", None) or getattr(config, "_attn_implementation", None) or "eager"
 
     # -- image-token positions ----------------------------------------------------------
     def image_token_mask(self, input_ids: torch.Tensor, *, include_video: bool = False) -> torch.Tensor:
@@ -198,6 +199,7 @@ class ModelPoints:
         otherwise with PyTorch's hook signature ``fn(module, args, kwargs[, output])``.
         """
         attr, kind = _lookup(point)
+        layers = None if layers is None else list(layers)  # a generator is read twice below
         modules = self.modules_for(point, layers)
         indices = self._indices(attr, layers) if attr in PER_LAYER else [None]
         register = group.add_forward_pre_hook if kind == "input" else group.add_forward_hook
@@ -273,12 +275,32 @@ def _get(model: nn.Module, path: str, what: str, missing: list[str]) -> Any:
         return None
 
 
+_WARNED: set[str] = set()
+
+
+def _warn_guessed(adapter: Adapter, model: nn.Module) -> None:
+    """Once per model type: introspection found the modules, the facts are guesses."""
+    if adapter.model_type in _WARNED:
+        return
+    _WARNED.add(adapter.model_type)
+    import warnings
+
+    warnings.warn(
+        f"model_type {adapter.model_type!r} ({type(model).__name__}) has no adapter in hooks/adapters: its modules "
+        f"were found by introspection, and its facts are guesses -- image inputs {list(adapter.image_inputs)}, video "
+        f"token {adapter.video_token_id or 'none'}, multimodal RoPE {adapter.multimodal_rope}, pixel layout "
+        f"{adapter.pixel_layout!r}; where its image tokens lie in the image is not known (localisation refuses). "
+        "Add hooks/adapters/<model_type>.json (or hooks.register_adapter) to state them.", UserWarning, stacklevel=3)
+
+
 def resolve(model: nn.Module, adapter: Adapter | None = None) -> ModelPoints:
     """Resolve every abstract hook point on ``model``.
 
-    Uses the table adapter for ``model.config.model_type`` when there is one, introspection
-    otherwise, or the ``adapter`` given. Raises :class:`HookPointError` (a ``ValueError``)
-    naming the model type and every point that could not be found.
+    Uses the table adapter for ``model.config.model_type`` when there is one, else the one
+    of its class (:func:`~hooks.adapters.adapter_for_class`), else introspection -- with a
+    warning, since introspection finds modules but guesses the per-architecture facts -- or
+    the ``adapter`` given. Raises :class:`HookPointError` (a ``ValueError``) naming the model
+    type and every point that could not be found.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"resolve() needs a torch.nn.Module, got {type(model).__name__}")
@@ -286,9 +308,13 @@ def resolve(model: nn.Module, adapter: Adapter | None = None) -> ModelPoints:
     model_type = getattr(config, "model_type", None)
     if adapter is None:
         try:
-            adapter = get_adapter(model_type) if model_type else introspect_adapter(model)
+            adapter = get_adapter(model_type) if model_type else None
         except KeyError:
+            adapter = None
+        adapter = adapter or adapter_for_class(model)
+        if adapter is None:
             adapter = introspect_adapter(model)
+            _warn_guessed(adapter, model)
 
     missing: list[str] = []
     modules = {name: _get(model, getattr(adapter, name), name, missing) for name in (

@@ -562,3 +562,100 @@ def test_hybrid_decoder_attention_points_skip_its_linear_layers():
             AttentionCapture(points, [0])
         assert len(points.add_hook(group, "decoder_layer.input", lambda i, m, a, k: None)) == 4
     assert resolve(model, adapter=hooks.introspect_adapter(model)).attention == points.attention
+
+
+def test_a_class_registered_under_another_model_type_gets_its_table_adapter():
+    """transformers maps several model types to one class (``shieldgemma2`` is Gemma 3's):
+    the class carries the table's facts, where introspection guessed a grid and no inputs."""
+    model = build_tiny_model("gemma3")
+    model.config.model_type = "shieldgemma2"
+    points = resolve(model)
+    table = hooks.get_adapter("gemma3")
+    assert points.adapter.model_type == "shieldgemma2" and "Gemma3ForConditionalGeneration" in points.adapter.source
+    assert (points.adapter.token_layout, points.adapter.image_inputs) == (table.token_layout, table.image_inputs)
+
+    class MyLlava(type(build_tiny_model("llava"))):  # a user's subclass under its own type name
+        pass
+
+    mine = MyLlava(build_tiny_model("llava").config)
+    mine.config.model_type = "my_llava"
+    assert resolve(mine).adapter.token_layout == hooks.get_adapter("llava").token_layout
+
+
+def test_an_architecture_known_only_by_introspection_is_said_so_and_not_mapped(monkeypatch):
+    """Introspection finds modules, not facts: resolve() warns once, naming the guesses, and
+    where the image tokens lie is refused rather than read as a square grid (a perceiver's
+    64 latents had been mapped as an 8x8 grid)."""
+    import hooks.points as points_module
+
+    model = build_tiny_model("llava")
+    model.config.model_type = "mystery_vlm"
+    monkeypatch.setattr(points_module, "adapter_for_class", lambda m: None)
+    monkeypatch.setattr(points_module, "_WARNED", set())
+    with pytest.warns(UserWarning, match="mystery_vlm.*introspection.*guesses"):
+        points = resolve(model)
+    assert points.adapter.source == "introspection"
+    with pytest.raises(ValueError, match="no adapter stating where its image tokens lie"):
+        points.token_regions(16)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        resolve(model)  # once per model type
+
+
+def test_several_images_in_one_row_are_refused_not_mapped_as_one():
+    """Four LLaVA images of 16 tokens in one row make 64 tokens, a perfect square: it was
+    mapped as one 8x8 image."""
+    model = build_tiny_model("llava")
+    points = resolve(model)
+    inputs = {"input_ids": torch.zeros(1, 80, dtype=torch.long), "pixel_values": torch.zeros(4, 3, 8, 8)}
+    with pytest.raises(ValueError, match="4 images for 1 rows"):
+        points.token_regions(64, inputs, row=0)
+    with pytest.raises(ValueError, match="pan-and-scan"):
+        points.token_regions(64, {"num_crops": torch.tensor([3])}, row=0)
+    one = {"input_ids": torch.zeros(2, 80, dtype=torch.long), "pixel_values": torch.zeros(2, 3, 8, 8)}
+    assert len(points.token_regions(64, one, row=1)) == 1
+
+
+def test_layers_may_be_any_iterable():
+    """A generator was read twice (modules, then indices): no hook was attached, silently."""
+    model = build_tiny_model("llava")
+    points = resolve(model)
+    fired = []
+    with HookGroup("gen") as group:
+        handles = points.add_hook(group, "decoder_layer.output", lambda i, *a: fired.append(i),
+                                  layers=(i for i in [0, 1]))
+        assert len(handles) == 2
+        with torch.no_grad():
+            model(**tiny_inputs(model, batch_size=1, text_lengths=[4], seed=0))
+    assert sorted(set(fired)) == [0, 1]
+
+
+def test_a_bias_after_a_capture_sees_the_real_implementation():
+    from hooks.capture import AttentionCapture
+
+    model = build_tiny_model("llava", attn_implementation="sdpa")
+    points = resolve(model)
+    with HookGroup("both") as group:
+        AttentionCapture(points, [0]).attach(group)
+        assert points.attn_implementation == "sdpa"
+        hooks.add_attention_bias(group, points, hooks.key_bias(torch.zeros(1, 1, dtype=torch.bool), 0.0), layers=[-1])
+
+
+def test_the_users_exception_leaves_the_block_when_removal_also_fails():
+    """Two groups patching one attribute, left out of order while an error is leaving: the
+    user's error propagates (a removal RuntimeError had replaced it), with a warning."""
+    import types
+
+    target = types.SimpleNamespace(value=1)
+    outer = HookGroup("outer")
+    outer.patch_attribute(target, "value", 2)
+    inner = HookGroup("inner")
+    inner.patch_attribute(target, "value", 3)
+    with pytest.raises(KeyError), pytest.warns(RuntimeWarning, match="KeyError"):
+        with outer:
+            raise KeyError("the user's")
+    inner.remove()
+    outer.remove()
+    assert target.value == 1

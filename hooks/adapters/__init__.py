@@ -165,6 +165,28 @@ def get_adapter(model_type: str) -> Adapter:
         raise KeyError(unknown("model_type (no adapter)", model_type, _REGISTRY)) from None
 
 
+def adapter_for_class(model) -> Adapter | None:
+    """A table adapter for ``model``'s class when its ``model_type`` has none: transformers
+    registers some classes under several model types (``shieldgemma2`` is Gemma 3's class,
+    ``glmga`` GLM-4.6V's) and users subclass them; the class, or a base class, that the
+    installed transformers maps from a table model type carries that adapter's facts."""
+    try:
+        from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES as names
+    except ImportError:  # pragma: no cover - every supported transformers has it
+        return None
+    by_class: dict[str, str] = {}
+    for model_type, class_name in names.items():
+        if model_type in _REGISTRY and isinstance(class_name, str):
+            by_class.setdefault(class_name, model_type)
+    for cls in type(model).__mro__:
+        if cls.__name__ in by_class:
+            table = _REGISTRY[by_class[cls.__name__]]
+            model_type = getattr(getattr(model, "config", None), "model_type", table.model_type)
+            return dataclasses.replace(table, model_type=model_type,
+                                       source=f"{table.source} (its class {cls.__name__})")
+    return None
+
+
 def supported_model_types() -> tuple[str, ...]:
     """Model types with a table adapter (whether or not the installed transformers has them)."""
     return tuple(sorted(_REGISTRY))
@@ -184,4 +206,4 @@ def _load_tables() -> None:
 
 _load_tables()
 
-__all__ = ["Adapter", "register_adapter", "get_adapter", "supported_model_types", "PIXEL_LAYOUTS"]
+__all__ = ["Adapter", "adapter_for_class", "register_adapter", "get_adapter", "supported_model_types", "PIXEL_LAYOUTS"]

@@ -14,7 +14,10 @@ from . import Adapter
 
 # Candidate attribute names, in order of preference, searched on the top model and on its
 # inner ``model`` (the usual HF split into ``XModel`` + ``XForConditionalGeneration``).
-VISION_NAMES = ("vision_tower", "visual", "vision_model", "vision_encoder", "image_encoder", "vision")
+VISION_NAMES = ("vision_tower", "visual", "vision_model", "vision_encoder", "image_encoder", "vision", "image_tower")
+#: per-image inputs a model's forward may take beside its pixels
+IMAGE_INPUT_NAMES = ("image_sizes", "image_grid_thw", "pixel_attention_mask", "image_position_ids", "num_crops",
+                     "aspect_ratio_ids", "aspect_ratio_mask", "image_flags")
 PROJECTOR_NAMES = ("multi_modal_projector", "connector", "mm_projector", "merger", "projector", "mlp1",
                    "embed_vision")
 LANGUAGE_NAMES = ("language_model", "text_model", "llm", "decoder")
@@ -83,9 +86,9 @@ def introspect_adapter(model: nn.Module) -> Adapter:
     found["language_model"] = language
     found["decoder_layers"] = _text_layers(model, language)
 
-    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    embeddings = _accessor(model, "get_input_embeddings")
     found["token_embeddings"] = _path_of(model, embeddings) if embeddings is not None else None
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    head = _accessor(model, "get_output_embeddings")
     found["lm_head"] = _path_of(model, head) if head is not None else None
 
     attention = linear = None
@@ -114,5 +117,19 @@ def introspect_adapter(model: nn.Module) -> Adapter:
             )
             + "Add an adapter with hooks.register_adapter({...}) naming these module paths."
         )
-    return Adapter(model_type=model_type, source="introspection", linear_attention=linear,
+    import inspect
+
+    accepted = set(inspect.signature(model.forward).parameters)
+    video = tuple(n for n in ("video_token_id", "video_token_index") if getattr(config, n, None) is not None)
+    return Adapter(model_type=model_type, source="introspection", linear_attention=linear, token_layout="unknown",
+                   video_token_id=video, image_inputs=tuple(n for n in IMAGE_INPUT_NAMES if n in accepted),
                    **found)  # type: ignore[arg-type]
+
+
+def _accessor(model: nn.Module, name: str) -> nn.Module | None:
+    """``model.<name>()`` (Hugging Face's embedding accessors), or None where the model has
+    none or transformers cannot work it out (it raises NotImplementedError for some)."""
+    try:
+        return getattr(model, name)() if hasattr(model, name) else None
+    except (NotImplementedError, AttributeError):
+        return None
