@@ -125,7 +125,8 @@ class ModelPoints:
                       image_size: tuple[int, int] | None = None) -> list[Region]:
         """Where one row's ``n_tokens`` image tokens lie in its image, under the adapter's
         ``token_layout`` (:mod:`hooks.layout`); ``image_size`` is the original ``(width, height)``."""
-        return token_regions(self.adapter.token_layout, self.model.config, n_tokens, inputs, row, image_size)
+        return token_regions(self.adapter.token_layout, self.model.config, n_tokens, inputs, row, image_size,
+                             self.adapter.pixel_layout)
 
     # -- hook registration by abstract name ----------------------------------------------
     def modules_for(self, point: str, layers: Iterable[int] | None = None) -> list[nn.Module]:
