@@ -29,7 +29,16 @@ from typing import Any
 from .benchmarks.suites import SCALES
 
 
+#: Python's spellings of JSON's literals: ``generic_prompt=none`` had reached CropVerify as the
+#: string "none" -- a generic prompt of that one word -- not as "no generic prompt".
+_LITERALS = {"none": None, "None": None, "True": True, "False": False}
+
+
 def _value(text: str) -> Any:
+    """A flag value: JSON (``1``, ``0.5``, ``true``, ``null``, ``[1, 2]``), Python's
+    ``None`` / ``none`` / ``True`` / ``False``, else the text itself."""
+    if text in _LITERALS:
+        return _LITERALS[text]
     try:
         return json.loads(text)
     except json.JSONDecodeError:

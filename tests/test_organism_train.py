@@ -348,3 +348,11 @@ def test_image_labels_and_segment_stage_reach_training_the_saved_template_and_th
     assert "segment" not in card(result, plain, 100)
     with pytest.raises(SystemExit):
         train.main([*TINY, "--segment-steps", "-1", "--out", str(tmp_path / "c")])
+
+
+def test_the_recipe_command_needs_an_output_folder(capsys):
+    """Its defaults are not the shipped organism's recipe, and the default folder was the
+    shipped checkpoint: a bare command would have overwritten it."""
+    with pytest.raises(SystemExit):
+        train.main([])
+    assert "--out" in capsys.readouterr().err

@@ -433,3 +433,14 @@ def test_a_killed_and_resumed_sampled_run_answers_as_an_uninterrupted_one(querie
     run(queries, sampler(), resumed, batch_size=4, progress=False)
     answers = [{r["id"]: r["answer"] for r in read_samples(folder / SAMPLES)} for folder in (straight, resumed)]
     assert answers[0] == answers[1]
+
+
+def test_flag_values_read_pythons_literals():
+    """``generic_prompt=none`` reached CropVerify as the string "none" (a one-word generic
+    prompt), not as "no generic prompt"; JSON's spellings and Python's now mean the same."""
+    from evaluators.cli import parse_kv
+
+    assert parse_kv("a=none,b=None,c=null,d=True,e=false,f=text,g=0.5") == {
+        "a": None, "b": None, "c": None, "d": True, "e": False, "f": "text", "g": 0.5}
+    with pytest.raises(ValueError, match="given twice"):
+        parse_kv("alpha=1,alpha=2")

@@ -548,7 +548,9 @@ def _pretrain(model, processor, tokenizer, vision_world: World, stage1: dict, ar
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=ORGANISM_DIR)
+    parser.add_argument("--out", type=Path, required=True,
+                        help=f"folder to save the organism in (the shipped one is {ORGANISM_DIR}; a bare command "
+                             "once overwrote it with the defaults, which are not its recipe: see its model card)")
     parser.add_argument("--max-steps", type=int, default=3000, help="stage 2 steps (0: use --minutes)")
     parser.add_argument("--minutes", type=float, default=36.0, help="wall-clock budget of stage 2 with --max-steps 0")
     parser.add_argument("--vision-steps", type=int, default=1500)
