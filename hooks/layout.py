@@ -150,9 +150,12 @@ def _one_image_per_row(inputs: dict, row: int, pixel_layout: str | None) -> None
     layout maps one image's tokens, and several images' tokens can add up to a count that
     fits a layout (four LLaVA images of 16 tokens make one 8x8 "grid")."""
     crops = inputs.get("num_crops")  # Gemma 3's pan-and-scan: the image plus its crops
-    if crops is not None and row < len(crops) and int(torch.as_tensor(crops[row]).sum()) > 0:
-        raise ValueError(f"row {row} holds its image and {int(torch.as_tensor(crops[row]).sum())} pan-and-scan crops; "
-                         "image-token positions are mapped for one image per row (do_pan_and_scan=False)")
+    if crops is not None and row < len(crops):
+        n = crops[row]
+        n = int(n.sum()) if hasattr(n, "sum") else int(sum(n) if isinstance(n, (list, tuple)) else n)
+        if n > 0:
+            raise ValueError(f"row {row} holds its image and {n} pan-and-scan crops; image-token positions are "
+                             "mapped for one image per row (do_pan_and_scan=False)")
     ids, pixels = inputs.get("input_ids"), inputs.get("pixel_values")
     if pixel_layout != "batch_chw":  # tiles and patches fill the first dimension with more than images
         return
