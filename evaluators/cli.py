@@ -53,8 +53,8 @@ def parse_kv(text: str | None) -> dict[str, Any]:
             raise ValueError(f"expected key=value, got {part!r}")
         key, value = part.split("=", 1)
         if key.strip() in out:  # the later one silently won (two data files of one benchmark)
-            raise ValueError(f"{key.strip()!r} is given twice in {text!r} (for several files of one benchmark, "
-                             "give the folder that holds them)")
+            raise ValueError(f"{key.strip()!r} is given twice in {text!r} (one value each; several HalluSegBench "
+                             "subsets load together from the folder that holds them)")
         out[key.strip()] = _value(value.strip())
     return out
 

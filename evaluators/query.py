@@ -38,9 +38,9 @@ class Query:
 
 
 #: Record fields that tie a query to others its metrics read together: a HalluSegBench
-#: image pair, a Causal-HalBench pair, a DO-Bench scene group, a MIOH set and the per-image
-#: questions decomposed from it.
-UNIT_FIELDS = ("sample_id", "pair_id", "scene_id", "decomposed_of")
+#: image pair, a Causal-HalBench pair, a DO-Bench scene group, a MIOH image set (its
+#: selective, comprehensive and per-image questions).
+UNIT_FIELDS = ("sample_id", "pair_id", "scene_id", "set_id", "decomposed_of")
 
 
 def unit_of(query: Query) -> str:
@@ -68,17 +68,18 @@ def first_units(queries: list[Query], n: int) -> list[Query]:
 
 def fingerprint(query: Query) -> str:
     """A digest of what the query asks: benchmark, prompt, kind, truth, options and images
-    (a rendered image by its pixels, a file by its path and size). A run resumes by query
-    id; two queries under one id that differ in this are not the same question."""
+    (a rendered image by its pixels, a file by its name: not its folder, which moves or is
+    written relative or absolute, nor its size, which changes when a missing image is
+    restored). A run resumes by query id; two queries under one id that differ in this are
+    not the same question."""
     import hashlib
     import json
 
     h = hashlib.sha256(json.dumps([query.benchmark, query.prompt, query.kind, query.truth, query.options],
                                   sort_keys=True, default=str).encode())
     for image in query.images:
-        if hasattr(image, "path"):  # an ImageRef: read lazily, so by name and size
-            path = image.path
-            h.update(f"file:{path}:{path.stat().st_size if path.is_file() else -1}".encode())
+        if hasattr(image, "path"):  # an ImageRef: read lazily, so by its file name
+            h.update(f"file:{image.path.name}".encode())
         else:
             h.update(f"pixels:{image.mode}:{image.size}".encode())
             h.update(image.tobytes())

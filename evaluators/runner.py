@@ -96,12 +96,18 @@ def run(
     mine = [q for q in queries if ranks.owns(q.id)]
     answered = shards.done_fingerprints(out)
     prints = {q.id: fingerprint(q) for q in queries}
-    other = [i for i in ids if answered.get(i) is not None and answered[i] != prints[i]]
+    # a record without a fingerprint was written before they were kept, by code whose record
+    # fields (pairings, parsed answers) may since have been fixed: not resumed either
+    other = [i for i in ids if i in answered and answered[i] != prints[i]]
     if other:  # e.g. another data file whose ids repeat these, or suites drawn differently
+        old = sum(answered[i] is None for i in other)
+        why = ("written before answers kept their query's fingerprint" if old == len(other) else
+               "their prompt, images, truth or options differ; a suite at another --scale can draw other "
+               "questions under the same ids")
         raise RunMismatch(
             f"output_dir {out} holds answers to other questions under {len(other)} of these query ids "
-            f"(e.g. {other[:3]}: their prompt, images, truth or options differ); a run resumes only on the same "
-            "queries -- choose another output_dir or delete that one")
+            f"(e.g. {other[:3]}: {why}); a run resumes only on the same queries -- choose another output_dir "
+            "or delete that one")
     done = set(answered)
     ranks.barrier()  # every rank has read the files before any rank cuts a torn tail or appends
     if stored is None and ranks.is_main:

@@ -279,6 +279,15 @@ def _get(model: nn.Module, path: str, what: str, missing: list[str]) -> Any:
 _WARNED: set[str] = set()
 
 
+def _paths_exist(model: nn.Module, adapter: Adapter) -> bool:
+    try:
+        for name in ("vision_encoder", "projector", "language_model", "decoder_layers", "lm_head", "token_embeddings"):
+            model.get_submodule(getattr(adapter, name))
+    except AttributeError:
+        return False
+    return True
+
+
 def _warn_guessed(adapter: Adapter, model: nn.Module) -> None:
     """Once per model type: introspection found the modules, the facts are guesses."""
     if adapter.model_type in _WARNED:
@@ -312,7 +321,10 @@ def resolve(model: nn.Module, adapter: Adapter | None = None) -> ModelPoints:
             adapter = get_adapter(model_type) if model_type else None
         except KeyError:
             adapter = None
-        adapter = adapter or adapter_for_class(model)
+        if adapter is None:  # a class's adapter serves only where its module paths are there
+            adapter = adapter_for_class(model)  # (a user's subclass may rename a part)
+            if adapter is not None and not _paths_exist(model, adapter):
+                adapter = None
         if adapter is None:
             adapter = introspect_adapter(model)
             _warn_guessed(adapter, model)

@@ -659,3 +659,23 @@ def test_the_users_exception_leaves_the_block_when_removal_also_fails():
     inner.remove()
     outer.remove()
     assert target.value == 1
+
+
+def test_a_subclass_that_renames_a_part_is_found_by_introspection():
+    """The class's table adapter serves only where its paths exist; a user's subclass with a
+    renamed projector had failed to resolve where introspection finds it."""
+    import warnings
+
+    base = build_tiny_model("llava")
+
+    class Renamed(type(base)):
+        pass
+
+    model = Renamed(base.config)
+    model.config.model_type = "renamed_llava"
+    model.model.mm_projector = model.model.multi_modal_projector
+    del model.model.multi_modal_projector
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        points = resolve(model)
+    assert points.adapter.source == "introspection" and points.projector is model.model.mm_projector

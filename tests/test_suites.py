@@ -49,3 +49,11 @@ def test_limit_takes_whole_samples(bench):
         assert sum(unit_of(q) != order[-1] for q in kept) < n  # no more whole samples than needed
     with pytest.raises(ValueError, match="positive"):
         first_units(queries, 0)
+
+
+def test_limit_keeps_a_mioh_set_with_its_comprehensive_question():
+    from evaluators.benchmarks.suites import build_queries
+    from evaluators.query import first_units
+
+    kept = [q.id for q in first_units(build_queries(["mioh"], 0, "small"), 1)]
+    assert kept[0] + "-comprehensive" in kept

@@ -287,3 +287,45 @@ def test_answers_that_could_never_be_right_are_data_errors(tmp_path, bench, chan
     (tmp_path / "x.jsonl").write_text(json.dumps(base) + "\n" + json.dumps({**base, "id": 2, **change}))
     with pytest.raises(ValueError, match=rf"line 2, field '{field}'"):
         PROTOCOLS[bench](tmp_path / "x.jsonl")
+
+
+def test_a_run_resumes_however_its_data_path_is_written(tmp_path, monkeypatch):
+    """The fingerprint reads an image file by its name: the same data given by a relative or
+    an absolute path, or with a missing image restored, resumes (it had been refused)."""
+    _png(tmp_path / "s.png")
+    rows = [{"id": i, "scene_id": "s", "image": "s.png" if i else "gone.png", "series": "A", "level": 0,
+             "view": "Full", "object": "dog", "question": "Is there a dog?", "answer": "yes"} for i in range(3)]
+    (tmp_path / "do.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    model = CallableModel(lambda i, p: "yes")
+    monkeypatch.chdir(tmp_path)
+    run(PROTOCOLS["dobench"]("do.jsonl"), model, tmp_path / "run", progress=False)
+    _png(tmp_path / "gone.png")
+    out = run(PROTOCOLS["dobench"](str(tmp_path / "do.jsonl")), model, tmp_path / "run", progress=False)
+    assert out["n_samples"]["dobench"] == 3
+
+
+def test_a_folder_written_before_fingerprints_is_not_resumed(tmp_path):
+    """Its records came from code whose fields (Causal-HalBench's pairs) have since been
+    fixed; resuming on them kept the old pairing without a word."""
+    from evaluators.runner import RunMismatch
+
+    _png(tmp_path / "s.png")
+    row = {"id": 1, "scene_id": "s", "image": "s.png", "series": "A", "level": 0, "view": "Full", "object": "dog",
+           "question": "Is there a dog?", "answer": "yes"}
+    (tmp_path / "do.jsonl").write_text(json.dumps(row))
+    queries = PROTOCOLS["dobench"](tmp_path / "do.jsonl")
+    run(queries, CallableModel(lambda i, p: "yes"), tmp_path / "run", progress=False)
+    samples = tmp_path / "run" / SAMPLES
+    old = [{k: v for k, v in r.items() if k != "query_fingerprint"} for r in read_samples(samples)]
+    samples.write_text("".join(json.dumps(r) + "\n" for r in old))
+    with pytest.raises(RunMismatch, match="before answers kept"):
+        run(queries, CallableModel(lambda i, p: "yes"), tmp_path / "run", progress=False)
+
+
+def test_hallusegbench_ids_do_not_depend_on_how_the_path_is_written(tmp_path, monkeypatch):
+    from evaluators.benchmarks.hallusegbench import load
+
+    _seg_subset(tmp_path / "refer_seg", [_seg_entry(ann_id=7)])
+    monkeypatch.chdir(tmp_path / "refer_seg")
+    assert {s.id for s in load("data.json")} == {s.id for s in load(".")} == {s.id for s in load(tmp_path / "refer_seg")} \
+        == {"refer_seg/7"}

@@ -68,7 +68,7 @@ def load(path: str | Path) -> list[SegSample]:
         ref = {name: ImageRef(p if Path(p).is_absolute() else root / p) for name, p in
                ((n, Path(v)) for n, v in paths.items())}
         samples.append(SegSample(
-            id=f"{root.name}/{item.get('id', item.get('ann_id', i))}",
+            id=f"{root.resolve().name}/{item.get('id', item.get('ann_id', i))}",  # the same however the path is written
             split="reasoning" if question is not None else "referring",
             factual_image=ref["factual_image_path"],
             factual_mask=ref["factual_mask_path"],

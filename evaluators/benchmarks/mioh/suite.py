@@ -98,7 +98,7 @@ def build(n_per_condition: int = 12, seed: int = 0, world: World | None = None,
         qid = f"mioh-{seed}-{cond}-{n_images}-{k}"
         images = [sc.render() for sc in s.scenes]
         record = {"task": "existence", "qtype": "selective", "condition": cond, "n_images": n_images,
-                  "target": target, "present": present}
+                  "target": target, "present": present, "set_id": qid}  # set_id: --limit keeps a set whole
         queries.append(Query(qid, "mioh", images, prompt, "option", truth, record, options=options))
         drawn += 1
         if cond == "NI":  # §5.5: the same question decomposed into one yes/no per image
