@@ -155,3 +155,12 @@ def test_the_cost_column_times_whole_runs_only(tmp_path, monkeypatch):
     assert main(["--tasks", "causal_halbench", *common]) == 0
     assert main(["--tasks", "dobench", *common]) == 0
     assert json.loads((third / "results.json").read_text())["cost"]["VCD (greedy)"]["seconds"] == whole
+
+
+def test_each_scale_and_seed_reports_into_its_own_folder_by_default():
+    """ReactBench's suite asks other questions under the same ids at another scale, and a
+    folder resumes only on the same questions: the default folder keeps them apart."""
+    from evaluators.report.main import default_output
+
+    assert default_output("small", 0) == "runs/report"
+    assert len({default_output(s, seed) for s in ("small", "full", "large") for seed in (0, 1)}) == 6

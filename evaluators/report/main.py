@@ -75,6 +75,11 @@ def _whole_run(path: Path, query_ids: set[str], measured):
     return saved.get(digest)
 
 
+def default_output(scale: str, seed: int) -> str:
+    """Where a report goes without ``--output_path``: one folder per scale and seed."""
+    return "runs/report" if (scale, seed) == ("small", 0) else f"runs/report-{scale}-seed{seed}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="vlm-report", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -87,7 +92,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma-separated arm names or slugs (default: every default arm; optional ones "
                              "such as crop-and-verify-which-image only when named)")
     parser.add_argument("--scale", default="small", choices=sorted(SCALES))
-    parser.add_argument("--output_path", default="runs/report")
+    parser.add_argument("--output_path", default=None,
+                        help="default: runs/report at the default scale and seed, else runs/report-<scale>-seed<seed> "
+                             "(a suite at another scale or seed can ask other questions under the same ids, and a "
+                             "folder resumes only on the same questions)")
     parser.add_argument("--batch_size", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--resamples", type=int, default=1000)
@@ -105,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     from .table import text_table
 
     torch.manual_seed(args.seed)
-    out = Path(args.output_path)
+    out = Path(args.output_path or default_output(args.scale, args.seed))
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     from ..benchmarks.protocols import load_data
 
