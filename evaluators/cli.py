@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         check_mitigations(args.mitigations)
     except ValueError as err:
         parser.error(str(err))
-    from .query import first_units
+    from .query import first_units, repeated_ids
 
     queries = []  # the data too is read before the model loads: a bad file is a message, at once
     for task in tasks:
@@ -155,10 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as err:
             parser.error(str(err))
         queries += loaded if args.limit is None else first_units(loaded, args.limit)
-    seen: dict[str, int] = {}
-    for q in queries:
-        seen[q.id] = seen.get(q.id, 0) + 1
-    if twice := [i for i, n in seen.items() if n > 1]:
+    if twice := repeated_ids(queries):
         parser.error(f"{len(twice)} query ids occur more than once (ids must be unique across --tasks and --data), "
                      f"e.g. {twice[:3]}")
     ranks = distributed.init()  # one process, or this rank of an accelerate / torchrun launch

@@ -54,16 +54,24 @@ def first_units(queries: list[Query], n: int) -> list[Query]:
     half asked, and its metrics then skipped it without a word."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be a positive number of queries, got {n!r}")
+    units = [unit_of(q) for q in queries]
     size: dict[str, int] = {}
-    for q in queries:
-        size[unit_of(q)] = size.get(unit_of(q), 0) + 1
+    for unit in units:
+        size[unit] = size.get(unit, 0) + 1
     kept, count = set(), 0
-    for q in queries:
-        unit = unit_of(q)
+    for unit in units:
         if unit not in kept and count < n:
             kept.add(unit)
             count += size[unit]
-    return [q for q in queries if unit_of(q) in kept]
+    return [q for q, unit in zip(queries, units) if unit in kept]
+
+
+def repeated_ids(queries: list[Query]) -> list[str]:
+    """Query ids that occur more than once (a run resumes by id, so they must be unique)."""
+    seen: dict[str, int] = {}
+    for q in queries:
+        seen[q.id] = seen.get(q.id, 0) + 1
+    return [i for i, n in seen.items() if n > 1]
 
 
 def fingerprint(query: Query) -> str:

@@ -30,7 +30,7 @@ import torch
 
 from . import shards
 from .distributed import Ranks
-from .query import Query, fingerprint, to_record
+from .query import Query, fingerprint, repeated_ids, to_record
 from .shards import SAMPLES, read_samples
 
 RESULTS = "results.json"
@@ -77,8 +77,8 @@ def run(
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     ids = [q.id for q in queries]
-    if len(set(ids)) != len(ids):
-        raise ValueError("query ids must be unique")
+    if twice := repeated_ids(queries):
+        raise ValueError(f"query ids must be unique; repeated: {twice[:3]}")
     if ranks is None:
         from .distributed import init
 

@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
-from .adapters import Adapter, adapter_for_class, get_adapter
+from .adapters import MODULE_FIELDS, Adapter, adapter_for_class, get_adapter
 from .adapters.introspect import HookPointError, introspect_adapter
 from .errors import unknown
 from .group import HookGroup
@@ -281,7 +281,7 @@ _WARNED: set[str] = set()
 
 def _paths_exist(model: nn.Module, adapter: Adapter) -> bool:
     try:
-        for name in ("vision_encoder", "projector", "language_model", "decoder_layers", "lm_head", "token_embeddings"):
+        for name in MODULE_FIELDS:
             model.get_submodule(getattr(adapter, name))
     except AttributeError:
         return False
@@ -330,8 +330,7 @@ def resolve(model: nn.Module, adapter: Adapter | None = None) -> ModelPoints:
             _warn_guessed(adapter, model)
 
     missing: list[str] = []
-    modules = {name: _get(model, getattr(adapter, name), name, missing) for name in (
-        "vision_encoder", "projector", "language_model", "decoder_layers", "lm_head", "token_embeddings")}
+    modules = {name: _get(model, getattr(adapter, name), name, missing) for name in MODULE_FIELDS}
     layers = modules["decoder_layers"]
     attention: tuple[nn.Module, ...] = ()
     if layers is not None:
