@@ -102,8 +102,8 @@ def run(
     if other:  # e.g. another data file whose ids repeat these, or suites drawn differently
         old = sum(answered[i] is None for i in other)
         why = ("written before answers kept their query's fingerprint" if old == len(other) else
-               "their prompt, images, truth or options differ; a suite at another --scale can draw other "
-               "questions under the same ids")
+               "their prompt, images, truth or options differ: another data file under the same ids, or a "
+               "suite drawn by another version of the world")
         raise RunMismatch(
             f"output_dir {out} holds answers to other questions under {len(other)} of these query ids "
             f"(e.g. {other[:3]}: {why}); a run resumes only on the same queries -- choose another output_dir "

@@ -57,3 +57,25 @@ def test_limit_keeps_a_mioh_set_with_its_comprehensive_question():
 
     kept = [q.id for q in first_units(build_queries(["mioh"], 0, "small"), 1)]
     assert kept[0] + "-comprehensive" in kept
+
+
+@pytest.mark.parametrize("bench", ["dobench", "mioh", "causal_halbench", "hallusegbench", "reactbench"])
+def test_a_query_is_the_same_at_every_scale(bench):
+    """An id names one question whatever the suite's size, so answers at --scale small are
+    the first answers of --scale full (ReactBench's items had drawn options from one stream
+    shared by its four tasks: 29 of its 105 small-scale queries differed at full scale)."""
+    from evaluators.query import fingerprint
+
+    small = {q.id: fingerprint(q) for q in build_suite(bench, seed=3, scale="small")}
+    full = {q.id: fingerprint(q) for q in build_suite(bench, seed=3, scale="full")}
+    assert small.keys() <= full.keys()
+    assert [i for i in small if small[i] != full[i]] == []
+
+
+def test_reactbench_direct_questions_do_not_depend_on_the_dimensions_built():
+    from evaluators.benchmarks.reactbench.suite import build
+    from evaluators.query import fingerprint
+
+    every = {q.id: fingerprint(q) for q in build(4, seed=1)}
+    direct = build(4, seed=1, dimensions=("direct",), hints=("none",))
+    assert direct and all(fingerprint(q) == every[q.id] for q in direct)

@@ -88,11 +88,18 @@ def build(n_per_task: int = 10, seed: int = 0, world: World | None = None, *,
     hints = check_subset(hints, HINTS, "hints")
     modes = check_subset(modes, MODES, "modes")
     world = world or World(BIASED)
-    rng = np.random.default_rng([seed, 61])
-    extra_rng = np.random.default_rng([seed, 62])  # the inducing variants draw apart: direct queries stay as they were
     queries: list[Query] = []
+
     def world_seed(task: int, k: int) -> int:  # one hashed stream per task: no overflow, no overlap
         return derive_seed(seed, 61, task, k)
+
+    def item_rngs(task: int, k: int):
+        """Item k's own option and count draws, so an item is the same at every n_per_task
+        (and --scale): a stream shared by all items gave the later tasks other options once
+        an earlier task had more items. The inducing variants draw from a second one, so the
+        direct questions do not depend on which dimensions are built."""
+        return (np.random.default_rng(derive_seed(seed, 62, task, k)),
+                np.random.default_rng(derive_seed(seed, 63, task, k)))
 
     dominant = {c: colour for c, (colour, _) in world.config.dominant_colour.items()}
 
@@ -112,6 +119,7 @@ def build(n_per_task: int = 10, seed: int = 0, world: World | None = None, *,
             continue
         cue, target = pair
         erased = edits.remove_category(scene, target)
+        rng, extra_rng = item_rngs(0, k)
         img, rid = [erased.render()], f"react-{seed}-re-{k}"
         present = sorted(erased.categories())
         absent = [c for c in CATEGORIES if c not in present and c != target]
@@ -148,6 +156,7 @@ def build(n_per_task: int = 10, seed: int = 0, world: World | None = None, *,
         if not objs:
             continue
         obj = objs[0]
+        rng, extra_rng = item_rngs(1, k)
         usual = dominant[obj.category]
         other = [c for c in COLOURS if c != usual][k % (len(COLOURS) - 1)]
         img = [edits.recolour(scene, obj.uid, other).render() if obj.colour != other else scene.render()]
@@ -179,6 +188,7 @@ def build(n_per_task: int = 10, seed: int = 0, world: World | None = None, *,
     for k in range(n_per_task):
         kind = CHANGE_KINDS[k % len(CHANGE_KINDS)]
         pair = change_pair(world, world_seed(2, k), kind)
+        rng, _ = item_rngs(2, k)
         if kind == "replace":
             said = f"the {pair.category} was replaced by a {pair.detail}"
             keys = [pair.category, "replaced", pair.detail]
@@ -209,6 +219,7 @@ def build(n_per_task: int = 10, seed: int = 0, world: World | None = None, *,
     # Dense Counting
     intervals = [(0, 2), (3, 5), (6, 8), (9, 11)]
     for k in range(n_per_task):
+        rng, _ = item_rngs(3, k)
         category = list(CATEGORIES)[int(rng.integers(len(CATEGORIES)))]
         count = int(rng.integers(3, 10))
         scene = world.dense_scene(world_seed(3, k), category, count, small=True)
