@@ -164,3 +164,45 @@ def test_each_scale_and_seed_reports_into_its_own_folder_by_default():
 
     assert default_output("small", 0) == "runs/report"
     assert len({default_output(s, seed) for s in ("small", "full", "large") for seed in (0, 1)}) == 6
+
+
+def test_markdown_table_of_one_run_and_of_two_seeds(tmp_path, monkeypatch, capsys):
+    """The README's tables come from `python -m evaluators.report.table`: one run gives each
+    cell's interval and the cost row; two seeds give 'seed 0 / seed 1' cells; runs of other
+    arms are refused, and a missing file is a message."""
+    import json
+
+    import evaluators.model as model_module
+    from evaluators.report.main import main
+    from evaluators.report.table import main as table_main, markdown_table
+
+    monkeypatch.setattr(model_module, "HFModel", _Scripted)
+    monkeypatch.setattr(model_module, "load_hf", lambda name, **kw: (object(), type("P", (), {"tokenizer": None})()))
+    runs = {}
+    for seed, arms in ((0, "VCD (greedy)"), (1, "VCD (greedy)"), (2, "prior suppression: output")):
+        out = tmp_path / str(seed)
+        assert main(["--tasks", "dobench", "--arms", arms, "--resamples", "30", "--no_progress", "--seed", str(seed),
+                     "--output_path", str(out)]) == 0
+        runs[seed] = json.loads((out / "results.json").read_text())
+    capsys.readouterr()
+
+    one = markdown_table([runs[0]]).splitlines()
+    assert one[0] == "| mechanism | VCD (greedy) |" and one[1] == "|---|---|"
+    prior = next(line for line in one if line.startswith("| language prior |"))
+    assert prior.startswith("| language prior | **FIXES** +") and "[" in prior  # the scripted arm answers right
+    assert next(line for line in one if line.startswith("| co-occurrence |")) == "| co-occurrence | n/a |"
+    assert one[-1].startswith("| forward rows per token, wall clock vs baseline | 2×, ")
+    assert "greedy baseline" in one[-2] and "sampling" not in one[-2]
+
+    two = markdown_table([runs[0], runs[1]]).splitlines()
+    assert two[0] == "| mechanism (seed 0 / seed 1) | VCD (greedy) |"
+    cell = next(line for line in two if line.startswith("| language prior |")).split(" | ")[1]
+    assert cell.count(" / ") == 1 and "[" not in cell
+    assert not any(line.startswith("| forward rows") for line in two)
+
+    with pytest.raises(ValueError, match="different arms"):
+        markdown_table([runs[0], runs[2]])
+    paths = [str(tmp_path / s / "results.json") for s in ("0", "1")]
+    assert table_main(paths) == 0 and capsys.readouterr().out.splitlines() == two
+    assert table_main([str(tmp_path / "missing.json")]) == 2
+    assert "missing.json" in capsys.readouterr().err

@@ -1,6 +1,12 @@
-"""The mechanism x mitigation table printed on stdout."""
+"""The mechanism x mitigation table: as text on stdout (``vlm-report``), and as Markdown for
+one run or several seeds side by side (``python -m evaluators.report.table results.json
+[results.json ...]``, how the README's tables are made)."""
 
 from __future__ import annotations
+
+import argparse
+import json
+import sys
 
 from ..metrics import MECHANISMS
 
@@ -53,3 +59,85 @@ def text_table(result: dict) -> str:
         for a in arms))
     flags = [f"{a}: gain on {', '.join(m)} is matched by its control" for a, m in result["explained_by_control"].items() if m]
     return "\n".join(lines + (["", *flags] if flags else []))
+
+
+#: the Markdown table's row names (the mechanisms' long names)
+MECHANISM_NAMES = {"language_prior": "language prior", "cooccurrence": "co-occurrence",
+                   "perception": "weak perception", "vision_grounding": "vision-driven grounding (lower is better)",
+                   "label_grounding": "label grounding (lower is better)", "multi_image": "multi-image"}
+
+
+def _md_number(text: str) -> str:
+    """'+0.0' / '-0.0' as 0, and a typographic minus."""
+    return "0" if text in ("+0.0", "-0.0") else text.replace("-", "\u2212")
+
+
+def _md_cell(result: dict, arm: str, mechanism: str, interval: bool) -> str:
+    verdict = {"-": "\u2212", "FIXES": "**FIXES**", "BREAKS": "**BREAKS**"}.get(
+        SHORT[result["verdicts"][arm][mechanism]], SHORT[result["verdicts"][arm][mechanism]])
+    head = headline(result["comparisons"][arm], mechanism)
+    if not head:
+        return verdict
+    delta, rest = head.split(" [")
+    if not interval:
+        return f"{verdict} {_md_number(delta)}"
+    low, high = rest.rstrip("]").split(",")
+    return f"{verdict} {_md_number(delta)} [{_md_number(low)}, {_md_number(high)}]"
+
+
+def markdown_table(results: list[dict]) -> str:
+    """The table in Markdown. One result: each cell is verdict, delta and its interval, with
+    the yes-ratio and cost rows. Several (e.g. ``--seed 0`` and ``--seed 1`` of one scale):
+    each cell is verdict and delta per result, separated by ' / ', and the yes-ratio row;
+    the results must have the same arms."""
+    if not results:
+        raise ValueError("results: give at least one results.json")
+    arms = [a["name"] for a in results[0]["arms"] if a["baseline"]]
+    for r in results[1:]:
+        if [a["name"] for a in r["arms"] if a["baseline"]] != arms:
+            raise ValueError("results: the runs have different arms; compare runs of the same arms")
+    one = len(results) == 1
+    seeds = " / ".join(f"seed {r.get('seed')}" for r in results)
+    label = "mechanism" if one else f"mechanism ({seeds})"
+    lines = [f"| {label} | " + " | ".join(arms) + " |", "|---|" + "---|" * len(arms)]
+    for mech in MECHANISMS:
+        cells = (" / ".join(_md_cell(r, a, mech, one) for r in results) for a in arms)
+        lines.append(f"| {MECHANISM_NAMES.get(mech, mech)} | " + " | ".join(cells) + " |")
+
+    def ratio(r, arm):
+        return f"{r['yes_ratio'][arm].get('dobench', float('nan')):.1f}"
+
+    base = "; ".join(f"{name} baseline " + " / ".join(ratio(r, f"baseline ({name})") for r in results) + "%"
+                     for name in ("greedy", "sampling") if f"baseline ({name})" in results[0]["yes_ratio"])
+    lines.append(f"| yes-ratio (DO-Bench; {base}) | "
+                 + " | ".join(" / ".join(ratio(r, a) for r in results) + "%" for a in arms) + " |")
+    if one:
+        cost = results[0]["cost"]
+
+        def spent(arm):
+            views = " + the views" if cost[arm].get("verification") else ""
+            return f"{cost[arm]['forward_rows_per_token']}\u00d7{views}, " + ratio_text(
+                cost[arm]["wall_clock_vs_baseline"]).replace("x", "\u00d7")
+
+        lines.append("| forward rows per token, wall clock vs baseline | " + " | ".join(spent(a) for a in arms) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m evaluators.report.table",
+        description="Print vlm-report's mechanism x mitigation table in Markdown, for one results.json or "
+                    "several runs of the same arms (e.g. two seeds) side by side.")
+    parser.add_argument("results", nargs="+", help="vlm-report's results.json files")
+    args = parser.parse_args(argv)
+    try:
+        results = [json.load(open(path, encoding="utf-8")) for path in args.results]
+        print(markdown_table(results))
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
