@@ -36,6 +36,23 @@ def parse_yes_no(text: str) -> bool | None:
     return None
 
 
+_ANSWER_IS = re.compile(r"\banswer\b(?:\s+is\b)?\s*:?", re.I)
+
+
+def answer_tail(text: str) -> str | None:
+    """What follows the last "answer" / "answer is" / "answer:" in ``text`` ("... step 2 :
+    nine forks . final answer : 9" gives " 9"), or None when there is none or nothing
+    follows. Chain-of-thought answers (ReactBench's cot mode asks for "the final answer")
+    mention other numbers, colours and options on the way; the parse reads this part first."""
+    last = None
+    for last in _ANSWER_IS.finditer(text):
+        pass
+    if last is None:
+        return None
+    tail = text[last.end():]
+    return tail if words(tail) else None
+
+
 #: Option letters in order: MIOH's selective questions list up to ten images plus "none of
 #: the above" (Sec. 3), so five letters (a-e) are not enough.
 OPTION_LETTERS = "abcdefghijklmnopqrstuvwxyz"
@@ -46,8 +63,11 @@ def parse_option(text: str, options: Sequence[str], letters: Sequence[str] = OPT
     if len(options) > len(letters):
         raise ValueError(f"options: {len(options)} options but only {len(letters)} letters to name them")
     lowered = text.lower().strip()
-    letter = re.match(r"^\(?([a-z])\)?(?:[\s.):,]|$)", lowered)
     valid = [l.lower() for l in letters[: len(options)]]
+    # a letter leads the answer ("b", "b)", "(b) a fork", "b. a fork"; "a fork" starts with
+    # an article, not the letter a), or closes it ("the answer is (b).", "answer: b")
+    letter = (re.match(r"^\(([a-z])\)", lowered) or re.match(r"^([a-z])(?:[.):,]|\s*$)", lowered)
+              or re.search(r"\banswer(?:\s+is)?\s*:?\s*\(?([a-z])\)?\s*[.!]?\s*$", lowered))
     if letter and letter.group(1) in valid:
         return letter.group(1)
     # whole words only: "image 1" is not said by "image 10"
@@ -79,6 +99,15 @@ def parse_count(text: str) -> int | tuple[int, int] | None:
     return None
 
 
+def count_value(text: str) -> int | None:
+    """The count an answer gives: its number, or 0 when it denies ("no", "none", "there
+    are no dogs"); None if it gives neither."""
+    n = parse_number(text)
+    if n is None and (parse_yes_no(text) is False or words(text)[:1] == ["none"]):
+        return 0
+    return n
+
+
 def _number(token: str) -> int | None:
     if token.isdigit():
         return int(token)
@@ -90,6 +119,15 @@ def _number(token: str) -> int | None:
 NEGATIONS = frozenset({"no", "not", "without", "never", "nothing", "none", "neither", "nor"})
 
 
+_CONTRACTED = re.compile(r"(?:\b(ca|wo))?n[\'\u2019]t\b", re.I)
+
+
+def _expand_negations(text: str) -> str:
+    """"wasn't" / "can't" / "won't" as "was not" / "can not" / "will not", so the negation
+    is a word (the tokenizer would split "wasn't" into "wasn" and "t")."""
+    return _CONTRACTED.sub(lambda m: {"ca": "can", "wo": "will"}.get((m.group(1) or "").lower(), "") + " not", text)
+
+
 def keywords_found(text: str, keywords: Sequence[str]) -> set[str]:
     """The members of ``keywords`` that ``text`` says, each occurrence unless one of the two
     words before it, in the same clause (punctuation ends one: "No. A fork." says fork), is
@@ -97,18 +135,21 @@ def keywords_found(text: str, keywords: Sequence[str]) -> set[str]:
     wanted = set(keywords)
     negations = NEGATIONS - wanted
     found = set()
-    for clause in re.split(r"[.,;:!?]", text):
+    for clause in re.split(r"[.,;:!?]", _expand_negations(text)):
         w = words(clause)
         found |= {t for i, t in enumerate(w) if t in wanted and not negations & set(w[max(0, i - 2) : i])}
     return found
 
 
 def parse_choice(text: str, choices: Sequence[str]) -> str | None:
-    """The single member of ``choices`` (e.g. colour names) mentioned first in ``text``."""
-    w = words(text)
-    for token in w:
-        if token in choices:
-            return token
+    """The member of ``choices`` (e.g. colour names) mentioned first in ``text`` and not
+    denied ("it is not green ; it is red" is red: the negation rule of
+    :func:`keywords_found`)."""
+    for clause in re.split(r"[.,;:!?]", _expand_negations(text)):
+        w = words(clause)
+        for i, token in enumerate(w):
+            if token in choices and not (NEGATIONS - set(choices)) & set(w[max(0, i - 2) : i]):
+                return token
     return None
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .answers import keywords_found, parse_choice, parse_count, parse_number, parse_option, parse_yes_no, words
+from .answers import answer_tail, count_value, keywords_found, parse_choice, parse_count, parse_option, parse_yes_no, words
 
 ANSWER_KINDS = ("yes_no", "option", "number", "interval", "choice", "keywords", "text")
 
@@ -95,13 +95,22 @@ def fingerprint(query: Query) -> str:
 
 
 def parse(query: Query, text: str) -> Any:
-    """The answer as the benchmark compares it, or None if unreadable."""
+    """The answer as the benchmark compares it, or None if unreadable: read from what follows
+    a closing "answer is ..." / "final answer: ..." when that part is readable
+    (:func:`evaluators.answers.answer_tail`: reasoning before it names other values), else from
+    the whole text."""
+    tail = answer_tail(text)
+    value = _parse(query, tail) if tail is not None else None
+    return value if value is not None else _parse(query, text)
+
+
+def _parse(query: Query, text: str) -> Any:
     if query.kind == "yes_no":
         return parse_yes_no(text)
     if query.kind == "option":
         return parse_option(text, query.options or [])
-    if query.kind == "number":
-        return parse_number(text)
+    if query.kind == "number":  # a count: "there are no forks" is 0
+        return count_value(text)
     if query.kind == "interval":  # a count, or the range the answer states
         return parse_count(text)
     if query.kind == "choice":

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from evaluators.answers import parse_box, parse_number, parse_yes_no, words
+from evaluators.answers import count_value, parse_box, parse_number, parse_yes_no, words
 
 #: Answers of at most this many words (and neither yes/no, a number nor a box) are
 #: ``short`` -- an attribute ("yellow", "dark red") -- longer ones ``free_form``. Our choice:
@@ -21,15 +21,6 @@ SHORT_ANSWER_WORDS = 3
 
 
 _HOW_MANY = re.compile(r"\bhow\s+many\b", re.I)
-
-
-def count_value(text: str) -> int | None:
-    """The count an answer gives: its number, or 0 when it denies ("no", "none", "there
-    are no dogs"); None if it gives neither."""
-    n = parse_number(text)
-    if n is None and (parse_yes_no(text) is False or words(text)[:1] == ["none"]):
-        return 0
-    return n
 
 
 def answer_kind(text: str, question: str | None = None) -> str:

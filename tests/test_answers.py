@@ -64,3 +64,39 @@ def test_a_negation_reaches_only_within_its_clause_and_never_a_ground_truth_word
     assert keywords_found("A no entry sign", ["no", "entry", "sign"]) == {"no", "entry", "sign"}
     assert keywords_found("there is no fork", ["fork"]) == set()
     assert parse_count("it is 5 - 1 = 4") == 5  # not a range: its ends are reversed
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("a fork", "c"),  # an article, not the letter a: the option's text decides
+    ("A fork.", "c"), ("a", "a"), ("A.", "a"), ("(a) neither", "a"), ("b) a knife", "b"),
+    ("The answer is (B).", "b"), ("answer: c", "c"), ("I think the answer is a fork", "c"),
+])
+def test_option_letters_are_not_articles(text, expected):
+    assert parse_option(text, ["neither", "a knife reading a book", "a fork"]) == expected
+
+
+def test_choice_skips_denied_mentions_and_contractions_negate():
+    from evaluators.answers import keywords_found
+
+    assert parse_choice("It is not green; it is red.", ["green", "red"]) == "red"
+    assert parse_choice("It isn't green, it's red", ["green", "red"]) == "red"
+    assert parse_choice("not green but red", ["green", "red"]) == "red"
+    assert keywords_found("The dog wasn't removed", ["dog", "removed"]) == {"dog"}
+    assert keywords_found("it isn't a fork", ["fork"]) == set()
+    assert keywords_found("I can't see a fork", ["fork", "see"]) == {"fork"}  # two words back only
+    assert keywords_found("The dog was removed", ["dog", "removed"]) == {"dog", "removed"}
+
+
+def test_counts_read_denials_as_zero_and_a_closing_answer_first():
+    from evaluators.query import Query, parse
+
+    def count(text):
+        return parse(Query("q", "reactbench", [], "how many fork are there ?", "number", 0), text)
+
+    assert count("There are no forks in the image.") == 0
+    assert count("three") == 3
+    assert count("Step 1: scan the first row , one fork . Final answer: 9.") == 9
+    assert count("I see 2 forks") == 2
+    yes_no = Query("q", "reactbench", [], "is there a fork ?", "yes_no", "no")
+    assert parse(yes_no, "Yes, a fork could be expected. The answer is no.") is False
+    assert parse(yes_no, "The answer is unclear, but yes.") is True  # the tail says nothing: the whole text

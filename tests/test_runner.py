@@ -364,8 +364,10 @@ def test_reactbench_suite_with_a_scripted_yes(tmp_path):
     assert {q.prompt for q in direct} <= {q.prompt for q in queries}
     res = run(queries, CallableModel(lambda i, p: "yes"), tmp_path, progress=False)["results"]["reactbench"]
     # "yes" is only a right answer to yes/no questions whose truth is yes: in alteration
-    # tracing all of them (S = 0.25 * 100), in erasure and attribute none of them
-    assert res["alteration_tracing"] == pytest.approx(25.0)
+    # tracing those about the change made (about half, by design: S = 0.25 * their share),
+    # in erasure and attribute none of them
+    at_yn = [q.truth for q in queries if q.record["task"] == "alteration_tracing" and q.record["qtype"] == "YN"]
+    assert res["alteration_tracing"] == pytest.approx(25.0 * at_yn.count("yes") / len(at_yn))
     assert res["relational_erasure"] == pytest.approx(0.0)
     assert res["counterfactual_attribute"] == pytest.approx(0.0)
 

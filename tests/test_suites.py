@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from evaluators.benchmarks.suites import SCALES, build_queries, build_suite
+from evaluators.organism.tasks import NUMBERS
 
 
 def test_scales_size_each_suite():
@@ -79,3 +80,32 @@ def test_reactbench_direct_questions_do_not_depend_on_the_dimensions_built():
     every = {q.id: fingerprint(q) for q in build(4, seed=1)}
     direct = build(4, seed=1, dimensions=("direct",), hints=("none",))
     assert direct and all(fingerprint(q) == every[q.id] for q in direct)
+
+
+def test_reactbench_options_give_nothing_away_without_the_image():
+    """No letter, option or yes/no answer can be told without the images (a review's image-blind
+    policy scored 77.5% on alteration tracing's MC by picking the only option whose verb
+    differed, and always-"c" 47% on dense counting's intervals; "yes" was right on every
+    alteration-tracing yes/no question)."""
+    from collections import Counter
+
+    from evaluators.benchmarks.reactbench.suite import build
+
+    queries = build(60, seed=2, dimensions=("direct",), hints=("none",))
+    for task in ("relational_erasure", "counterfactual_attribute", "alteration_tracing", "dense_counting"):
+        letters = Counter(q.truth for q in queries if q.record["task"] == task and q.record["qtype"] == "MC")
+        assert set(letters) == set("abcd") and max(letters.values()) <= 25, (task, letters)  # 15 expected each
+    tracing = [q for q in queries if q.record["task"] == "alteration_tracing"]
+    for q in (q for q in tracing if q.record["qtype"] == "MC"):
+        said = [o.split() for o in q.options]
+        right = said["abcd".index(q.truth)]
+        objects = Counter(o[1] for o in said)  # "the <object> ..." / "a <object> ..."
+        verbs = Counter(" ".join(o[2:]).split(" by ")[0] for o in said)  # kind and detail
+        assert sorted(objects.values()) == [2, 2] and sorted(verbs.values()) == [2, 2], q.options
+        assert objects[right[1]] == 2
+    yes_no = Counter(q.truth for q in tracing if q.record["qtype"] == "YN")
+    assert min(yes_no["yes"], yes_no["no"]) >= 20, yes_no
+    counts = [q for q in queries if q.record["task"] == "dense_counting" and q.record["qtype"] == "MC"]
+    for q in counts:  # the options say their intervals' bounds, and the right one holds the count
+        low, high = q.record["interval"]
+        assert q.options["abcd".index(q.truth)].split(" to ") == [NUMBERS[low], NUMBERS[high]]

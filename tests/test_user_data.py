@@ -329,3 +329,47 @@ def test_hallusegbench_ids_do_not_depend_on_how_the_path_is_written(tmp_path, mo
     monkeypatch.chdir(tmp_path / "refer_seg")
     assert {s.id for s in load("data.json")} == {s.id for s in load(".")} == {s.id for s in load(tmp_path / "refer_seg")} \
         == {"refer_seg/7"}
+
+
+@pytest.mark.parametrize("change, field, message", [
+    ({"answer": "?"}, "answer", "no words"),
+    ({"synonyms": ["utensil", ""]}, "synonyms", "no words"),
+    ({"hint": "none"}, "hint", "another task"),
+    ({"images": ["s.png", "s.png"]}, "images", "one image"),
+    ({"task": "alteration_tracing", "hint": "none", "inducing": None}, "images", "two images"),
+    ({"task": "dense_counting", "answer": "²", "inducing": None}, "answer", "whole number"),
+    ({"task": "dense_counting", "answer": "7", "count_query": "interval", "interval": [3, 5], "inducing": None},
+     "answer", "outside"),
+    ({"question_type": "MC", "answer": "a", "options": [3, 5]}, "options", "non-empty text"),
+])
+def test_reactbench_records_that_could_not_be_scored_right_are_data_errors(tmp_path, change, field, message):
+    """Each of these loaded and was then scored wrong (an empty short answer was said by every
+    answer; a count outside its own interval was ignored) or crashed at scoring (a review's list)."""
+    from evaluators.data import DataError
+
+    _png(tmp_path / "s.png")
+    row = {"id": 1, "task": "relational_erasure", "images": ["s.png"], "question": "What is on the plate?",
+           "question_type": "SA", "answer": "the fork", "inducing": "direct", **change}
+    (tmp_path / "r.jsonl").write_text(json.dumps(row))
+    with pytest.raises(DataError, match=message) as error:
+        PROTOCOLS["reactbench"](tmp_path / "r.jsonl")
+    assert f"field '{field}'" in str(error.value) and "line 1" in str(error.value)
+
+
+def test_reactbench_short_answers_are_graded_on_their_content_words_and_unsaid_breakdowns_show(tmp_path):
+    from evaluators.benchmarks.reactbench.metrics import breakdown
+    from evaluators.query import to_record
+
+    _png(tmp_path / "s.png")
+    rows = [{"id": 1, "task": "alteration_tracing", "images": ["s.png", "s.png"], "hint": "none",
+             "question": "What changed?", "question_type": "SA", "answer": "the fork was removed"},
+            {"id": 2, "task": "relational_erasure", "images": ["s.png"], "question": "Is there a fork?",
+             "question_type": "YN", "answer": "no"}]
+    (tmp_path / "r.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    traced, erased = PROTOCOLS["reactbench"](tmp_path / "r.jsonl")
+    assert traced.truth == [["fork", "removed"]]
+    assert to_record(traced, "A fork has been removed.")["correct"]
+    assert not to_record(traced, "The fork wasn't removed.")["correct"]
+    records = [to_record(erased, "no")]
+    assert breakdown(records, "relational_erasure")["not given"] == 100.0  # no inducing dimension given
+    assert "not given" not in breakdown([to_record(traced, "a fork was removed")], "alteration_tracing")

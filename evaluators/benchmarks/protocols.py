@@ -10,6 +10,7 @@ Prompt wording for HalluSegBench boxes/masks is configurable (``SEGMENT_PROMPT``
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Callable
 
@@ -61,6 +62,7 @@ def reactbench(path: str | Path) -> list[Query]:
 
     out = []
     for r in load(path):
+        _check_react_record(r, path)
         # schema names (the paper's words) -> the record fields the metrics break down by
         fields = {"task": "task", "inducing": "dimension", "hint": "hint", "count_query": "count_setting",
                   "interval": "interval"}
@@ -77,18 +79,58 @@ def reactbench(path: str | Path) -> list[Query]:
             if not (isinstance(bounds, list) and len(bounds) == 2 and all(isinstance(b, int) for b in bounds)
                     and bounds[0] <= bounds[1]):
                 raise DataError(path, r["_line"], "interval", "an interval count query needs [low, high]")
+            count = str(r["answer"]).strip()
+            if re.fullmatch(r"[0-9]+", count) and not bounds[0] <= int(count) <= bounds[1]:
+                raise DataError(path, r["_line"], "answer", f"the count {count} lies outside the interval {bounds}")
             kind, truth, options = "interval", bounds, None
         elif r["task"] == "dense_counting":
-            if not str(r["answer"]).strip().isdigit():
+            if not re.fullmatch(r"[0-9]+", str(r["answer"]).strip()):
                 raise DataError(path, r["_line"], "answer", f"a count must be a whole number, got {r['answer']!r}")
             kind, truth, options = "number", int(r["answer"]), None
         else:  # short answer: right when it says every word of the answer or of a synonym
             # (evaluators.query.to_record; the paper's LLM judge, App. C.1, is not run here)
             accepted = [r["answer"], *(r.get("synonyms") or [])]
-            kind, truth, options = "keywords", [sorted(set(words(str(a).lower()))) for a in accepted], None
+            kind, truth, options = "keywords", [_keywords(a, r, path) for a in accepted], None
         out.append(Query(f"react-{r['id']}", "reactbench", list(r["images"]), r["question"], kind, truth, record,
                          options=options, problem=r["_problem"]))
     return out
+
+
+#: Which of ReactBench's breakdown fields each task's questions carry (Table 4: inducing
+#: dimensions for RE / CA, hints for AT, exact / interval for DC). A record without its
+#: task's field is in the breakdown's "not given" group; one with another task's is a mix-up.
+REACT_TASK_FIELD = {"relational_erasure": "inducing", "counterfactual_attribute": "inducing",
+                    "alteration_tracing": "hint", "dense_counting": "count_query"}
+
+#: Words a short answer's truth may hold that say nothing about the answer ("the fork was
+#: removed" is graded on fork and removed; "a fork has been removed" is right). Our choice:
+#: ReactBench grades short answers with an LLM judge (App. C.1), which reads meaning, not
+#: these words.
+STOPWORDS = frozenset({"a", "an", "the", "is", "are", "was", "were", "be", "been", "has", "have", "had", "it",
+                       "its", "there", "of", "to", "in", "on", "at", "by", "and", "this", "that"})
+
+
+def _check_react_record(r: dict, path) -> None:
+    own = REACT_TASK_FIELD[r["task"]]
+    other = sorted({f for f in REACT_TASK_FIELD.values() if f != own and r.get(f) is not None})
+    if other:
+        raise DataError(path, r["_line"], other[0], f"{other[0]!r} belongs to another task's questions, not {r['task']}")
+    want = 2 if r["task"] == "alteration_tracing" else 1
+    if len(r["images"]) != want:
+        raise DataError(path, r["_line"], "images",
+                        f"{r['task']} questions take {'two images, [before, after]' if want == 2 else 'one image'}, "
+                        f"got {len(r['images'])}")
+
+
+def _keywords(answer, r: dict, path) -> list[str]:
+    """A short answer's (or synonym's) words less :data:`STOPWORDS`; a DataError when it has
+    none, since an empty set of words is said by every answer."""
+    said = sorted(set(words(str(answer).lower())))
+    kept = [w for w in said if w not in STOPWORDS] or said
+    if not kept:
+        field_name = "answer" if answer is r["answer"] else "synonyms"
+        raise DataError(path, r["_line"], field_name, f"{answer!r} has no words to grade a short answer by")
+    return kept
 
 
 def mioh(path: str | Path) -> list[Query]:
@@ -116,6 +158,8 @@ def _letter(r: dict, path) -> str:
         raise DataError(path, r["_line"], "options", "a multiple-choice question needs its option texts")
     if len(options) > len(OPTION_LETTERS):
         raise DataError(path, r["_line"], "options", f"at most {len(OPTION_LETTERS)} options, got {len(options)}")
+    if not all(isinstance(o, str) and o.strip() for o in options):
+        raise DataError(path, r["_line"], "options", f"every option must be a non-empty text, got {options!r}")
     answer = str(r["answer"]).strip().lower()
     letters = OPTION_LETTERS[: len(options)]
     if len(answer) != 1 or answer not in letters:

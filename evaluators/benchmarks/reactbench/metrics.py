@@ -46,8 +46,19 @@ Choices:
   Fig. 24): no judge model runs here. An answer is right when it says every word of the
   ground truth or of one of its ``synonyms``, each word counted only where neither of the
   two words before it negates it ("there is no fork" does not say "fork";
-  :func:`evaluators.answers.keywords_found`). A paraphrase outside the synonyms is scored
-  wrong where a judge might accept it, so A_SA is a lower bound of the judged accuracy.
+  :func:`evaluators.answers.keywords_found`; "wasn't" is "was not"). A users' file's
+  answer is graded on its content words ("the fork was removed" on fork and removed:
+  ``protocols.STOPWORDS``). A paraphrase outside the synonyms is scored wrong where a judge
+  might accept it; and, unlike a judge, the words are not read in order or against what
+  else the answer says: "the fork was replaced by a bird" says every word of "the bird was
+  replaced by a fork", and "added, moved or removed" says "removed". So A_SA is neither a
+  lower nor an upper bound of the judged accuracy; compare it between arms, as the report does.
+* **Breakdowns mix question types** as the suite builds them (hint "none" holds SA, YN and
+  MC; "location" / "operation" SA only; dimension "absurd" MC only; the paper does not say
+  which types each of Table 4's columns holds), so compare a breakdown cell between arms,
+  not across cells; ``by_qtype`` gives the per-type accuracies.
+* **Chain-of-thought answers** are read from what follows their closing "answer is" /
+  "final answer:" when that part is readable (:func:`evaluators.answers.answer_tail`).
 """
 
 from __future__ import annotations
@@ -179,10 +190,17 @@ def react_score_value(records: Sequence[Mapping[str, Any]]) -> float:
 
 
 def breakdown(records: Sequence[Mapping[str, Any]], task: str, mode: str | None = None) -> dict[str, float]:
-    """Table 4 breakdown of one task (%): by inducing dimension, hint or exact/interval."""
+    """Table 4 breakdown of one task (%): by inducing dimension, hint or exact/interval, and
+    ``"not given"`` for the task's records that do not say (users' data may leave the field
+    out; they would otherwise be in no group, silently)."""
     task = _norm("task", task)
     field = BREAKDOWN_FIELD[task]
-    return {v: accuracy(records, task=task, mode=mode, **{field: v}) for v in BREAKDOWN_VALUES[field]}
+    records = list(records)
+    out = {v: accuracy(records, task=task, mode=mode, **{field: v}) for v in BREAKDOWN_VALUES[field]}
+    unsaid = [r for r in records if r.get(field) is None and _matches(r, {"task": task, "mode": mode})]
+    if unsaid:
+        out["not given"] = accuracy(unsaid)
+    return out
 
 
 def reactbench_scores(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
