@@ -100,18 +100,18 @@ def register_layout(name: str):
 
 
 def token_regions(layout: str, config: Any, n_tokens: int, inputs: dict | None = None, row: int = 0,
-                  image_size: tuple[int, int] | None = None, pixel_layout: str | None = None) -> list[Region]:
+                  image_size: tuple[int, int] | None = None, image_count_inputs: tuple[str, ...] = ()) -> list[Region]:
     """The regions of one row's ``n_tokens`` image tokens under ``layout``.
 
     ``inputs``: the processor's output (per-image tensors such as ``image_grid_thw``,
     ``image_sizes``); ``row`` the batch row, holding one image; ``image_size`` the original
-    image's ``(width, height)`` (needed by tiled layouts); ``pixel_layout`` the adapter's (for
-    ``batch_chw``, one image per row is checked on the pixels)."""
+    image's ``(width, height)`` (needed by tiled layouts); ``image_count_inputs`` the
+    adapter's inputs that hold one entry per image, on which one image per row is checked."""
     if layout not in LAYOUTS:
         raise ValueError(unknown("token layout", layout, LAYOUTS))
     if n_tokens < 1:
         raise ValueError(f"row {row} has no image tokens to map")
-    _one_image_per_row(inputs or {}, row, pixel_layout)
+    _one_image_per_row(inputs or {}, row, image_count_inputs)
     regions = LAYOUTS[layout](config, n_tokens, inputs or {}, row, image_size)
     end = max(r.end for r in regions)
     if end != n_tokens:
@@ -145,10 +145,11 @@ def _vision(config: Any, name: str):
     return int(value[0] if isinstance(value, (list, tuple)) else value)
 
 
-def _one_image_per_row(inputs: dict, row: int, pixel_layout: str | None) -> None:
-    """A clear error where the processor's output shows more than one image in a row: every
-    layout maps one image's tokens, and several images' tokens can add up to a count that
-    fits a layout (four LLaVA images of 16 tokens make one 8x8 "grid")."""
+def _one_image_per_row(inputs: dict, row: int, image_count_inputs: tuple[str, ...]) -> None:
+    """A clear error where the processor's output shows more than one image in a row, or
+    images and rows that do not pair up: every layout maps one image's tokens, per-image
+    entries are read by row, and several images' tokens can add up to a count that fits a
+    layout (four LLaVA images of 16 tokens make one 8x8 "grid")."""
     crops = inputs.get("num_crops")  # Gemma 3's pan-and-scan: the image plus its crops
     if crops is not None and row < len(crops):
         n = crops[row]
@@ -156,13 +157,14 @@ def _one_image_per_row(inputs: dict, row: int, pixel_layout: str | None) -> None
         if n > 0:
             raise ValueError(f"row {row} holds its image and {n} pan-and-scan crops; image-token positions are "
                              "mapped for one image per row (do_pan_and_scan=False)")
-    ids, pixels = inputs.get("input_ids"), inputs.get("pixel_values")
-    if pixel_layout != "batch_chw":  # tiles and patches fill the first dimension with more than images
+    ids = inputs.get("input_ids")
+    if not (isinstance(ids, torch.Tensor) and ids.dim() == 2):
         return
-    if isinstance(ids, torch.Tensor) and isinstance(pixels, torch.Tensor) and ids.dim() == 2 and pixels.dim() == 4 \
-            and pixels.shape[0] != ids.shape[0]:
-        raise ValueError(f"{pixels.shape[0]} images for {ids.shape[0]} rows: image-token positions are mapped for "
-                         "one image per row")
+    for name in image_count_inputs:
+        value = inputs.get(name)
+        if value is not None and len(value) != ids.shape[0]:
+            raise ValueError(f"{len(value)} images for {ids.shape[0]} rows ({name!r} has an entry per image): "
+                             "image-token positions are mapped for one image per row, each row with its image")
 
 
 @register_layout("unknown")

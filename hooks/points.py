@@ -126,7 +126,7 @@ class ModelPoints:
         """Where one row's ``n_tokens`` image tokens lie in its image, under the adapter's
         ``token_layout`` (:mod:`hooks.layout`); ``image_size`` is the original ``(width, height)``."""
         return token_regions(self.adapter.token_layout, self.model.config, n_tokens, inputs, row, image_size,
-                             self.adapter.pixel_layout)
+                             self.adapter.image_count_inputs)
 
     # -- hook registration by abstract name ----------------------------------------------
     def modules_for(self, point: str, layers: Iterable[int] | None = None) -> list[nn.Module]:
@@ -237,6 +237,7 @@ class ModelPoints:
             "pixel_inputs": list(self.pixel_inputs),
             "image_inputs": list(self.image_inputs),
             "pixel_layout": self.adapter.pixel_layout,
+            "image_count_inputs": list(self.adapter.image_count_inputs),
             "token_layout": self.adapter.token_layout,
             "multimodal_rope": self.adapter.multimodal_rope,
         }

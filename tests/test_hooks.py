@@ -11,6 +11,7 @@ import torch
 
 import hooks
 from hooks import HookGroup, HookPointError, hook_state, resolve
+from hooks.adapters import supported_model_types
 from hooks.describe import trace
 from hooks.testing import TINY_MODEL_TYPES, build_tiny_model, tiny_inputs
 
@@ -616,6 +617,35 @@ def test_several_images_in_one_row_are_refused_not_mapped_as_one():
         points.token_regions(64, {"num_crops": torch.tensor([3])}, row=0)
     one = {"input_ids": torch.zeros(2, 80, dtype=torch.long), "pixel_values": torch.zeros(2, 3, 8, 8)}
     assert len(points.token_regions(64, one, row=1)) == 1
+
+
+@pytest.mark.parametrize("model_type", supported_model_types())
+def test_images_that_do_not_pair_with_rows_are_refused_for_every_adapter_that_counts_them(model_type):
+    """Row 0 with two images beside row 1 with one: per-image entries are read by row, so
+    row 1 read row 0's second image (Qwen2-VL: a 48x64 image's 8x6 raster for its own 6x8,
+    silently; a reviewer's finding). Every input the adapter says counts images is checked."""
+    from hooks.adapters import get_adapter
+    from hooks.layout import token_regions
+
+    adapter = get_adapter(model_type)
+    assert set(adapter.image_count_inputs) <= {*adapter.pixel_inputs, *adapter.image_inputs}
+    ids = torch.zeros(2, 40, dtype=torch.long)
+    for name in adapter.image_count_inputs:
+        with pytest.raises(ValueError, match=f"3 images for 2 rows \\('{name}'"):
+            token_regions(adapter.token_layout, None, 16, {"input_ids": ids, name: torch.zeros(3, 3)}, 1,
+                          (32, 32), adapter.image_count_inputs)
+
+
+def test_qwen_rows_with_their_own_images_map_and_mixed_rows_are_refused():
+    model = build_tiny_model("qwen2_vl")
+    points = resolve(model)
+    merge = model.config.vision_config.spatial_merge_size
+    paired = {"input_ids": torch.zeros(2, 60, dtype=torch.long),
+              "image_grid_thw": torch.tensor([[1, 4 * merge, 6 * merge], [1, 6 * merge, 4 * merge]])}
+    assert [(r.rows, r.cols) for r in points.token_regions(24, paired, 1, (32, 48))] == [(6, 4)]
+    mixed = {**paired, "image_grid_thw": torch.tensor([[1, 4 * merge, 6 * merge]] * 2 + [[1, 6 * merge, 4 * merge]])}
+    with pytest.raises(ValueError, match="3 images for 2 rows"):
+        points.token_regions(24, mixed, 1, (32, 48))
 
 
 def test_layers_may_be_any_iterable():

@@ -55,6 +55,14 @@ class Adapter:
     pixel_inputs: tuple[str, ...] = ("pixel_values",)
     image_inputs: tuple[str, ...] = ()
     pixel_layout: str = "batch_chw"
+    # the inputs whose first dimension counts the images of the whole batch, one entry per
+    # image (LLaVA's pixel_values, LLaVA-NeXT's image_sizes, Qwen's image_grid_thw): with one
+    # image per row their length is the number of rows. Image-token positions are mapped for
+    # one image per row, and the per-image entries are looked up by row; a row with two
+    # images beside a row with one made row 1 read row 0's second entry, silently. Empty
+    # where no input counts images (Idefics3's pixel_values is (rows, images, ...), InternVL's
+    # counts tiles).
+    image_count_inputs: tuple[str, ...] = ()
     # patch layouts only: per pixel input, the per-image input saying which of its rows each
     # image owns -- flat_patches: rows of image i = product of grid row i (Qwen's
     # image_grid_thw); batch_patches: the rows of image i whose positions are not -1 (Gemma
@@ -110,8 +118,12 @@ class Adapter:
             )
         if self.token_layout not in LAYOUTS:
             raise ValueError(f"adapter {self.model_type!r}: token_layout {self.token_layout!r} is not one of {sorted(LAYOUTS)}")
-        for name in ("image_token_id", "video_token_id", "pixel_inputs", "image_inputs"):
+        for name in ("image_token_id", "video_token_id", "pixel_inputs", "image_inputs", "image_count_inputs"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
+        stray = [n for n in self.image_count_inputs if n not in (*self.pixel_inputs, *self.image_inputs)]
+        if stray:
+            raise ValueError(f"adapter {self.model_type!r}: image_count_inputs {stray} are not among its pixel inputs "
+                             f"{self.pixel_inputs} or image inputs {self.image_inputs}")
         if self.pixel_range not in ("normalised", "unit"):
             raise ValueError(f"adapter {self.model_type!r}: pixel_range must be 'normalised' or 'unit', "
                              f"got {self.pixel_range!r}")
