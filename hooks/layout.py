@@ -149,7 +149,10 @@ def _one_image_per_row(inputs: dict, row: int, image_count_inputs: tuple[str, ..
     """A clear error where the processor's output shows more than one image in a row, or
     images and rows that do not pair up: every layout maps one image's tokens, per-image
     entries are read by row, and several images' tokens can add up to a count that fits a
-    layout (four LLaVA images of 16 tokens make one 8x8 "grid")."""
+    layout (four LLaVA images of 16 tokens make one 8x8 "grid"). Where no input holds an
+    entry per image (Idefics3 / SmolVLM, InternVL, Aya Vision: their pixels count tiles),
+    two images in one row cannot be told from one tiled image here: the id of the token that
+    marks each image is the tokenizer's, not the config's."""
     crops = inputs.get("num_crops")  # Gemma 3's pan-and-scan: the image plus its crops
     if crops is not None and row < len(crops):
         n = crops[row]
