@@ -25,7 +25,10 @@ Choices:
 * **Table 3's per-task Std/CoT columns are pooled accuracies**, not ``S_t^m`` (Qwen3.5-27B:
   the weighted sums of its columns give 60.8, its React-Score is 59.5), and its "Average"
   is the unweighted mean of the four task accuracies (48.0, 56.3, 79.9, 69.3 -> 63.4). We
-  report both.
+  report both. The evidence is mixed: for the two models run only with CoT, Eq. 3 over
+  their columns gives their React-Scores (65.25 for 65.3, Qwen3VL-32B-Thinking; 57.53 for
+  57.5, MiMO-VL-7B), as it would if the columns were S_t; for models run in both modes it
+  does not, so we read the columns as pooled accuracies.
 * **One mode only.** Eq. 2 averages both modes, yet Table 3 gives React-Scores for models
   run only with CoT (Qwen3VL-32B-Thinking, MiMO-VL-7B). ``S_t`` is therefore the mean over
   the modes present for that task; ``modes_used`` says which.
