@@ -64,9 +64,11 @@ def parse_option(text: str, options: Sequence[str], letters: Sequence[str] = OPT
         raise ValueError(f"options: {len(options)} options but only {len(letters)} letters to name them")
     lowered = text.lower().strip()
     valid = [l.lower() for l in letters[: len(options)]]
-    # a letter leads the answer ("b", "b)", "(b) a fork", "b. a fork"; "a fork" starts with
-    # an article, not the letter a), or closes it ("the answer is (b).", "answer: b")
-    letter = (re.match(r"^\(([a-z])\)", lowered) or re.match(r"^([a-z])(?:[.):,]|\s*$)", lowered)
+    # a letter leads the answer ("b", "b)", "(b) a fork", "b. a fork", "b\n<reasons>", "b the
+    # fork"; but "a fork" starts with an article and "i think" with a pronoun, not the letters
+    # a and i), or closes it ("the answer is (b).", "answer: b")
+    letter = (re.match(r"^\(([a-z])\)", lowered) or re.match(r"^([a-z])(?:[.):,]|\s*$|[ \t]*\n)", lowered)
+              or re.match(r"^([b-hj-z])\s", lowered)
               or re.search(r"\banswer(?:\s+is)?\s*:?\s*\(?([a-z])\)?\s*[.!]?\s*$", lowered))
     if letter and letter.group(1) in valid:
         return letter.group(1)

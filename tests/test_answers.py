@@ -70,6 +70,7 @@ def test_a_negation_reaches_only_within_its_clause_and_never_a_ground_truth_word
     ("a fork", "c"),  # an article, not the letter a: the option's text decides
     ("A fork.", "c"), ("a", "a"), ("A.", "a"), ("(a) neither", "a"), ("b) a knife", "b"),
     ("The answer is (B).", "b"), ("answer: c", "c"), ("I think the answer is a fork", "c"),
+    ("A\nThe image shows nothing of the kind.", "a"), ("B the knife", "b"), ("I think neither", "a"),
 ])
 def test_option_letters_are_not_articles(text, expected):
     assert parse_option(text, ["neither", "a knife reading a book", "a fork"]) == expected
