@@ -92,9 +92,9 @@ def _change_text(category: str, kind: str, detail: str) -> str:
 
 def _change_distractors(rng, pair) -> list[tuple[str, str, str]]:
     """Three wrong descriptions of a change X-v (object X, kind v with its detail d) in a 2 x 2
-    design, as ``(category, kind, detail)``: X with another kind w (detail e), another object Y with v and d, and Y with w and
-    e. No option is the odd one out: each shares its object with one option and its kind and
-    detail with another. With every distractor "the <other> was removed", the right answer
+    design, as ``(category, kind, detail)``: X with another kind w (detail e), another object
+    Y with v and d, and Y with w and e. No option is the odd one out: each shares its object
+    with one option and its kind and detail with another. With every distractor "the <other> was removed", the right answer
     was the only one with its verb in 30 of 40 items, and picking it scored 77.5% without
     the images (a review's finding). w is never "remove" for a replacement, which removes X
     too."""
