@@ -36,20 +36,23 @@ def parse_yes_no(text: str) -> bool | None:
     return None
 
 
-_ANSWER_IS = re.compile(r"\banswer\b(?:\s+is\b)?\s*:?", re.I)
+#: A closing answer: "the answer is ...", "final answer: ...". Not the bare word ("to answer
+#: this", "this answer assumes", "please answer yes or no" echoed from the prompt).
+_ANSWER_IS = re.compile(r"\banswer\s*(?:is\b|:)", re.I)
 
 
 def answer_tail(text: str) -> str | None:
-    """What follows the last "answer" / "answer is" / "answer:" in ``text`` ("... step 2 :
-    nine forks . final answer : 9" gives " 9"), or None when there is none or nothing
-    follows. Chain-of-thought answers (ReactBench's cot mode asks for "the final answer")
-    mention other numbers, colours and options on the way; the parse reads this part first."""
+    """The first sentence after the last "answer is" / "answer:" in ``text`` ("... one fork
+    on the left . final answer : 9 ." gives " 9 "), or None when there is none or it has no
+    words. Chain-of-thought answers (ReactBench's cot mode asks for "the final answer")
+    mention other numbers, colours and options on the way; the parse reads this part first
+    and the whole text when this part says nothing it can read ("my answer is based on ...")."""
     last = None
     for last in _ANSWER_IS.finditer(text):
         pass
     if last is None:
         return None
-    tail = text[last.end():]
+    tail = re.split(r"[.;!?\n]", text[last.end():].lstrip(" \t:"), maxsplit=1)[0]
     return tail if words(tail) else None
 
 
@@ -67,7 +70,7 @@ def parse_option(text: str, options: Sequence[str], letters: Sequence[str] = OPT
     # a letter leads the answer ("b", "b)", "(b) a fork", "b. a fork", "b\n<reasons>", "b the
     # fork"; but "a fork" starts with an article and "i think" with a pronoun, not the letters
     # a and i), or closes it ("the answer is (b).", "answer: b")
-    letter = (re.match(r"^\(([a-z])\)", lowered) or re.match(r"^([a-z])(?:[.):,]|\s*$|[ \t]*\n)", lowered)
+    letter = (re.match(r"^\(([a-z])\)", lowered) or re.match(r"^([a-z])(?:[.):,]|\s*$|[ \t]*\n|\s*[-\u2013\u2014])", lowered)
               or re.match(r"^([b-hj-z])\s", lowered)
               or re.search(r"\banswer(?:\s+is)?\s*:?\s*\(?([a-z])\)?\s*[.!]?\s*$", lowered))
     if letter and letter.group(1) in valid:

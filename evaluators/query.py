@@ -100,8 +100,10 @@ def parse(query: Query, text: str) -> Any:
     (:func:`evaluators.answers.answer_tail`: reasoning before it names other values), else from
     the whole text."""
     tail = answer_tail(text)
+    if tail is not None and query.kind == "yes_no" and words(tail)[0] not in ("yes", "no"):
+        tail = None  # "the answer is not obvious, but there is a cat": the tail states no yes / no
     value = _parse(query, tail) if tail is not None else None
-    return value if value is not None else _parse(query, text)
+    return value if value not in (None, []) else _parse(query, text)  # [] : no keyword said there
 
 
 def _parse(query: Query, text: str) -> Any:

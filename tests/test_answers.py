@@ -101,3 +101,30 @@ def test_counts_read_denials_as_zero_and_a_closing_answer_first():
     yes_no = Query("q", "reactbench", [], "is there a fork ?", "yes_no", "no")
     assert parse(yes_no, "Yes, a fork could be expected. The answer is no.") is False
     assert parse(yes_no, "The answer is unclear, but yes.") is True  # the tail says nothing: the whole text
+
+
+@pytest.mark.parametrize("kind, text, expected", [
+    # the bare word "answer" is not a closing answer (a reviewer's regressions, each read
+    # from the words after it before this fix)
+    ("yes_no", "Yes, there is a dog in the image. This answer assumes no occlusion.", True),
+    ("yes_no", "No, there is no dog. (You asked me to answer yes or no.)", False),
+    ("yes_no", "Is the fork red? Please answer yes or no. No", None),  # an echoed prompt: ambiguous, as before
+    ("yes_no", "Yes, the answer is not obvious but there is a cat.", True),
+    ("yes_no", "Yes. The answer could be no if the table were removed.", True),
+    ("yes_no", "The answer is yes, there is no doubt.", True),
+    ("number", "I count 4 forks. My answer is based on the visible ones; one could be hidden.", 4),
+    ("number", "There are three forks; to answer your question, no other utensils.", 3),
+    ("number", "Step 1: I see 2 knives. Step 2: there are 5 forks. Final answer: 5", 5),
+    ("choice", "Red. The answer might seem yellow but it's red.", "red"),
+    ("choice", "Step 1: bananas are usually yellow. Step 2: this one looks red. Final answer: red", "red"),
+    ("keywords", "The fork was removed. To answer this, I compared both images.", ["fork", "removed"]),
+    ("keywords", "The fork was removed. My answer is based on both images.", ["fork", "removed"]),
+    ("option", "B) Image 2. To answer this, I looked at each image; image 1 has a cat.", "b"),
+    ("option", "A - the first image", "a"),
+])
+def test_a_closing_answer_is_read_first_and_the_bare_word_answer_is_not_one(kind, text, expected):
+    from evaluators.query import Query, parse
+
+    truth = {"keywords": ["fork", "removed"], "option": "b"}.get(kind)
+    options = {"choice": ["red", "yellow"], "option": ["image 1", "image 2", "none of the above"]}.get(kind)
+    assert parse(Query("q", "reactbench", [], "p", kind, truth, options=options), text) == expected

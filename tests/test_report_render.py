@@ -206,3 +206,6 @@ def test_markdown_table_of_one_run_and_of_two_seeds(tmp_path, monkeypatch, capsy
     assert table_main(paths) == 0 and capsys.readouterr().out.splitlines() == two
     assert table_main([str(tmp_path / "missing.json")]) == 2
     assert "missing.json" in capsys.readouterr().err
+    (tmp_path / "eval.json").write_text(json.dumps({"results": {}}))  # vlm-eval's, not vlm-report's
+    assert table_main([str(tmp_path / "eval.json")]) == 2
+    assert "not vlm-report's results.json" in capsys.readouterr().err

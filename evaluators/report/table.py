@@ -132,6 +132,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         results = [json.load(open(path, encoding="utf-8")) for path in args.results]
+        for path, result in zip(args.results, results):
+            if not isinstance(result, dict) or "arms" not in result:
+                raise ValueError(f"{path} is not vlm-report's results.json (it has no 'arms'; vlm-eval's "
+                                 "results.json holds one run's scores, not a comparison)")
         print(markdown_table(results))
     except (OSError, ValueError, KeyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
