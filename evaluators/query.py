@@ -132,6 +132,14 @@ def keyword_alternatives(truth) -> list[list[str]]:
     return [list(t) for t in truth]
 
 
+def regrade(record: dict, query: Query) -> dict:
+    """A stored record graded again from its raw ``answer`` with today's parsers: a run that
+    resumes, or a report over finished folders, scores every answer by one rule, not each by
+    the code that wrote it (a parser fixed since then left the older lines graded the old
+    way). Other fields (the query fingerprint) are kept."""
+    return {**record, **to_record(query, record["answer"])}
+
+
 def to_record(query: Query, text: str) -> dict:
     """The per-sample record: benchmark fields + raw answer + parsed/correct/invalid."""
     value = parse(query, text)

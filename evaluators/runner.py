@@ -30,7 +30,7 @@ import torch
 
 from . import shards
 from .distributed import Ranks
-from .query import Query, fingerprint, repeated_ids, to_record
+from .query import Query, fingerprint, regrade, repeated_ids, to_record
 from .shards import SAMPLES, read_samples
 
 RESULTS = "results.json"
@@ -148,10 +148,10 @@ def run(
     if not ranks.is_main:
         return None
     merged, _ = shards.merge(out, ids)
-    wanted = set(ids)
-    records = [r for r in merged if r["id"] in wanted]
+    by_id = {q.id: q for q in queries}
+    records = [regrade(r, by_id[r["id"]]) for r in merged if r["id"] in by_id]
     if len(records) != len(ids):
-        missing = sorted(wanted - {r["id"] for r in records})
+        missing = sorted(set(by_id) - {r["id"] for r in records})
         raise RuntimeError(f"{len(missing)} queries have no answer after the merge, e.g. {missing[:3]}")
     results = score(records)
     payload = {

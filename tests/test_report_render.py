@@ -209,3 +209,23 @@ def test_markdown_table_of_one_run_and_of_two_seeds(tmp_path, monkeypatch, capsy
     (tmp_path / "eval.json").write_text(json.dumps({"results": {}}))  # vlm-eval's, not vlm-report's
     assert table_main([str(tmp_path / "eval.json")]) == 2
     assert "not vlm-report's results.json" in capsys.readouterr().err
+
+
+def test_a_report_over_finished_folders_grades_their_answers_by_todays_parsers(tmp_path, monkeypatch):
+    import json
+
+    import evaluators.model as model_module
+    from evaluators.report.main import main
+
+    monkeypatch.setattr(model_module, "HFModel", _Scripted)
+    monkeypatch.setattr(model_module, "load_hf", lambda name, **kw: (object(), type("P", (), {"tokenizer": None})()))
+    common = ["--tasks", "dobench", "--arms", "VCD (greedy)", "--resamples", "30", "--no_progress",
+              "--output_path", str(tmp_path)]
+    assert main(common) == 0
+    first = json.loads((tmp_path / "results.json").read_text())
+    for samples in tmp_path.glob("*/samples.jsonl"):  # an older parser's grades
+        rows = [json.loads(line) for line in samples.read_text().splitlines()]
+        samples.write_text("".join(json.dumps({**r, "correct": not r["correct"]}) + "\n" for r in rows))
+    assert main(common) == 0
+    again = json.loads((tmp_path / "results.json").read_text())
+    assert again["comparisons"] == first["comparisons"] and again["verdicts"] == first["verdicts"]

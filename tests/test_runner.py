@@ -446,3 +446,17 @@ def test_flag_values_read_pythons_literals():
         "a": None, "b": None, "c": None, "d": True, "e": False, "f": "text", "g": 0.5}
     with pytest.raises(ValueError, match="given twice"):
         parse_kv("alpha=1,alpha=2")
+
+
+def test_stored_answers_are_graded_again_by_todays_parsers(queries, tmp_path):
+    """A folder's lines keep the grade of the code that wrote them; a rerun (nothing left to
+    answer) scores every line by the current parsers, as a report over finished folders does.
+    Here an older parser is played by rewriting 'parsed' / 'correct' / 'invalid' of every line."""
+    fresh = run(queries, CallableModel(lambda images, prompt: "Yes."), tmp_path, progress=False)
+    path = tmp_path / SAMPLES
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    path.write_text("".join(json.dumps({**r, "parsed": None, "pred_yes": None, "correct": False, "invalid": True})
+                            + "\n" for r in lines))
+    rerun = run(queries, CallableModel(lambda images, prompt: pytest.fail("nothing is asked again")), tmp_path,
+                progress=False)
+    assert rerun["results"] == fresh["results"] and rerun["invalid"] == fresh["invalid"]

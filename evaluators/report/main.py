@@ -106,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from ..cli import parse_kv
     from ..model import HFModel, load_hf
+    from ..query import regrade
     from ..runner import RunMismatch, metric_records, read_samples, run, versions
     from ..shards import done_ids
     from .attribution import cell_verdicts, compare, default_arms, explained_by_control, optional_arms, yes_ratio
@@ -144,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
                              max_new_tokens=8, name=args.model)
         folder = out / slug(arm.name)
         wanted = {q.id for q in queries}
+        by_id = {q.id: q for q in queries}
         resumed = bool(wanted & done_ids(folder)) if folder.exists() else False
         start = time.perf_counter()
         try:
@@ -162,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         # this run's answers only: the folder keeps answers to queries of earlier runs
         # (another --tasks or --scale), which must not enter this report's comparisons
-        lines = [r for r in read_samples(folder / "samples.jsonl") if r["id"] in wanted]
+        lines = [regrade(r, by_id[r["id"]]) for r in read_samples(folder / "samples.jsonl") if r["id"] in wanted]
         by_bench: dict[str, list] = {}
         for r in lines:
             by_bench.setdefault(r["benchmark"], []).append(r)
