@@ -136,7 +136,10 @@ def regrade(record: dict, query: Query) -> dict:
     """A stored record graded again from its raw ``answer`` with today's parsers: a run that
     resumes, or a report over finished folders, scores every answer by one rule, not each by
     the code that wrote it (a parser fixed since then left the older lines graded the old
-    way). Other fields (the query fingerprint) are kept."""
+    way). Other fields (the query fingerprint) are kept; a record of an input that could not
+    be asked (a missing image: no answer) is kept as it is."""
+    if record.get("invalid_input") or not isinstance(record.get("answer"), str):
+        return record
     return {**record, **to_record(query, record["answer"])}
 
 
