@@ -26,7 +26,9 @@ class Query:
     kind: str
     truth: Any
     record: dict = field(default_factory=dict)
-    options: list[str] | None = None  # option texts (kind "option") or allowed words (kind "choice")
+    # option texts (kind "option"), allowed words (kind "choice"), or for kind "keywords" the
+    # closed vocabulary an answer must not name beyond its truth (categories, change verbs)
+    options: list[str] | None = None
     problem: str | None = None  # why the sample cannot be asked (missing/corrupt image)
 
     def __post_init__(self) -> None:
@@ -120,7 +122,8 @@ def _parse(query: Query, text: str) -> Any:
     if query.kind == "keywords":  # the ground-truth keywords the answer says (not denies)
         if not words(text):
             return None
-        return sorted(keywords_found(text, {w for alt in keyword_alternatives(query.truth) for w in alt}))
+        return sorted(keywords_found(text, {w for alt in keyword_alternatives(query.truth) for w in alt}
+                                     | set(query.options or ())))
     return text.strip() or None
 
 
@@ -151,9 +154,13 @@ def to_record(query: Query, text: str) -> dict:
     if query.kind == "yes_no":
         record["pred_yes"] = value
         record["correct"] = value is not None and value == (query.truth == "yes")
-    elif query.kind == "keywords":  # right when it says every word of one accepted alternative
-        record["correct"] = value is not None and any(set(alt) <= set(value)
-                                                      for alt in keyword_alternatives(query.truth))
+    elif query.kind == "keywords":  # right when it says every word of one accepted alternative,
+        # and no word of the closed vocabulary (``options``) that no alternative holds: a list
+        # of every category and verb said every truth ("added, moved or removed")
+        alternatives = keyword_alternatives(query.truth)
+        allowed = {w for alt in alternatives for w in alt}
+        record["correct"] = value is not None and any(set(alt) <= set(value) for alt in alternatives) \
+            and not set(value) - allowed
     elif query.kind == "interval":  # the rule of reactbench.metrics.count_correct
         from .benchmarks.reactbench.metrics import count_correct
 

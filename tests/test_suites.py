@@ -6,6 +6,7 @@ import pytest
 
 from evaluators.benchmarks.suites import SCALES, build_queries, build_suite
 from evaluators.organism.tasks import NUMBERS
+from evaluators.world import BIASED
 
 
 def test_scales_size_each_suite():
@@ -109,3 +110,24 @@ def test_reactbench_options_give_nothing_away_without_the_image():
     for q in counts:  # the options say their intervals' bounds, and the right one holds the count
         low, high = q.record["interval"]
         assert q.options["abcd".index(q.truth)].split(" to ") == [NUMBERS[low], NUMBERS[high]]
+    assert len({tuple(q.record["interval"]) for q in counts}) == 4  # every interval is right for some item
+    asked = [q for q in queries if q.record["task"] == "dense_counting" and q.record["qtype"] == "YN"]
+    assert {int(NUMBERS.index(q.prompt.split()[2])) for q in asked} <= set(range(3, 10))  # never a count no item has
+    erasure = [q for q in queries if q.record["task"] == "relational_erasure" and q.record["qtype"] == "MC"]
+    cue = {target: c for c, target, _ in BIASED.cooccurrence}
+    assert not any(q.options["abcd".index(q.truth)] == cue[q.record["target"]] for q in erasure)  # it named the answer
+
+
+def test_reactbench_short_answers_that_name_every_change_are_wrong():
+    """An image-blind policy answering every category, verb and direction was right on all 36
+    alteration-tracing short answers (a review's audit); so was a hedge over the verbs."""
+    from evaluators.benchmarks.reactbench.suite import CHANGE_VOCABULARY, build
+    from evaluators.query import to_record
+
+    short = [q for q in build(12, seed=0) if q.record["task"] == "alteration_tracing" and q.record["qtype"] == "SA"]
+    assert short and not any(to_record(q, " ".join(CHANGE_VOCABULARY))["correct"] for q in short)
+    assert all(to_record(q, "the " + " ".join(q.truth))["correct"] for q in short)
+    removed = next(q for q in short if "removed" in q.truth)
+    thing = removed.truth[0]
+    assert not to_record(removed, f"the {thing} was added , moved or removed")["correct"]
+    assert to_record(removed, f"the {thing} was removed , nothing was added")["correct"]  # a denied word is not said

@@ -18,9 +18,13 @@ multiple choice (MC), short answer (SA) and yes/no (YN) in the standard mode.
 
 By the tasks' design, Relational Erasure's and Counterfactual Attribute's YN and SA
 questions ask about the edited object, so their answer is always the same ("no", zero,
-the drawn colour): an image-blind policy that answers "no" and "zero" scores 40 React-Score
-on this suite (the paper's LLaVA-v1.6-7B: 34.5). Read a model's score beside the
-unmitigated baseline and the yes-ratio, as the report does, not against zero.
+the drawn colour), and so do the absurd-contrast choices ("neither"; the drawn colour): a
+policy that never looks at the image and answers "no", "zero" and "a" scores 39.6 and 43.0
+React-Score on ``--scale full`` seeds 0 and 1 (the paper's LLaVA-v1.6-7B: 34.5). Read a
+model's score beside the unmitigated baseline and the yes-ratio, as the report does, not
+against zero. What our construction leaked beyond that was fixed after an audit: the
+right option's position or wording, a cue object that was always the right choice, a
+short answer listing every change, counts and intervals that could never be right.
 
 Every inducing dimension and hint of Table 4 is built (our templates: the paper prints
 none, Appendix C.1 is not in the text we have):
@@ -64,11 +68,16 @@ COT_SUFFIX = "think step by step , then give the final answer ."
 
 VERB = {"remove": "removed", "add": "added", "replace": "replaced", "move": "moved"}
 DIRECTIONS = ("left", "right", "up", "down")
+#: The words a change description is made of: a short answer that names one of them beyond
+#: its truth is wrong, so a list of every category, verb and direction (an image-blind
+#: policy's keyword dump, or a hedge "added, moved or removed") is not right on every item.
+CHANGE_VOCABULARY = sorted({*CATEGORIES, *VERB.values(), *DIRECTIONS})
 
-#: Dense Counting's interval options (the paper gives none): counts run 3-9, so every
-#: option is a possible count range; shown in a shuffled order, so the right letter is not
-#: the same few letters.
-INTERVALS = ((0, 2), (3, 5), (6, 8), (9, 10))
+#: Dense Counting's counts and interval options (the paper gives none): the intervals tile
+#: the counts drawn, so each is right for some (two to three only for three, the others for
+#: two counts each; (0, 2) had never been right), and the options come in a shuffled order.
+COUNTS = range(3, 10)
+INTERVALS = ((2, 3), (4, 5), (6, 7), (8, 9))
 
 
 def _mc(question: str, options: list[str]) -> str:
@@ -164,12 +173,17 @@ def build(n_per_task: int = 10, seed: int = 0, world: World | None = None, *,
             continue
         cue, target = pair
         erased = edits.remove_category(scene, target)
+        present = sorted(erased.categories())
+        # the right option is a present object other than the cue, which is in every item, so
+        # naming it was right without the image (a review's audit): scenes without one are skipped
+        shown = [c for c in present if c != cue]
+        if not shown:
+            continue
         rng, extra_rng = item_rngs(0, k)
         img, rid = [erased.render()], f"react-{seed}-re-{k}"
-        present = sorted(erased.categories())
         absent = [c for c in CATEGORIES if c not in present and c != target]
-        right = present[int(rng.integers(len(present)))]
-        options, letter = _shuffle(rng, right, [target] + list(rng.choice(absent, 2, replace=False)))
+        right = shown[int(rng.integers(len(shown)))]
+        options, letter = _shuffle(rng, right, [target] + [str(c) for c in rng.choice(absent, 2, replace=False)])
         for dim in dimensions:
             extra = {"dimension": dim, "target": target}
             if dim == "direct":
@@ -207,7 +221,7 @@ def build(n_per_task: int = 10, seed: int = 0, world: World | None = None, *,
         img = [edits.recolour(scene, obj.uid, other).render() if obj.colour != other else scene.render()]
         rid, cat = f"react-{seed}-ca-{k}", obj.category
         wrong = [usual] + [c for c in COLOURS if c not in (usual, other)]
-        options, letter = _shuffle(rng, other, [wrong[0], *rng.choice(wrong[1:], 2, replace=False)])
+        options, letter = _shuffle(rng, other, [wrong[0], *(str(c) for c in rng.choice(wrong[1:], 2, replace=False))])
         absurd, absurd_letter = _shuffle(extra_rng, other, [usual, "every colour at once"])
         for dim in dimensions:
             extra = {"dimension": dim, "object": cat}
@@ -243,31 +257,33 @@ def build(n_per_task: int = 10, seed: int = 0, world: World | None = None, *,
         # or Y's same kind (no): always asking about the change made "yes" right every time
         yn_about = (pair.category, kind) if rng.random() < 0.5 else wrong[int(rng.integers(2))][:2]
         asked = "what changed between the two images ?"
+        said_of = CHANGE_VOCABULARY  # naming any other of these words is a wrong (or hedged) answer
         for hint in hints:
             extra = {"hint": hint}
             if hint == "none":
-                q(f"{rid}-SA", "alteration_tracing", "SA", imgs, asked, "keywords", keys, extra)
+                q(f"{rid}-SA", "alteration_tracing", "SA", imgs, asked, "keywords", keys, extra, said_of)
                 q(f"{rid}-YN", "alteration_tracing", "YN", imgs,
                   f"was the {yn_about[0]} {VERB[yn_about[1]]} ? answer yes or no .", "yes_no",
                   "yes" if yn_about == (pair.category, kind) else "no", extra)
                 q(f"{rid}-MC", "alteration_tracing", "MC", imgs, _mc(asked, options), "option", letter, extra, options)
             elif hint == "location":
                 q(f"{rid}-{hint}-SA", "alteration_tracing", "SA", imgs,
-                  f"look at the {_region(pair)} of the images . {asked}", "keywords", keys, extra)
+                  f"look at the {_region(pair)} of the images . {asked}", "keywords", keys, extra, said_of)
             else:
                 q(f"{rid}-{hint}-SA", "alteration_tracing", "SA", imgs, f"an object was {VERB[kind]} . {asked}",
-                  "keywords", keys, extra)
+                  "keywords", keys, extra, said_of)
 
     # Dense Counting
     for k in range(n_per_task):
         rng, _ = item_rngs(3, k)
         category = list(CATEGORIES)[int(rng.integers(len(CATEGORIES)))]
-        count = int(rng.integers(3, 10))
+        count = int(rng.integers(COUNTS.start, COUNTS.stop))
         scene = world.dense_scene(world_seed(3, k), category, count, small=True)
         img, rid = [scene.render()], f"react-{seed}-dc-{k}"
         q(f"{rid}-SA", "dense_counting", "SA", img, f"how many {category} are there ?", "number", count,
           {"count_setting": "exact"})
-        asked = count if rng.random() < 0.5 else int(rng.choice([c for c in range(2, 11) if c != count]))
+        # a wrong count asked is one the item could have had (2 or 10 never was: "no" without the image)
+        asked = count if rng.random() < 0.5 else int(rng.choice([c for c in COUNTS if c != count]))
         bounds = next((a, b) for a, b in INTERVALS if a <= count <= b)
         texts = {(a, b): f"{NUMBERS[a]} to {NUMBERS[b]}" for a, b in INTERVALS}
         texts, letter = _shuffle(rng, texts[bounds], [t for i, t in texts.items() if i != bounds])
