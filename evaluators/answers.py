@@ -133,29 +133,27 @@ def _expand_negations(text: str) -> str:
     return _CONTRACTED.sub(lambda m: {"ca": "can", "wo": "will"}.get((m.group(1) or "").lower(), "") + " not", text)
 
 
-def keywords_found(text: str, keywords: Sequence[str]) -> set[str]:
-    """The members of ``keywords`` that ``text`` says, each occurrence unless one of the two
-    words before it, in the same clause (punctuation ends one: "No. A fork." says fork), is
-    a negation (:data:`NEGATIONS`) that is not itself one of ``keywords`` ("no entry sign")."""
-    wanted = set(keywords)
+def _affirmed(text: str, wanted: Sequence[str]):
+    """The members of ``wanted`` that ``text`` says, in order, each occurrence unless one of
+    the two words before it, in the same clause (punctuation ends one: "No. A fork." says
+    fork), is a negation (:data:`NEGATIONS`, "n't" included) that is not itself wanted ("no
+    entry sign")."""
+    wanted = set(wanted)
     negations = NEGATIONS - wanted
-    found = set()
     for clause in re.split(r"[.,;:!?]", _expand_negations(text)):
         w = words(clause)
-        found |= {t for i, t in enumerate(w) if t in wanted and not negations & set(w[max(0, i - 2) : i])}
-    return found
+        yield from (t for i, t in enumerate(w) if t in wanted and not negations & set(w[max(0, i - 2) : i]))
+
+
+def keywords_found(text: str, keywords: Sequence[str]) -> set[str]:
+    """The members of ``keywords`` that ``text`` says and does not deny (:func:`_affirmed`)."""
+    return set(_affirmed(text, keywords))
 
 
 def parse_choice(text: str, choices: Sequence[str]) -> str | None:
-    """The member of ``choices`` (e.g. colour names) mentioned first in ``text`` and not
-    denied ("it is not green ; it is red" is red: the negation rule of
-    :func:`keywords_found`)."""
-    for clause in re.split(r"[.,;:!?]", _expand_negations(text)):
-        w = words(clause)
-        for i, token in enumerate(w):
-            if token in choices and not (NEGATIONS - set(choices)) & set(w[max(0, i - 2) : i]):
-                return token
-    return None
+    """The member of ``choices`` (e.g. colour names) said first in ``text`` and not denied
+    ("it is not green ; it is red" is red: :func:`_affirmed`)."""
+    return next(_affirmed(text, choices), None)
 
 
 def parse_box(
