@@ -94,8 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale", default="small", choices=sorted(SCALES))
     parser.add_argument("--output_path", default=None,
                         help="default: runs/report at the default scale and seed, else runs/report-<scale>-seed<seed> "
-                             "(a suite at another scale or seed can ask other questions under the same ids, and a "
-                             "folder resumes only on the same questions)")
+                             "(a sampled arm seeds each batch by its place among the run's queries, so another "
+                             "scale's answers are not the ones this run would draw)")
     parser.add_argument("--batch_size", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--resamples", type=int, default=1000)
@@ -139,13 +139,13 @@ def main(argv: list[str] | None = None) -> int:
     # initialisation, allocator growth) that would otherwise inflate the first arm's wall
     # clock -- the baseline of every ratio in the cost column (measured: 15 s vs 6 s).
     HFModel(model, processor, max_new_tokens=8)(queries[: args.batch_size])
+    by_id = {q.id: q for q in queries}  # this run's queries, the same for every arm
+    wanted = set(by_id)
     for arm in arms:
         mitigations = arm.build(processor)
         under_test = HFModel(model, processor, mitigations=mitigations, generate_kwargs=arm.generate_kwargs,
                              max_new_tokens=8, name=args.model)
         folder = out / slug(arm.name)
-        wanted = {q.id for q in queries}
-        by_id = {q.id: q for q in queries}
         resumed = bool(wanted & done_ids(folder)) if folder.exists() else False
         start = time.perf_counter()
         try:

@@ -73,8 +73,8 @@ def _md_number(text: str) -> str:
 
 
 def _md_cell(result: dict, arm: str, mechanism: str, interval: bool) -> str:
-    verdict = {"-": "\u2212", "FIXES": "**FIXES**", "BREAKS": "**BREAKS**"}.get(
-        SHORT[result["verdicts"][arm][mechanism]], SHORT[result["verdicts"][arm][mechanism]])
+    short = SHORT[result["verdicts"][arm][mechanism]]
+    verdict = {"-": "\u2212", "FIXES": "**FIXES**", "BREAKS": "**BREAKS**"}.get(short, short)
     head = headline(result["comparisons"][arm], mechanism)
     if not head:
         return verdict

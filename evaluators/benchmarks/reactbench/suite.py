@@ -103,10 +103,10 @@ def _change_distractors(rng, pair) -> list[tuple[str, str, str]]:
     """Three wrong descriptions of a change X-v (object X, kind v with its detail d) in a 2 x 2
     design, as ``(category, kind, detail)``: X with another kind w (detail e), another object
     Y with v and d, and Y with w and e. No option is the odd one out: each shares its object
-    with one option and its kind and detail with another. With every distractor "the <other> was removed", the right answer
-    was the only one with its verb in 30 of 40 items, and picking it scored 77.5% without
-    the images (a review's finding). w is never "remove" for a replacement, which removes X
-    too."""
+    with one option and its kind and detail with another. With every distractor "the
+    <other> was removed", the right answer was the only one with its verb in 30 of 40 items,
+    and picking it scored 77.5% without the images (a review's finding). w is never
+    "remove" for a replacement, which removes X too."""
     kinds = [w for w in CHANGE_KINDS if w != pair.kind and not (pair.kind == "replace" and w == "remove")]
     other_kind = kinds[int(rng.integers(len(kinds)))]
     others = [c for c in CATEGORIES if c not in (pair.category, pair.detail)]
@@ -257,21 +257,20 @@ def build(n_per_task: int = 10, seed: int = 0, world: World | None = None, *,
         # or Y's same kind (no): always asking about the change made "yes" right every time
         yn_about = (pair.category, kind) if rng.random() < 0.5 else wrong[int(rng.integers(2))][:2]
         asked = "what changed between the two images ?"
-        said_of = CHANGE_VOCABULARY  # naming any other of these words is a wrong (or hedged) answer
         for hint in hints:
             extra = {"hint": hint}
             if hint == "none":
-                q(f"{rid}-SA", "alteration_tracing", "SA", imgs, asked, "keywords", keys, extra, said_of)
+                q(f"{rid}-SA", "alteration_tracing", "SA", imgs, asked, "keywords", keys, extra, CHANGE_VOCABULARY)
                 q(f"{rid}-YN", "alteration_tracing", "YN", imgs,
                   f"was the {yn_about[0]} {VERB[yn_about[1]]} ? answer yes or no .", "yes_no",
                   "yes" if yn_about == (pair.category, kind) else "no", extra)
                 q(f"{rid}-MC", "alteration_tracing", "MC", imgs, _mc(asked, options), "option", letter, extra, options)
             elif hint == "location":
                 q(f"{rid}-{hint}-SA", "alteration_tracing", "SA", imgs,
-                  f"look at the {_region(pair)} of the images . {asked}", "keywords", keys, extra, said_of)
+                  f"look at the {_region(pair)} of the images . {asked}", "keywords", keys, extra, CHANGE_VOCABULARY)
             else:
                 q(f"{rid}-{hint}-SA", "alteration_tracing", "SA", imgs, f"an object was {VERB[kind]} . {asked}",
-                  "keywords", keys, extra, said_of)
+                  "keywords", keys, extra, CHANGE_VOCABULARY)
 
     # Dense Counting
     for k in range(n_per_task):
