@@ -131,3 +131,31 @@ def test_reactbench_short_answers_that_name_every_change_are_wrong():
     thing = removed.truth[0]
     assert not to_record(removed, f"the {thing} was added , moved or removed")["correct"]
     assert to_record(removed, f"the {thing} was removed , nothing was added")["correct"]  # a denied word is not said
+
+
+def _blind_dobench(query):
+    """Against the stated belief, "yes" where there is none: never looks at the image."""
+    belief = query.prompt.lower().split(" is there ")[0]
+    if query.record.get("level", 0) == 0:
+        return "yes"
+    return "yes" if (" no " in f" {belief} " or "not" in belief or "n't" in belief) else "no"
+
+
+def _blind_reactbench(query):
+    return {"yes_no": "no", "option": "a", "number": "zero"}.get(query.kind, "?")
+
+
+@pytest.mark.parametrize("seed, prior_robust, react_score", [(0, 91.7, 39.6), (1, 91.7, 43.0)])
+def test_image_blind_policies_score_as_the_readme_says(seed, prior_robust, react_score):
+    """The README's "What a model that never looks at the image scores" figures, at --scale
+    full: they follow from the papers' protocols (every DO-Bench belief contradicts the
+    truth; ReactBench's erasure and attribute questions have one answer each)."""
+    from evaluators.benchmarks.reactbench.metrics import react_score_value
+    from evaluators.query import to_record
+    from evaluators.runner import score
+
+    dobench = [to_record(q, _blind_dobench(q)) for q in build_suite("dobench", seed, "full")]
+    results = score(dobench)["results"]["dobench"]
+    assert round(results["prior_robust"], 1) == prior_robust and results["perception_ability"] == 100.0
+    react = [to_record(q, _blind_reactbench(q)) for q in build_suite("reactbench", seed, "full")]
+    assert round(react_score_value(react), 1) == react_score

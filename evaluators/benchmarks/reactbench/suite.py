@@ -20,7 +20,8 @@ By the tasks' design, Relational Erasure's and Counterfactual Attribute's YN and
 questions ask about the edited object, so their answer is always the same ("no", zero,
 the drawn colour), and so do the absurd-contrast choices ("neither"; the drawn colour): a
 policy that never looks at the image and answers "no", "zero" and "a" scores 39.6 and 43.0
-React-Score on ``--scale full`` seeds 0 and 1 (the paper's LLaVA-v1.6-7B: 34.5). Read a
+React-Score on ``--scale full`` seeds 0 and 1 (the paper's LLaVA-v1.6-7B: 34.5;
+``tests/test_suites.py`` asserts it). Read a
 model's score beside the unmitigated baseline and the yes-ratio, as the report does, not
 against zero. What our construction leaked beyond that was fixed after an audit: the
 right option's position or wording, a cue object that was always the right choice, a
