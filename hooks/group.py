@@ -25,6 +25,7 @@ import weakref
 from typing import Any, Callable, Iterable
 
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 _MISSING = object()
 # every group holding handles, so that code can ask which groups act on a model (groups_on)
@@ -74,7 +75,7 @@ class HookGroup:
 
     def __init__(self, name: str = "hooks") -> None:
         self.name = name
-        self._handles: list[Any] = []  # RemovableHandle | AttributePatch
+        self._handles: list[Any] = []  # RemovableHandle | AttributePatch | NoAutoCompile
 
     # -- registration -----------------------------------------------------------------
     def add_forward_pre_hook(self, module: nn.Module, fn: Callable, *, prepend: bool = False):
@@ -117,6 +118,21 @@ class HookGroup:
         if any(isinstance(h, AttributePatch) and h.owner is owner and h.name == name for h in self._handles):
             raise ValueError(f"{self.name}: {type(owner).__name__}.{name} is already patched by this group")
         handle = AttributePatch(owner, name, value)
+        self._handles.append(handle)
+        _LIVE.add(self)
+        return handle
+
+    def keep_generate_uncompiled(self, model: nn.Module):
+        """Until the group is removed, ``model.generate()`` runs its decoding steps uncompiled,
+        and a model with a compiled module is refused (``ValueError``): a compiled graph does
+        not see hooks added after it was traced (:mod:`hooks.compiled`). Returns the handle,
+        or None for a model without ``generate()``'s auto-compilation."""
+        from .compiled import NoAutoCompile, refuse_compiled
+
+        refuse_compiled(model)
+        if not NoAutoCompile.applies_to(model):
+            return None
+        handle = NoAutoCompile(model)
         self._handles.append(handle)
         _LIVE.add(self)
         return handle
@@ -182,7 +198,7 @@ def groups_on(model: nn.Module) -> list[HookGroup]:
     found = []
     for group in list(_LIVE):
         for handle in group._handles:
-            ref = None if isinstance(handle, AttributePatch) else handle.hooks_dict_ref()
+            ref = handle.hooks_dict_ref() if isinstance(handle, RemovableHandle) else None
             if ref is not None and id(ref) in dicts and handle.id in ref:
                 found.append(group)
                 break

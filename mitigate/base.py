@@ -12,7 +12,9 @@ contrast branches declare them (:meth:`Mitigation.branches`) and a logits combin
 (:meth:`Mitigation.combine`); :func:`attach` runs all declared branches in one batch
 expansion and applies the combinations in the order the mitigations were given.
 Everything is registered through one :class:`hooks.HookGroup`, so ``detach()`` removes
-exactly what was added.
+exactly what was added. While attached, ``generate()`` does not compile the forward (it
+would for a static cache on a GPU, and a compiled graph does not see hooks added after it:
+:mod:`hooks.compiled`), and a model with a compiled module is refused.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import torch
 from torch import nn
 
 from hooks import HookGroup, ModelPoints, resolve
+from hooks.compiled import refuse_compiled
 from hooks.errors import unknown
 
 from .branches import Branch, ContrastBranches
@@ -79,6 +82,9 @@ class MitigationHandle:
         try:
             for m in self.mitigations:
                 m.validate(self.points)
+            # generate() compiles its steps by itself for a static cache on a GPU, and a
+            # compiled graph would not see these hooks (hooks.compiled)
+            self.group.keep_generate_uncompiled(self.model)
             declared = [(m, m.branches(self.points)) for m in self.mitigations]
             all_branches = [b for _, bs in declared for b in bs]
             if all_branches:
@@ -131,6 +137,7 @@ def attach(model: nn.Module, *mitigations: Mitigation) -> MitigationHandle:
     for m in mitigations:
         if not isinstance(m, Mitigation):
             raise TypeError(f"expected Mitigation instances, got {type(m).__name__}")
+    refuse_compiled(model)  # before resolve(): a torch.compile wrapper is named as such
     handle = MitigationHandle(model, mitigations, resolve(model))
     handle._attach()
     return handle

@@ -143,7 +143,10 @@ STATIC = ("plain", "vcd", "vcd_no_image", "prior_context", "prior_output", "prio
 def test_a_static_cache_on_the_device_matches_the_cpus_dynamic_cache(model_type):
     """``cache_implementation="static"`` (what compiled decoding on a GPU uses: 4-D masks
     built by generate(), a fixed-size cache) against the CPU's default cache, for the
-    mitigations whose masks and caches it changes."""
+    mitigations whose masks and caches it changes. "plain" runs first, so generate()
+    compiles its steps on the device before any mitigation is attached: this test found
+    that the mitigations then ran in a graph traced without their hooks (hooks.compiled;
+    tests/test_compiled.py repeats it on the CPU)."""
     model = build_tiny_model(model_type)
     inputs = tiny_inputs(model, batch_size=2, text_lengths=[7, 5], seed=3)
     spans = _span_strings(model, inputs)
