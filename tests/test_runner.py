@@ -219,11 +219,12 @@ def test_mioh_suite_and_a_scripted_none_of_the_above(tmp_path):
             assert q.images == selective.images and q.kind == "yes_no"
             assert q.truth == ("no" if selective.truth == OPTION_LETTERS[len(selective.options) - 1] else "yes")
     # "none of the above" (and "no" image by image) is right exactly where the target is
-    # absent: all HN, 1 in 4 easy (k = 3), 1 in 4 NI per image count, half of LC-S / LC-I
+    # absent: 1 in 4 easy and HN (k = 3), 1 in 4 NI per image count, half of LC-S / LC-I
+    # (before session 32 every HN set lacked its target, and this policy scored HN 100)
     scripted = CallableModel(lambda images, prompt: "no" if "yes or no" in prompt else "none of the above")
     payload = run(queries, scripted, tmp_path, progress=False)
     res = payload["results"]["mioh"]
-    assert res["hn"] == pytest.approx(100.0)
+    assert res["hn"] == pytest.approx(25.0)
     assert res["easy"] == pytest.approx(25.0)
     assert res["ni"] == pytest.approx(25.0)
     assert res["lc_s"] == pytest.approx(50.0) and res["lc_i"] == pytest.approx(50.0)

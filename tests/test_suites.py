@@ -27,6 +27,21 @@ def test_large_mioh_has_four_times_the_questions_of_full_and_unique_ids():
         assert count(large, "LC-S", qtype) == count(large, "LC-I", qtype) == 48
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_mioh_hard_negatives_are_not_answered_by_none_of_the_above(seed):
+    """HN holds a large target in the sets where easy does (3 of 4) and its cue in every
+    image, so "none of the above" scores on HN what it scores on easy (until session 31 it
+    was right for every hard negative); each HN target is held in some sets, not in others."""
+    queries = [q for q in build_suite("mioh", seed=seed, scale="full") if q.record["qtype"] == "selective"]
+    asked = {c: [q for q in queries if q.record["condition"] == c] for c in ("easy", "HN")}
+    held = {c: [q.record["present"] for q in qs] for c, qs in asked.items()}
+    assert held["HN"] == held["easy"] and sum(held["HN"]) == 3 * len(held["HN"]) // 4
+    for q in asked["HN"]:
+        assert (q.options[ord(q.truth) - ord("a")] == "none of the above") == (not q.record["present"])
+    for target in {q.record["target"] for q in asked["HN"]}:
+        assert {q.record["present"] for q in asked["HN"] if q.record["target"] == target} == {True, False}, target
+
+
 def test_bad_task_or_scale_is_named():
     with pytest.raises(ValueError, match="dobnch"):
         build_queries(["dobnch"])

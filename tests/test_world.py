@@ -230,7 +230,8 @@ def test_scene_round_trips_through_dict(world):
 @pytest.mark.parametrize("target, cue, usual", [("dog", None, "park"), ("fork", "knife", "kitchen")])
 def test_image_set_conditions_hold_what_they_promise(target, cue, usual):
     """Hard negatives: every image of the target's usual context, holding its cue where it
-    has one, never the target. Easy sets: the images without the target are of the other
+    has one; the target in none of them or, large, in one (as MIOH's own hard negatives:
+    before session 32 the target was never there, so "none" was always right). Easy sets: the images without the target are of the other
     context and hold no cue. (Before, a target without a cue got easy scenes as its hard
     negatives, and easy sets kept the cue in a third of their images.)"""
     from evaluators.world.sets import image_set
@@ -240,6 +241,11 @@ def test_image_set_conditions_hold_what_they_promise(target, cue, usual):
         hard = image_set(world, seed, 4, target, "hard_negative", present=False)
         assert all(s.context == usual and not s.present(target) for s in hard.scenes)
         assert cue is None or all(s.present(cue) for s in hard.scenes)
+        held = image_set(world, seed, 4, target, "hard_negative", present=True)
+        assert all(s.context == usual for s in held.scenes) and len(held.holders) == 1
+        assert cue is None or all(s.present(cue) for s in held.scenes), "the holder keeps its cue too"
+        big = held.scenes[held.answer_index].of(target)
+        assert len(big) == 1 and big[0].size > BIASED.small_size[1] * 128, "the target is large, as in easy sets"
         easy = image_set(world, seed, 4, target, "easy", present=True)
         others = [s for i, s in enumerate(easy.scenes) if i != easy.answer_index]
         assert easy.answer_index is not None and len(others) == 3

@@ -17,8 +17,13 @@ under every condition:
 
 * ``easy``: 4 images, the target large in one of them (or in none);
 * ``HP`` (hard positives): the target present but small;
-* ``HN`` (hard negatives): the target absent everywhere while its co-occurrence cue is in
-  every image (the answer is "none of the above");
+* ``HN`` (hard negatives): every image of the target's usual context with its
+  co-occurrence cue in it, the target large in one of them in the sets where ``easy``'s
+  is (three of four) and in none in the others. Up to session 31 the target was in none of them,
+  so "none of the above" was right for every hard negative (MIOH's own hard-negative
+  questions hold the target in some image, App. Fig. I). HN against ``easy`` is a matched
+  pair: the same share of sets holding a large target, with the context and cue in every
+  image or in none of the others;
 * ``NI``: easy sets of 2, 4, 8 and 10 images (more images, more context);
 * ``LC-S`` / ``LC-I``: easy sets with a sycophantic or an instructional-override sentence
   before the question that contradicts the images (MIOH's two linguistic pressures).
@@ -117,7 +122,8 @@ def build(n_per_condition: int = 12, seed: int = 0, world: World | None = None,
         target = ALL_TARGETS[int(rng.integers(len(ALL_TARGETS)))]
         add("easy", 4, target, present=k % 4 != 3, k=k)
         add("HP", 4, target, present=True, k=k, kind="hard_positive")
-        add("HN", 4, TARGETS[k % 2], present=False, k=k, kind="hard_negative")
+        # present in the sets where easy's is; the target alternates so that each is absent in some
+        add("HN", 4, TARGETS[(k + k // 4) % 2], present=k % 4 != 3, k=k, kind="hard_negative")
         for n in (2, 4, 8, 10):
             add("NI", n, target, present=k % 4 != 3, k=k)
         present = k % 2 == 0  # the pressure contradicts the images
