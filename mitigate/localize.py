@@ -264,6 +264,7 @@ def capture_first_pass(model: nn.Module, inputs: dict, *, layers: Sequence[int] 
     result: dict = {"unnamed": [] if object_mask is None else
                     [row for row, o in enumerate(objects) if o is not None and not bool(object_mask[row].any())]}
     with HookGroup("localize:first-pass") as group:
+        group.keep_generate_uncompiled(points.model)  # a compiled step would keep the capture (hooks.compiled)
         capture.attach(group)
         arm(capture, inputs, queries, object_mask)
         yield result

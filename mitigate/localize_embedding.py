@@ -116,6 +116,7 @@ def capture_embeddings(model: nn.Module, inputs: dict, object_mask: torch.Tensor
 
     result: dict = {}
     with HookGroup("localize:embeddings") as group:
+        group.keep_generate_uncompiled(points.model)  # a compiled step would keep the capture (hooks.compiled)
         points.add_hook(group, "language_model.input", record)
         try:
             yield result

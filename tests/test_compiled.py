@@ -132,3 +132,22 @@ def test_plain_generate_is_untouched_without_hooks():
         warnings.simplefilter("error", RuntimeWarning)
         got = _scores(model, inputs, cache_implementation="static", compile_config=_compile_config())
     torch.testing.assert_close(got, _scores(model, inputs), rtol=0, atol=1e-5)
+
+
+def test_crop_and_verify_captures_keep_generate_uncompiled_while_they_run():
+    """Crop-and-verify's captures hook the user's own generate() (without attach());
+    a compiled step would run without them, or keep them once traced."""
+    from mitigate.localize import capture_first_pass
+    from mitigate.localize_embedding import capture_embeddings
+
+    model = build_tiny_model("llava")
+    inputs = tiny_inputs(model, batch_size=1, text_lengths=[6], seed=1)
+    before = hook_state(model)
+    image = resolve(model).image_token_mask(inputs["input_ids"])
+    for capture in (lambda: capture_first_pass(model, inputs),
+                    lambda: capture_embeddings(model, inputs, image)):
+        with capture():
+            assert "_valid_auto_compile_criteria" in vars(model)
+            with torch.no_grad():
+                model(**inputs)
+        assert hook_state(model) == before and "_valid_auto_compile_criteria" not in vars(model)
