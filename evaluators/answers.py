@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 _WORD = re.compile(r"[a-z0-9]+")
 NUMBER_WORDS = {
@@ -54,6 +54,18 @@ def answer_tail(text: str) -> str | None:
         return None
     tail = re.split(r"[.;!?\n]", text[last.end():].lstrip(" \t:"), maxsplit=1)[0]
     return tail if words(tail) else None
+
+
+def tail_first(text: str, read: Callable[[str], Any], *, yes_no: bool = False) -> Any:
+    """``read`` applied to the closing "answer is ..." part of ``text`` (:func:`answer_tail`)
+    when that part reads (not None, not []), else to the whole text. With ``yes_no`` the part
+    must start with "yes" or "no" ("the answer is not obvious, but there is a cat" states
+    neither). One rule for the evaluators' grading and the mitigations' reading of an answer."""
+    tail = answer_tail(text)
+    if tail is not None and yes_no and words(tail)[0] not in ("yes", "no"):
+        tail = None
+    value = read(tail) if tail is not None else None
+    return value if value not in (None, []) else read(text)
 
 
 #: Option letters in order: MIOH's selective questions list up to ten images plus "none of

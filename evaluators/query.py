@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .answers import answer_tail, count_value, keywords_found, parse_choice, parse_count, parse_option, parse_yes_no, words
+from .answers import count_value, keywords_found, parse_choice, parse_count, parse_option, parse_yes_no, tail_first, words
 
 ANSWER_KINDS = ("yes_no", "option", "number", "interval", "choice", "keywords", "text")
 
@@ -101,11 +101,7 @@ def parse(query: Query, text: str) -> Any:
     a closing "answer is ..." / "final answer: ..." when that part is readable
     (:func:`evaluators.answers.answer_tail`: reasoning before it names other values), else from
     the whole text."""
-    tail = answer_tail(text)
-    if tail is not None and query.kind == "yes_no" and words(tail)[0] not in ("yes", "no"):
-        tail = None  # "the answer is not obvious, but there is a cat": the tail states no yes / no
-    value = _parse(query, tail) if tail is not None else None
-    return value if value not in (None, []) else _parse(query, text)  # [] : no keyword said there
+    return tail_first(text, lambda part: _parse(query, part), yes_no=query.kind == "yes_no")  # [] : no keyword said
 
 
 def _parse(query: Query, text: str) -> Any:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from evaluators.answers import OPTION_LETTERS, parse_option, parse_yes_no
+from evaluators.answers import OPTION_LETTERS, parse_option, parse_yes_no, tail_first
 
 #: the per-image question; ``{object}`` is the queried object as the question names it.
 #: Lower case with spaced punctuation is what the organism was trained on; real models read
@@ -43,8 +43,9 @@ class WhichImage:
     options: tuple[str, ...]  # the option texts in letter order (for parse_option)
 
     def choice(self, answer: str) -> str | None:
-        """The option letter an answer picks (a lone letter, or a unique option text)."""
-        return parse_option(answer, self.options)
+        """The option letter an answer picks (a lone letter, or a unique option text), read
+        as the evaluators grade it: a closing "the answer is ..." first."""
+        return tail_first(answer, lambda part: parse_option(part, self.options))
 
     def answer_with(self, letter: str) -> str:
         """The answer choosing option ``letter``: the letter and its option text, "b) image 2"."""
@@ -110,8 +111,9 @@ class AnyImage:
     none: str = "no"
 
     def choice(self, answer: str) -> str | None:
-        """"yes" / "no" as the answer reads, None when it is neither."""
-        value = parse_yes_no(answer)
+        """"yes" / "no" as the answer reads (a closing "the answer is ..." first, as the
+        evaluators grade it), None when it is neither."""
+        value = tail_first(answer, parse_yes_no, yes_no=True)
         return None if value is None else "yes" if value else "no"
 
     def answer_with(self, letter: str) -> str:

@@ -51,6 +51,23 @@ def test_answers_map_to_options():
         parse_which_image(MIOH, 0)
 
 
+def test_answers_are_read_as_the_evaluators_grade_them():
+    """A closing "the answer is ..." decides, for the mitigation as for the grading
+    (evaluators.query.parse): reasoning before it names other images."""
+    from evaluators.query import Query, parse
+
+    which = parse_which_image(MIOH, 4)
+    query = Query("q", "mioh", [], MIOH, "option", "e", {}, options=list(which.options))
+    for answer, letter in [("image 2 has a knife , image 1 a cup . so the answer is e ) none of the above", "e"),
+                           ("i looked at image 2 . answer : c", "c"), ("b", "b")]:
+        assert which.choice(answer) == parse(query, answer) == letter, answer
+    anyimage = parse_any_image("is there a banana in the images ? answer yes or no .", 2)
+    yes_no = Query("y", "mioh", [], "", "yes_no", "no", {})
+    for answer, value in [("no banana in image 1 , but the answer is yes", "yes"),
+                          ("the answer is not obvious , but no", "no")]:
+        assert anyimage.choice(answer) == value and parse(yes_no, answer) == (value == "yes"), answer
+
+
 needs_organism = pytest.mark.skipif(not (ORGANISM_DIR / "config.json").exists(), reason="organism checkpoint missing")
 
 
