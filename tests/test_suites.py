@@ -42,6 +42,20 @@ def test_mioh_hard_negatives_are_not_answered_by_none_of_the_above(seed):
         assert {q.record["present"] for q in asked["HN"] if q.record["target"] == target} == {True, False}, target
 
 
+def test_mioh_sets_other_than_hard_negatives_are_those_of_session_31():
+    """Session 32 changed the HN sets only: every other MIOH query (ids, prompts, truths,
+    options, pixels) at the small scale is the one of a734d3f (digest taken there), so
+    earlier figures on those conditions still hold. A change of the suite that moves them
+    must change this digest on purpose."""
+    import hashlib
+
+    from evaluators.query import fingerprint
+
+    queries = [q for q in build_suite("mioh", seed=0, scale="small") if q.record["condition"] != "HN"]
+    digest = hashlib.sha256("".join(q.id + fingerprint(q) for q in queries).encode()).hexdigest()[:16]
+    assert (len(queries), digest) == (160, "9096fc557ef34acc")
+
+
 def test_bad_task_or_scale_is_named():
     with pytest.raises(ValueError, match="dobnch"):
         build_queries(["dobnch"])

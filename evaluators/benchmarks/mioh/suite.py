@@ -96,7 +96,14 @@ def build(n_per_condition: int = 12, seed: int = 0, world: World | None = None,
         s = image_set(world, derive_seed(seed, 41, drawn), n_images, target, kind,
                       present=present)
         others = [i for i in range(n_images) if i != s.answer_index]
-        pick = list(rng.choice(others, size=min(4, n_images) - (s.answer_index is not None), replace=False))
+        size = min(4, n_images) - (s.answer_index is not None)
+        if kind == "hard_negative":
+            # the draw an HN set made up to session 31 (no holder), so that every set after it
+            # is the one of earlier versions; the images shown come from the set's own stream
+            rng.choice(list(range(n_images)), size=min(4, n_images), replace=False)
+            pick = list(np.random.default_rng([seed, 41, drawn]).choice(others, size=size, replace=False))
+        else:
+            pick = list(rng.choice(others, size=size, replace=False))
         shown = sorted(pick + ([s.answer_index] if s.answer_index is not None else []))
         prompt, options = _question(target, [int(i) for i in shown], context)
         truth = OPTION_LETTERS[shown.index(s.answer_index)] if s.answer_index is not None else OPTION_LETTERS[len(shown)]
@@ -122,7 +129,8 @@ def build(n_per_condition: int = 12, seed: int = 0, world: World | None = None,
         target = ALL_TARGETS[int(rng.integers(len(ALL_TARGETS)))]
         add("easy", 4, target, present=k % 4 != 3, k=k)
         add("HP", 4, target, present=True, k=k, kind="hard_positive")
-        # present in the sets where easy's is; the target alternates so that each is absent in some
+        # present in the sets where easy's is; the target alternates so that each is absent in
+        # some sets from 8 sets per condition up (at 4, the small scale, one set has none: tree's)
         add("HN", 4, TARGETS[(k + k // 4) % 2], present=k % 4 != 3, k=k, kind="hard_negative")
         for n in (2, 4, 8, 10):
             add("NI", n, target, present=k % 4 != 3, k=k)
