@@ -22,7 +22,12 @@ suppression's decoding-step scores were 0.02 off the uncompiled ones, silently. 
   ``module.compile()``, a ``forward`` replaced by ``torch.compile(module.forward)``) is
   refused, since its graph may already be traced without the hooks about to be added. Our
   choice over recompiling: hooks that keep Python-side per-step state (contrast-branch
-  caches, per-forward memos) are not written to be traced.
+  caches, per-forward memos) are not written to be traced. (``torch.compiler.disable``
+  wrappers are not compiled and pass.)
+
+Not guarded: compiling a module *while* hooks are on it (``model.compile()`` after
+``attach()``). Such a graph traces the hooks and keeps running them after they are removed;
+compile before attaching (refused, above) or after detaching.
 """
 
 from __future__ import annotations
@@ -38,13 +43,15 @@ _MISSING = object()
 
 def compiled_modules(model: nn.Module) -> list[str]:
     """Names (``""`` for the model itself) of the modules of ``model`` that run compiled."""
-    from torch._dynamo.eval_frame import OptimizedModule
+    from torch._dynamo.eval_frame import DisableContext, OptimizedModule
 
     found = []
     for name, module in model.named_modules():
         forward = vars(module).get("forward")
-        if (isinstance(module, OptimizedModule) or getattr(module, "_compiled_call_impl", None) is not None
-                or hasattr(forward, "_torchdynamo_orig_callable")):
+        wrapped = isinstance(module, OptimizedModule) and not isinstance(module.dynamo_ctx, DisableContext)
+        # torch.compiler.disable wraps a forward the same way, to keep it out of compilation
+        replaced = hasattr(forward, "_torchdynamo_orig_callable") and not getattr(forward, "_torchdynamo_disable", False)
+        if wrapped or replaced or getattr(module, "_compiled_call_impl", None) is not None:
             found.append(name)
     return found
 

@@ -115,6 +115,10 @@ def test_a_compiled_model_is_refused_with_its_module_named():
         vars(points.lm_head).pop("forward", None)
         assert compiled_modules(model) == [], what
     assert hook_state(model) == before
+    # torch.compiler.disable keeps code out of compilation: not refused
+    points.lm_head.forward = torch.compiler.disable(points.lm_head.forward)
+    assert compiled_modules(model) == [] and compiled_modules(torch.compiler.disable(model)) == []
+    vars(points.lm_head).pop("forward")
 
 
 def test_a_module_without_generate_gets_no_handle():
