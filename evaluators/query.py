@@ -101,7 +101,7 @@ def parse(query: Query, text: str) -> Any:
     a closing "answer is ..." / "final answer: ..." when that part is readable
     (:func:`evaluators.answers.answer_tail`: reasoning before it names other values), else from
     the whole text."""
-    return tail_first(text, lambda part: _parse(query, part), yes_no=query.kind == "yes_no")  # [] : no keyword said
+    return tail_first(text, lambda part: _parse(query, part), yes_no=query.kind == "yes_no")
 
 
 def _parse(query: Query, text: str) -> Any:
