@@ -8,6 +8,7 @@ nothing about hallucination; :mod:`mitigate` builds on it.
     >>> from hooks import HookGroup, resolve
     >>> points = resolve(model)                       # doctest: +SKIP
     >>> with HookGroup() as group:                    # doctest: +SKIP
+    ...     group.keep_generate_uncompiled(model)         # hooks.compiled: why
     ...     points.add_hook(group, "lm_head.output", lambda m, a, k, out: out)
     ...     model.generate(**inputs)
 """
