@@ -62,7 +62,7 @@ def test_metrics_for_and_by_mechanism():
         "reactbench.alteration_tracing", "reactbench.counterfactual_attribute", "reactbench.dense_counting",
         "reactbench.react_score", "reactbench.relational_erasure"]
     assert {m.name for m in metrics_by_mechanism("multi_image")} == {
-        "mioh.ni", "mioh.ni_decomposed", "mioh.decomposition_gap", "reactbench.alteration_tracing"}
+        "mioh.ni", "mioh.ni_all", "mioh.ni_decomposed", "mioh.decomposition_gap", "reactbench.alteration_tracing"}
     with pytest.raises(ValueError, match="Did you mean 'dobench'"):
         metrics_for("dobnech")
 
@@ -472,7 +472,7 @@ def records_mioh():
     return (mq("existence", "easy", 4, 4, invalid_right=1)                 # 3/4 = 75
             + mq("existence", "hard_negative", 1, 2)                       # 1/2 = 50
             + mq("existence", "NI", 2, 2, "selective", n_images=2)         # 2/2
-            + mq("existence", "ni", 0, 2, "selective", n_images=8)         # 0/2 -> NI 50
+            + mq("existence", "ni", 0, 2, "selective", n_images=8)         # 0/2 -> NI(8) 0, all 50
             + mq("counting", "easy", 2, 4)                                 # 2/4 = 50
             + mq("counting", "HN", 0, 8))                                  # 0/8 = 0
 
@@ -480,13 +480,14 @@ def records_mioh():
 def test_mioh_table():
     out = mioh.mioh_table(records_mioh())
     ex, ct = out["by_task"]["existence"], out["by_task"]["counting"]
-    assert ex["easy"] == 75.0 and ex["HN"] == 50.0 and ex["NI"] == 50.0 and isnan(ex["LC-S"])
+    assert ex["easy"] == 75.0 and ex["HN"] == 50.0 and ex["NI"] == 0.0 and isnan(ex["LC-S"])  # NI: NI(8)
     assert ex["avg"] == pytest.approx(60.0)            # pooled 6/10, not the column mean 58.3
     assert ct["avg"] == pytest.approx(100 * 2 / 12)
     by_qtype = out["by_qtype"]["existence"]      # easy 3/4 + HN 1/2 comprehensive; NI 2/4 selective
     assert by_qtype["comprehensive"] == pytest.approx(100 * 4 / 6) and by_qtype["selective"] == 50.0
     assert isnan(by_qtype["comparative"])
-    assert out["by_task_qtype_condition"]["existence"]["selective"]["NI"] == 50.0
+    assert out["by_task_qtype_condition"]["existence"]["selective"]["NI"] == 0.0
+    assert out["conditions"]["NI"]["pooled"] == 0.0 and out["ni_all"] == 50.0
     assert out["conditions"]["HN"]["pooled"] == pytest.approx(10.0)   # 1 of 10
     assert out["conditions"]["HN"]["macro"] == pytest.approx(25.0)    # (50 + 0) / 2
     assert isnan(out["conditions"]["LC-I"]["pooled"]) and isnan(out["conditions"]["LC-I"]["macro"])
@@ -495,7 +496,10 @@ def test_mioh_table():
     assert out["overall_macro"] == pytest.approx((60 + 100 * 2 / 12) / 2)
     assert out["invalid_rate"] == pytest.approx(100 / 22)
     assert get_metric("mioh.hn").fn(records_mioh()) == pytest.approx(10.0)
-    assert get_metric("mioh.ni").fn(records_mioh()) == 50.0
+    # Table 1's NI column is NI(8) (Sec. 5.3's 24.2 = the mean of its Overall NI cells);
+    # every image count pooled is mioh.ni_all
+    assert get_metric("mioh.ni").fn(records_mioh()) == 0.0
+    assert get_metric("mioh.ni_all").fn(records_mioh()) == 50.0
     assert isnan(get_metric("mioh.lc_s").fn(records_mioh()))
 
 

@@ -243,6 +243,27 @@ def test_mioh_suite_and_a_scripted_none_of_the_above(tmp_path):
     assert comprehensive == {"direct": 75.0, "decomposed": 25.0, "gap": -50.0, "n": 16}
 
 
+def test_mioh_decomposition_reads_only_the_images_the_selective_question_lists():
+    """At 8 and 10 images the selective question lists four; a "yes" on an image it does
+    not list cannot be its answer, so the decomposed answer ignores it (§5.5 compares the
+    same question asked two ways). Before session 32 it made the decomposed answer wrong."""
+    from evaluators.benchmarks.mioh.suite import assemble
+    from evaluators.benchmarks.mioh.suite import build as mioh
+
+    queries = mioh(n_per_condition=1, seed=0)
+    per_image = [q for q in queries if "decomposed_of" in q.record and q.record["n_images"] == 10]
+    record = per_image[0].record
+    listed, holder = record["listed"], record["holder"]
+    assert len(listed) == 4 and (holder is None or holder in listed)
+    stray = next(i for i in range(10) if i not in listed)
+    rows = [{**q.record, "benchmark": "mioh", "pred_yes": q.record["image_index"] in ({holder, stray} - {None})}
+            for q in per_image]
+    selective = next(r for r in assemble(rows) if r["id"].endswith("-decomposed") and r["qtype"] == "selective")
+    assert selective["correct"] and selective["combined"] == ("none" if holder is None else holder)
+    comprehensive = next(r for r in assemble(rows) if r["qtype"] == "comprehensive")
+    assert comprehensive["combined"] in ("some", "all")  # the comprehensive question asks about every image
+
+
 def test_mioh_selective_only_suite_pairs_decomposition_with_the_selective_questions(tmp_path):
     """Without the comprehensive questions the suite's selective questions are the same, and
     the decomposed comprehensive records have no direct question to be compared with: the

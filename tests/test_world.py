@@ -230,8 +230,9 @@ def test_scene_round_trips_through_dict(world):
 @pytest.mark.parametrize("target, cue, usual", [("dog", None, "park"), ("fork", "knife", "kitchen")])
 def test_image_set_conditions_hold_what_they_promise(target, cue, usual):
     """Hard negatives: every image of the target's usual context, holding its cue where it
-    has one; the target in none of them or, large, in one (as MIOH's own hard negatives:
-    before session 32 the target was never there, so "none" was always right). Easy sets: the images without the target are of the other
+    has one; the target in none of them or, large, in one (MIOH Sec. 4.3: "0 to N" hard
+    negatives in a question of N; before session 32 the target was never there, so "none"
+    was always right). Easy sets: the images without the target are of the other
     context and hold no cue. (Before, a target without a cue got easy scenes as its hard
     negatives, and easy sets kept the cue in a third of their images.)"""
     from evaluators.world.sets import image_set

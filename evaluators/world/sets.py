@@ -165,11 +165,12 @@ def image_set(world: World, seed: int, n_images: int, target: str, condition: st
     * ``hard_negative``: every image is of the target's usual context (a park for a dog) and
       holds its co-occurrence cue where it has one (a knife for a fork); the target, when
       present, is large in one of them. MIOH (Sec. 4.3) builds hard negatives from (image,
-      object) pairs where the object is absent but co-occurring objects suggest it, and its
-      hard-negative questions (App. Fig. I) hold the target in some of the images ("Yes, in
-      some of them"; "Image 3" of four): a set is not "none" by construction, or "none"
-      would be right for every hard negative. Our choice where the paper is silent: the
-      holder holds the cue too, so only the target itself tells it from the others.
+      object) pairs where the object is absent but co-occurring objects suggest it, and a
+      question over N images includes "0 to N" such challenging examples: the other images
+      may hold the target. (Its existence example, App. Fig. I, is a set of N, answered "No,
+      in none of them"; the checkmark there precedes the right option.) Our choice: sets
+      with and without the target, so that "none" is not right by construction; the holder
+      holds the cue too, so only the target itself tells it from the others.
     """
     seed = check_seed(seed)
     check_category(target, "target")

@@ -24,7 +24,14 @@ Choices:
   beside it (``macro``). The paper's per-model figures are not the macro mean of its task
   columns (GPT-5 LC-S: 69.25 vs 70.2 in §5.3), so pooling is our reading; the cross-model
   "Overall" row does equal the macro mean (HP: 57.2, 26.3, 32.6, 47.4 -> 40.9).
-* **NI** is reported pooled and per image count (Fig. 3's NI(2) ... NI(10)).
+* **NI is NI(8)** wherever Table 1 has an NI column (``mioh.ni``, ``by_task``,
+  ``conditions``, ``by_task_qtype_condition``): §5.3 reads "increasing the number of input
+  images from 2 to 8 (NI(8) in Fig. 3) ... plummeting to 24.2% on average", and 24.2 is the
+  mean of Table 1's Overall NI cells over the four tasks (29.3, 18.9, 26.6, 22.2 -> 24.25),
+  so that column is the 8-image result. Until session 32 ``mioh.ni`` pooled 2, 4, 8 and 10
+  images, which the 2- and 4-image sets (no more images than an easy set) diluted; that
+  pooled figure is ``mioh.ni_all`` (our extension), and each count is in ``ni_by_count``
+  (Fig. 3's NI(2) ... NI(10)). NI records without ``n_images`` enter ``mioh.ni_all`` only.
 * **Empty cells** (e.g. LLaVA-v1.6 has no NI results in Table 1) are NaN, never 0.
 * **Decomposition (§5.5).** The comprehensive existence question "Is there at least one
   OBJECT in any of these images?" has the options "Yes, all of them" / "Yes, in some of
@@ -57,6 +64,10 @@ _CONDITION_ALIASES = {
     "lc-i": "LC-I", "lc_i": "LC-I", "lci": "LC-I", "lc i": "LC-I", "instructional": "LC-I",
     "instructional_override": "LC-I",
 }
+
+
+#: the number of images of Table 1's NI column (module docstring)
+PAPER_NI_IMAGES = 8
 
 
 def _pct(num: float, den: int) -> float:
@@ -101,13 +112,20 @@ def accuracy(records: Iterable[Mapping[str, Any]], task: str | None = None, qtyp
     return _pct(hits, n)
 
 
+def table_accuracy(records: Iterable[Mapping[str, Any]], task: str | None = None, qtype: str | None = None,
+                   condition: str | None = None) -> float:
+    """:func:`accuracy` as Table 1's columns read: the NI column is NI(8) (module docstring)."""
+    ni = condition is not None and normalise_condition(condition) == "NI"
+    return accuracy(records, task, qtype, condition, PAPER_NI_IMAGES if ni else None)
+
+
 def condition_score(records: Sequence[Mapping[str, Any]], condition: str) -> dict[str, float]:
-    """Accuracy (%) of one condition across tasks: ``pooled`` over questions and ``macro``
-    (mean of the per-task accuracies that exist)."""
+    """Accuracy (%) of one condition across tasks (NI: NI(8)): ``pooled`` over questions and
+    ``macro`` (mean of the per-task accuracies that exist)."""
     records = list(records)
-    per_task = [accuracy(records, task=t, condition=condition) for t in TASKS]
+    per_task = [table_accuracy(records, task=t, condition=condition) for t in TASKS]
     present = [a for a in per_task if not math.isnan(a)]
-    return {"pooled": accuracy(records, condition=condition),
+    return {"pooled": table_accuracy(records, condition=condition),
             "macro": sum(present) / len(present) if present else math.nan}
 
 
@@ -119,7 +137,7 @@ def mioh_table(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     macro across tasks); ``ni_by_count[k]``; ``overall`` (pooled) and ``overall_macro`` (mean of
     task averages); ``invalid_rate``; ``n``."""
     records = [r for r in records if not r.get("decomposed")]
-    by_task = {t: {c: accuracy(records, task=t, condition=c) for c in CONDITIONS} for t in TASKS}
+    by_task = {t: {c: table_accuracy(records, task=t, condition=c) for c in CONDITIONS} for t in TASKS}
     for t in TASKS:
         by_task[t]["avg"] = accuracy(records, task=t)
     task_avgs = [by_task[t]["avg"] for t in TASKS if not math.isnan(by_task[t]["avg"])]
@@ -127,10 +145,11 @@ def mioh_table(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return {
         "by_task": by_task,
         "by_qtype": {t: {q: accuracy(records, task=t, qtype=q) for q in QTYPES} for t in TASKS},
-        "by_task_qtype_condition": {t: {q: {c: accuracy(records, task=t, qtype=q, condition=c) for c in CONDITIONS}
-                                        for q in QTYPES} for t in TASKS},
+        "by_task_qtype_condition": {t: {q: {c: table_accuracy(records, task=t, qtype=q, condition=c)
+                                            for c in CONDITIONS} for q in QTYPES} for t in TASKS},
         "conditions": {c: condition_score(records, c) for c in CONDITIONS},
         "ni_by_count": {k: accuracy(records, condition="NI", n_images=k) for k in N_IMAGES},
+        "ni_all": accuracy(records, condition="NI"),
         "overall": accuracy(records),
         "overall_macro": sum(task_avgs) / len(task_avgs) if task_avgs else math.nan,
         "invalid_rate": _pct(sum(p[5] for p in parsed), len(parsed)),
@@ -144,7 +163,8 @@ def details(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     number of images (:func:`mioh_table`) -- and §5.5 per question type
     (:func:`decomposition_by_qtype`)."""
     table = mioh_table(records)
-    out = {k: table[k] for k in ("by_task", "by_qtype", "by_task_qtype_condition", "ni_by_count", "overall_macro")}
+    out = {k: table[k] for k in ("by_task", "by_qtype", "by_task_qtype_condition", "ni_by_count", "ni_all",
+                                 "overall_macro")}
     out["decomposition"] = decomposition_by_qtype(records)
     return out
 
@@ -230,7 +250,15 @@ def hard_positive(records) -> float:
 
 @metric("mioh.ni", "mioh", "multi_image", True, "pooled")
 def number_of_images(records) -> float:
-    """Accuracy (%) under the visual-context-scale condition (2/4/8/10 images), pooled."""
+    """Accuracy (%) under the visual-context-scale condition at 8 images, Table 1's NI
+    column (NI(8), module docstring), pooled over tasks."""
+    return accuracy(list(records), condition="NI", n_images=PAPER_NI_IMAGES)
+
+
+@metric("mioh.ni_all", "mioh", "multi_image", True, "pooled")
+def number_of_images_all(records) -> float:
+    """Accuracy (%) of every NI question, 2, 4, 8 and 10 images pooled (our extension: what
+    ``mioh.ni`` was until session 32)."""
     return _condition_metric("NI")(records)
 
 
@@ -257,7 +285,7 @@ __all__ = [
     "combine_existence", "combine_which_in_all", "details", "condition_score", "decomposed_accuracy", "decomposition_gap",
     "decomposition_by_qtype",
     "easy", "hard_negative", "hard_positive", "instructional_override", "mioh_table", "normalise_condition",
-    "number_of_images", "overall", "sycophantic",
+    "number_of_images", "number_of_images_all", "overall", "PAPER_NI_IMAGES", "sycophantic", "table_accuracy",
 ]
 
 

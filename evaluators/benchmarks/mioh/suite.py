@@ -19,9 +19,10 @@ under every condition:
 * ``HP`` (hard positives): the target present but small;
 * ``HN`` (hard negatives): every image of the target's usual context with its
   co-occurrence cue in it, the target large in one of them in the sets where ``easy``'s
-  is (three of four) and in none in the others. Up to session 31 the target was in none of them,
-  so "none of the above" was right for every hard negative (MIOH's own hard-negative
-  questions hold the target in some image, App. Fig. I). HN against ``easy`` is a matched
+  is (three of four) and in none in the others. Up to session 31 the target was in none of
+  them, so "none of the above" was right for every hard negative; Sec. 4.3 puts "0 to N"
+  hard-negative images in a question of N, so the others may hold the target (its
+  existence example, App. Fig. I, is an all-negative set). HN against ``easy`` is a matched
   pair: the same share of sets holding a large target, with the context and cue in every
   image or in none of the others;
 * ``NI``: easy sets of 2, 4, 8 and 10 images (more images, more context);
@@ -30,9 +31,11 @@ under every condition:
 
 Records carry ``task``, ``qtype``, ``condition``, ``n_images`` for :mod:`.metrics`.
 The per-image questions of an NI set are combined for both of its questions
-(:func:`assemble`): into the one image answered "yes" for the selective question (our
-extension of Sec. 5.5), and into "present in any image" for the comprehensive one (Sec.
-5.5's own comparison).
+(:func:`assemble`): into the one image answered "yes" among the images the selective
+question lists for the selective question (our extension of Sec. 5.5; at 8 and 10 images
+it lists four, and until session 32 the combination read all of them, so a "yes" on an
+unlisted image made the decomposed answer wrong where the direct question could not pick
+it), and into "present in any image" for the comprehensive one (Sec. 5.5's own comparison).
 
 The comprehensive questions were added in session 25 without moving the selective ones:
 each set is still drawn from the count of selective and per-image questions before it, so
@@ -117,7 +120,8 @@ def build(n_per_condition: int = 12, seed: int = 0, world: World | None = None,
             for i, image in enumerate(images):
                 queries.append(Query(f"{qid}-image{i}", "mioh", [image], existence_question(target), "yes_no",
                                      "yes" if i == s.answer_index else "no",
-                                     {**record, "decomposed_of": qid, "image_index": i, "holder": s.answer_index}))
+                                     {**record, "decomposed_of": qid, "image_index": i, "holder": s.answer_index,
+                                      "listed": [int(j) for j in shown]}))
             drawn += len(images)
         if comprehensive:
             holds = s.answer_index is not None
@@ -158,7 +162,13 @@ def assemble(rows: list[dict]) -> list[dict]:
         if len(parts) != parts[0]["n_images"]:
             continue  # scored once every image of the question is answered
         answers = [None if p.get("invalid_input") else p.get("pred_yes") for p in parts]
-        combined = combine_selective(answers)
+        # the selective question lists four of 8 or 10 images: its decomposition combines the
+        # answers of those images only, so both forms ask the same question (§5.5: "identical
+        # visual content"); the comprehensive one asks about every image
+        listed = parts[0].get("listed")
+        listed = list(range(len(parts))) if listed is None else [int(j) for j in listed]
+        combined = combine_selective([answers[j] for j in listed])
+        combined = listed[combined] if isinstance(combined, int) else combined
         holder = parts[0]["holder"]
         truth = "none" if holder is None else holder
         keep = {k: parts[0][k] for k in ("task", "qtype", "condition", "n_images", "target", "benchmark")}
