@@ -544,3 +544,17 @@ def test_mioh_decomposition_compares_with_the_direct_questions_of_the_decomposed
           row("existence", True, decomposed=True)]
     out = mioh.decomposition_by_qtype(rs)["selective"]
     assert out["direct"] == 50.0 and out["decomposed"] == 100.0 and out["gap"] == 50.0
+
+
+def test_causal_halbench_chair_on_counterfactual_images_apart():
+    """Table 4's parenthesised CHAIR figures are on the counterfactual images alone."""
+    from evaluators.benchmarks.causal_halbench import metrics as chb
+
+    records = [{"caption": "a fork and a dog", "objects": ["fork"], "image_type": "counterfactual"},
+               {"caption": "a fork", "objects": ["fork"], "image_type": "counterfactual"},
+               {"caption": "a knife", "objects": ["knife"], "image_type": "original"},
+               {"contextual": True, "image_type": "original"}]  # a question, not a caption
+    out = chb.details(records)
+    assert out["chair_counterfactual"] == {"chair_s": 50.0, "chair_i": pytest.approx(100 / 3), "n_captions": 2}
+    assert out["chair_original"] == {"chair_s": 0.0, "chair_i": 0.0, "n_captions": 1}
+    assert get_metric("causal_halbench.chair_s").fn(records) == pytest.approx(100 / 3)  # pooled, as before

@@ -326,7 +326,21 @@ def chair_i(records, synonyms: Any = None) -> float:
     return _chair_records(records, synonyms)["chair_i"]
 
 
+def details(records: Sequence[Mapping[str, Any]], synonyms: Any = None) -> dict[str, Any]:
+    """What ``results.json`` carries beside the registered metrics: CHAIR-s / CHAIR-i on the
+    captions of each ``image_type`` apart -- Table 4 gives, in parentheses, the figures of "a
+    subset containing only counterfactual images", and Sec. 5.2 reads the gap between them."""
+    out = {}
+    for image_type in IMAGE_TYPES:
+        of_type = [r for r in records if "caption" in r and r.get("image_type") == image_type]
+        scores = _chair_records(of_type, synonyms)
+        out[f"chair_{image_type}"] = {"chair_s": scores["chair_s"], "chair_i": scores["chair_i"],
+                                      "n_captions": len(of_type)}
+    return out
+
+
 __all__ = [
     "IMAGE_TYPES", "QUESTION_TYPES", "aac", "accuracy", "cac", "causal_scores", "chair", "chair_i", "chair_s",
+    "details",
     "chr_", "cpr", "cpr_pooled", "mentions", "overall_accuracy", "synonym_index",
 ]
