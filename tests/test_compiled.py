@@ -37,24 +37,11 @@ def _scores(model, inputs, **kwargs) -> list[torch.Tensor]:
     return [s.float() for s in out.logits]
 
 
-def _spans(model, inputs) -> list[list[str]]:
-    """Per row, two adjacent text words of its prompt (what the prior suppression damps)."""
-    image = resolve(model).image_token_mask(inputs["input_ids"])
-    rows = []
-    for row, ids in enumerate(inputs["input_ids"].tolist()):
-        real = inputs["attention_mask"][row].nonzero().flatten().tolist()
-        ok = [p for p in real[1:-2] if not image[row, p] and not image[row, p + 1]
-              and ids[p] not in WordIds.all_special_ids and ids[p + 1] not in WordIds.all_special_ids]
-        p = ok[len(ok) // 2]
-        rows.append([f"w{ids[p]} w{ids[p + 1]}"])
-    return rows
-
-
 @pytest.mark.parametrize("model_type", ["llava", "gemma3", "qwen2_vl"])
 def test_a_forward_compiled_before_attach_does_not_skip_the_mitigation(model_type):
     model = build_tiny_model(model_type)
     inputs = tiny_inputs(model, batch_size=2, text_lengths=[7, 5], seed=3)
-    spans = _spans(model, inputs)
+    spans = WordIds.middle_pair(model, inputs)
     static = dict(cache_implementation="static", compile_config=_compile_config())
     plain = _scores(model, inputs)
     before = hook_state(model)

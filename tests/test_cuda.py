@@ -28,7 +28,6 @@ import os
 import pytest
 import torch
 
-from hooks import resolve
 from hooks.testing import TINY_MODEL_TYPES, WordIds, build_tiny_model, tiny_inputs
 from mitigate import VCD, CropVerify, PriorSuppression, attach
 from mitigate.vcd import allowed
@@ -48,19 +47,6 @@ def no_tf32():
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     yield
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
-
-
-def _span_strings(model, inputs) -> list[list[str]]:
-    """Per row, two adjacent text tokens of its prompt (not image, special or the last)."""
-    image = resolve(model).image_token_mask(inputs["input_ids"])
-    rows = []
-    for row, ids in enumerate(inputs["input_ids"].tolist()):
-        real = inputs["attention_mask"][row].nonzero().flatten().tolist()
-        ok = [p for p in real[1:-2] if not image[row, p] and not image[row, p + 1]
-              and ids[p] not in WordIds.all_special_ids and ids[p + 1] not in WordIds.all_special_ids]
-        p = ok[len(ok) // 2]
-        rows.append([f"w{ids[p]} w{ids[p + 1]}"])
-    return rows
 
 
 def _prior(tokenizer, spans, **kwargs):
@@ -128,7 +114,7 @@ def _to(inputs: dict, device) -> dict:
 def test_every_mitigation_on_the_device_matches_the_cpu(model_type):
     model = build_tiny_model(model_type)
     inputs = tiny_inputs(model, batch_size=2, text_lengths=[7, 5], seed=3)
-    spans = _span_strings(model, inputs)
+    spans = WordIds.middle_pair(model, inputs)
     on_cpu = {name: _run(model, inputs, make(WordIds(), spans)) for name, make in MITIGATIONS.items()}
     assert on_cpu["plain"][0] != "refused" and on_cpu["vcd"][0] != "refused"
     model.to(DEVICE)
@@ -149,7 +135,7 @@ def test_a_static_cache_on_the_device_matches_the_cpus_dynamic_cache(model_type)
     tests/test_compiled.py repeats it on the CPU)."""
     model = build_tiny_model(model_type)
     inputs = tiny_inputs(model, batch_size=2, text_lengths=[7, 5], seed=3)
-    spans = _span_strings(model, inputs)
+    spans = WordIds.middle_pair(model, inputs)
     on_cpu = {name: _run(model, inputs, MITIGATIONS[name](WordIds(), spans)) for name in STATIC}
     model.to(DEVICE)
     for name in STATIC:

@@ -22,6 +22,22 @@ class WordIds:
     def decode(self, ids, skip_special_tokens=True, clean_up_tokenization_spaces=False):
         return " ".join(f"w{i}" for i in ids)
 
+    @classmethod
+    def middle_pair(cls, model, inputs) -> list[list[str]]:
+        """Per row of ``inputs``, two adjacent words of its prompt, as decoded here (not image,
+        special or the last tokens): a span for prior suppression to damp on any family."""
+        from hooks import resolve
+
+        image = resolve(model).image_token_mask(inputs["input_ids"])
+        rows = []
+        for row, ids in enumerate(inputs["input_ids"].tolist()):
+            real = inputs["attention_mask"][row].nonzero().flatten().tolist()
+            ok = [p for p in real[1:-2] if not image[row, p] and not image[row, p + 1]
+                  and ids[p] not in cls.all_special_ids and ids[p + 1] not in cls.all_special_ids]
+            p = ok[len(ok) // 2]
+            rows.append([f"w{ids[p]} w{ids[p + 1]}"])
+        return rows
+
 
 def trained_tokenizers() -> dict:
     """Byte-level BPE (GPT-2 / Llama 3 / Qwen style: characters split across tokens),
