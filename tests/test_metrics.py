@@ -555,6 +555,19 @@ def test_causal_halbench_chair_on_counterfactual_images_apart():
                {"caption": "a knife", "objects": ["knife"], "image_type": "original"},
                {"contextual": True, "image_type": "original"}]  # a question, not a caption
     out = chb.details(records)
-    assert out["chair_counterfactual"] == {"chair_s": 50.0, "chair_i": pytest.approx(100 / 3), "n_captions": 2}
-    assert out["chair_original"] == {"chair_s": 0.0, "chair_i": 0.0, "n_captions": 1}
+    assert out["chair_counterfactual"] == {"chair_s": 50.0, "chair_i": pytest.approx(100 / 3), "n_captions": 2,
+                                           "n_empty": 0}
+    assert out["chair_original"] == {"chair_s": 0.0, "chair_i": 0.0, "n_captions": 1, "n_empty": 0}
     assert get_metric("causal_halbench.chair_s").fn(records) == pytest.approx(100 / 3)  # pooled, as before
+
+
+def test_an_empty_caption_is_not_a_clean_one():
+    """No words is no description: out of CHAIR-s's denominator and counted, not a caption
+    without hallucination (which lowered CHAIR-s: 50 -> 25 with two empty captions)."""
+    from evaluators.world import SYNONYMS
+
+    captions, objects = ["a fork and a dog", "a fork", "", "  . "], [{"fork"}] * 4
+    out = chb.chair(captions, objects, SYNONYMS)
+    assert out["chair_s"] == 50.0 and out["n_empty"] == 2 and out["n_captions"] == 4
+    assert out["per_caption"][2] == {"mentions": [], "hallucinated": [], "empty": True}
+    assert isnan(chb.chair(["", ""], [{"fork"}, {"fork"}], SYNONYMS)["chair_s"])

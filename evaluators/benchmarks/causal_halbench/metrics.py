@@ -276,13 +276,21 @@ def chair(captions: Sequence[str], gt_objects: Sequence[Iterable[str]], synonyms
     reference ``chair.py`` (``coco_word_count += len(node_words)``). NaN for no captions
     (CHAIR-s) or no mentions (CHAIR-i). Not reproduced from ``chair.py``: lemmatisation (we
     match listed forms plus generated plurals) and its special cases ("toilet seat",
-    "baby bird", ...)."""
+    "baby bird", ...).
+
+    An empty caption (no words) is no description at all: it is left out of CHAIR-s's
+    denominator and counted in ``n_empty`` (the papers are silent). Counted as a caption
+    without hallucination, it made a model that answers nothing look cleaner."""
     if len(captions) != len(gt_objects):
         raise ValueError(f"{len(captions)} captions but {len(gt_objects)} ground-truth object sets")
     index = synonym_index(synonyms)
-    n_mentions = n_hall = n_hall_caps = 0
+    n_mentions = n_hall = n_hall_caps = n_empty = 0
     per_caption = []
     for caption, objects in zip(captions, gt_objects):
+        if not _WORD.findall(caption.lower()):
+            n_empty += 1
+            per_caption.append({"mentions": [], "hallucinated": [], "empty": True})
+            continue
         truth = {index.get(tuple(_WORD.findall(o.lower())), o) for o in objects}
         said = mentions(caption, index)
         hallucinated = [c for c in said if c not in truth]
@@ -291,9 +299,10 @@ def chair(captions: Sequence[str], gt_objects: Sequence[Iterable[str]], synonyms
         n_hall_caps += bool(hallucinated)
         per_caption.append({"mentions": said, "hallucinated": hallucinated})
     return {
-        "chair_s": _pct(n_hall_caps, len(captions)),
+        "chair_s": _pct(n_hall_caps, len(captions) - n_empty),
         "chair_i": _pct(n_hall, n_mentions),
         "n_captions": len(captions),
+        "n_empty": n_empty,
         "n_mentions": n_mentions,
         "n_hallucinated": n_hall,
         "per_caption": per_caption,
@@ -335,7 +344,7 @@ def details(records: Sequence[Mapping[str, Any]], synonyms: Any = None) -> dict[
         of_type = [r for r in records if "caption" in r and r.get("image_type") == image_type]
         scores = _chair_records(of_type, synonyms)
         out[f"chair_{image_type}"] = {"chair_s": scores["chair_s"], "chair_i": scores["chair_i"],
-                                      "n_captions": len(of_type)}
+                                      "n_captions": len(of_type), "n_empty": scores.get("n_empty", 0)}
     return out
 
 
