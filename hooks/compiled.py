@@ -88,7 +88,7 @@ class NoAutoCompile:
     """A handle: ``generate()`` does not compile ``model``'s forward until every holder is removed."""
 
     def __init__(self, model: nn.Module) -> None:
-        if not callable(getattr(model, _ATTRIBUTE, None)):
+        if not self.applies_to(model):
             raise ValueError(f"{type(model).__name__} has no generate() auto-compilation to switch off")
         current = vars(model).get(_ATTRIBUTE)
         if isinstance(current, _Uncompiled):
