@@ -290,12 +290,14 @@ def test_causal_halbench_suite_with_a_scripted_yes(tmp_path):
     from evaluators.benchmarks.causal_halbench.suite import build as causal
 
     queries = causal(n_pairs=5, seed=3)
-    assert len(queries) == 35  # per pair: 2 QA + a caption on X, 3 QA + a caption on X_cf
+    assert len(queries) == 45  # per pair: 3 QA (Q_c, two Q_a) + a caption on X, 4 QA (+ Q_cf) + a caption on X_cf
     res = run(queries, CallableModel(lambda i, p: "yes"), tmp_path, progress=False)["results"]["causal_halbench"]
-    # right: Q_c on X and X_cf, Q_cf on X_cf (15 of 25); wrong: Q_a twice
-    assert res["accuracy"] == pytest.approx(60.0)
+    # right: Q_c on X and X_cf, Q_cf on X_cf (15 of 35); wrong: the four Q_a
+    assert res["accuracy"] == pytest.approx(300 / 7)
     assert res["chr"] == pytest.approx(0.0) and res["cac"] == pytest.approx(0.0) and res["aac"] == pytest.approx(0.0)
-    assert res["cpr"] == pytest.approx(50.0)  # contextual pairs both right, absent pairs both wrong
+    # one contextual pair (both right) and two absent pairs (both wrong) per base scene; the
+    # absent pairs pair by question, not with each other's
+    assert res["cpr"] == pytest.approx(100 / 3)
     # the caption "yes" mentions no object: nothing hallucinated
     assert res["chair_s"] == pytest.approx(0.0)
     mentions = CallableModel(lambda i, p: "a dog , a fork ." if "describe" in p else "yes")

@@ -1,19 +1,37 @@
-"""Causal-HalBench's intervention (Sec. 3-4) on world scenes with a co-occurring pair.
+"""Causal-HalBench's intervention (Sec. 4.1-4.3) on world scenes.
 
-The world's co-occurrence knob makes ``knife -> fork`` and ``bench -> tree`` high
-co-occurrence pairs. For a base scene X holding both, the *target* o_t (the companion) is
-replaced in place by a low co-occurrence object o_cf (one from the other context), giving
-X_cf -- an exact version of the paper's counterfactual inpainting. Questions (Sec. 4.3):
+Objects are chosen as the paper's pipeline chooses them (Sec. 4.1, "Intervention Objects
+Selection"), by co-occurrence frequency (:func:`evaluators.world.cooccurrence`, counted on
+the world's own scenes as the paper counts on MSCOCO's annotations):
 
-* contextual ``Q_c``: the cue o_c (present in X and X_cf; GT yes);
-* absent ``Q_a``: an object of the scene's context absent from both images (GT no);
-* counterfactual ``Q_cf``: o_cf, asked on X_cf only (GT yes);
-* a caption of X and of X_cf ("describe the image ."), scored with CHAIR (Sec. 5.2) against
-  the scene's objects.
+* a **target** ``o_t``: an object of the scene (the paper designates each annotated object
+  in turn; we draw one per base scene, uniformly, so that ``n_pairs`` counts base scenes);
+* a **contextual object** ``o_c``: another object of the scene, drawn with probability
+  proportional to its co-occurrence frequency with ``o_t`` ("Contextual Sampling");
+* a **counterfactual object** ``o_cf``: drawn uniformly from the :data:`CF_POOL` categories
+  of lowest co-occurrence frequency with ``o_c`` among those absent from the scene and able
+  to take ``o_t``'s place ("Counterfactual Selection"; Gemini's pick for visual
+  suitability becomes :func:`~evaluators.world.edits.can_replace`). ``X_cf`` is ``X`` with
+  ``o_t`` replaced in place by ``o_cf`` -- an exact version of the paper's inpainting;
+* **absent objects** ``o_a``: the :data:`N_ABSENT` categories absent from both images that
+  most frequently appear with ``o_t`` (Sec. 4.2, "top-k absent objects that frequently
+  appear with the original target object"; k = 2 as Table 1's counts imply: 2774 "no"
+  questions for 1387 counterfactual images, on either image type).
 
-Our choice where the paper leaves room: Q_a picks a context-typical absent object, the
-kind a co-occurrence prior would complete. Records: ``image_type``, ``question_type``,
-``pair_id`` for :mod:`.metrics`.
+Questions (Sec. 4.2-4.3, "Is there {object} in this image?" in the organism's wording):
+``Q_c`` (``o_c``, GT yes) and the two ``Q_a`` (GT no) on both images, ``Q_cf`` (``o_cf``,
+GT yes) on ``X_cf`` only, and a caption of each image ("describe the image .") scored with
+CHAIR (Sec. 5.2) against the image's objects. The caption prompt is ours: the paper's
+(Appendix) asks for a detailed description, which the organism was not trained to give; it
+was trained on "describe the image ." object lists.
+
+Until session 33 the suite always took the world's co-occurrence pairs as (``o_c``,
+``o_t``) = (knife, fork) or (bench, tree), ``o_a`` from the cue's context and ``o_cf``
+from the other one; then the object's name and the background's context alone gave the
+answer (a rule using nothing else scored Acc 93, CHR 9, CAC = AAC = 0).
+
+Records: ``image_type``, ``question_type``, ``pair_id``, ``question`` (CPR pairs the two
+absent questions by it) for :mod:`.metrics`, plus the objects of the triplet.
 """
 
 from __future__ import annotations
@@ -22,48 +40,76 @@ import numpy as np
 
 from ...organism.tasks import existence_question
 from ...query import Query
-from ...world import BIASED, CONTEXT_CATEGORIES, World, check_count, check_seed, derive_seed, edits
+from ...world import BIASED, World, check_count, check_seed, derive_seed, edits
+from ...world.cooccurrence import Cooccurrence, cooccurrence
+from ...world.scene import Scene
 
+#: How many lowest-co-occurrence categories form the counterfactual candidate pool (the
+#: paper's "top-k", k not given; 3 of the vocabulary's 10 categories).
+CF_POOL = 3
+#: Absent questions per image (Table 1: two per counterfactual image).
+N_ABSENT = 2
+_STREAM = 51
+CAPTION_PROMPT = "describe the image ."
+
+
+def triplet(scene: Scene, stats: Cooccurrence, rng: np.random.Generator) -> tuple[str, str, str, list[str]] | None:
+    """``(o_t, o_c, o_cf, [o_a, ...])`` for ``scene`` by the rules in the module notes, or
+    None when no object of the scene admits all of them."""
+    present = sorted(scene.categories())
+    targets = [c for c in present if scene.count(c) == 1]
+    for t in (targets[i] for i in rng.permutation(len(targets))):
+        context = [c for c in present if c != t]
+        if not context:
+            continue
+        weights = np.array([stats(t, c) for c in context], dtype=float)
+        # no sampled scene held them together: every candidate alike (the paper's sampling
+        # has no such case; COCO pairs that never co-occur are not drawn either way)
+        weights = weights / weights.sum() if weights.sum() > 0 else np.full(len(context), 1 / len(context))
+        o_c = context[int(rng.choice(len(context), p=weights))]
+        absent = [c for c in stats.counts if c not in present]
+        pool = stats.ranked(o_c, absent, lowest=True)[:CF_POOL]
+        fits = [c for c in pool if edits.can_replace(scene.of(t)[0], c)]
+        if not fits:
+            continue
+        o_cf = fits[int(rng.integers(len(fits)))]
+        o_a = stats.ranked(t, [c for c in absent if c != o_cf])[:N_ABSENT]
+        if len(o_a) < N_ABSENT:
+            continue
+        return t, o_c, o_cf, o_a
+    return None
 
 
 def build(n_pairs: int = 30, seed: int = 0, world: World | None = None) -> list[Query]:
     seed = check_seed(seed)
     check_count(n_pairs, "n_pairs")
     world = world or World(BIASED)
-    rng = np.random.default_rng([seed, 51])
+    stats = cooccurrence(world)
     queries: list[Query] = []
     s, built = 0, 0
     while built < n_pairs:
         s += 1
-        scene = world.scene(derive_seed(seed, 51, s))
-        pair = next(((c, t) for c, t, _ in world.config.cooccurrence
-                     if scene.count(c) == 1 and scene.count(t) == 1), None)
-        if pair is None:
+        scene = world.scene(derive_seed(seed, _STREAM, s))
+        chosen = triplet(scene, stats, np.random.default_rng([seed, _STREAM, s]))
+        if chosen is None:
             continue
-        cue, target = pair
-        home = next(ctx for ctx, cats in CONTEXT_CATEGORIES.items() if cue in cats)
-        typical = CONTEXT_CATEGORIES[home]
-        other = [c for ctx, cats in CONTEXT_CATEGORIES.items() if ctx != home for c in cats]
-        cf = [c for c in other if not scene.present(c) and edits.can_replace(scene.of(target)[0], c)]
-        absent = [c for c in typical if not scene.present(c)]
-        if not cf or not absent:
-            continue
-        o_cf = cf[int(rng.integers(len(cf)))]
-        o_a = absent[int(rng.integers(len(absent)))]
+        target, o_c, o_cf, o_a = chosen
         counterfactual = edits.replace(scene, scene.of(target)[0].uid, o_cf)
         pid = f"chb-{seed}-{built}"
+        about = {"pair_id": pid, "context": scene.context, "target": target, "context_object": o_c, "counterfactual_object": o_cf}
         for image_type, img in (("original", scene), ("counterfactual", counterfactual)):
-            rows = [("contextual", cue, "yes"), ("absent", o_a, "no")]
+            image = img.render()
+            rows = [("contextual", "contextual", o_c, "yes")]
+            rows += [(f"absent{k}", "absent", obj, "no") for k, obj in enumerate(o_a)]
             if image_type == "counterfactual":
-                rows.append(("counterfactual", o_cf, "yes"))
-            queries.append(Query(f"{pid}-{image_type}-caption", "causal_halbench", [img.render()],
-                                 "describe the image .", "text", None,
-                                 {"image_type": image_type, "objects": sorted(img.categories()), "pair_id": pid}))
-            for qtype, obj, truth in rows:
-                queries.append(Query(f"{pid}-{image_type}-{qtype}", "causal_halbench", [img.render()],
-                                     existence_question(obj), "yes_no", truth,
-                                     {"image_type": image_type, "question_type": qtype, "pair_id": pid,
-                                      "object": obj, "target": target}))
+                rows.append(("counterfactual", "counterfactual", o_cf, "yes"))
+            queries.append(Query(f"{pid}-{image_type}-caption", "causal_halbench", [image], CAPTION_PROMPT, "text",
+                                 None, {"image_type": image_type, "objects": sorted(img.categories()), **about}))
+            for name, qtype, obj, truth in rows:
+                question = existence_question(obj)
+                queries.append(Query(f"{pid}-{image_type}-{name}", "causal_halbench", [image], question, "yes_no",
+                                     truth, {"image_type": image_type, "question_type": qtype, "object": obj,
+                                             "question": question, **about}))
         built += 1
     return queries
 
