@@ -186,6 +186,28 @@ def test_all_abstain_and_undefined_cms():
     assert isnan(hsb.scores([])["iou_fact"])
 
 
+def test_unreadable_roles_score_each_metrics_worst_value():
+    """gt: 4 of 16 pixels. Unreadable textual / visual answers: IoU 1 and the whole image's
+    CMS, (3*4 + 12) / (3*4) = 2, above the confusable mask's own 1 and any spill-over a
+    real answer can have; an unreadable factual answer: IoU 0 whatever mask came with it."""
+    gt = box(0, 2, 0, 2)
+    spill = box(0, 2, 0, 4)                                  # M_c and 4 px beside it
+    # scores memoise into the record: each case gets its own dict
+    base = lambda **more: dict(gt_fact=gt, gt_counterfact=gt, pred_fact=gt, pred_textual=spill, pred_visual=None,
+                               **more)
+    real = hsb.scores([base()])
+    assert real["cms_fact"] == pytest.approx(16 / 12) and real["abstain_visual"] == 1.0
+    worst = hsb.scores([base(unreadable=["textual", "visual"])])
+    assert hsb.worst_cms(gt) == pytest.approx(2.0)
+    assert worst["cms_fact"] == worst["cms_counterfact"] == pytest.approx(2.0) and 2.0 > real["cms_fact"]
+    assert worst["iou_textual"] == worst["iou_visual"] == 1.0 and worst["delta_iou_visual"] == 0.0
+    assert worst["abstain_textual"] == worst["abstain_visual"] == 0.0
+    fact = hsb.scores([base(unreadable=["fact"])])
+    assert fact["iou_fact"] == 0.0 and fact["cms_fact"] == real["cms_fact"]
+    with pytest.raises(ValueError, match="unreadable"):
+        hsb.scores([base(unreadable=["caption"])])
+
+
 # -- Causal-HalBench --------------------------------------------------------------------------
 def qa(image, question, correct, pair=None, invalid=False):
     r = {"image_type": image, "question_type": question, "correct": correct, "invalid": invalid}

@@ -327,9 +327,10 @@ def test_hallusegbench_suite_assembles_pairs(tmp_path):
 
 
 def test_hallusegbench_unreadable_answers_are_wrong_not_abstentions(tmp_path):
-    """An answer no mask can be read from is the empty mask on the factual query (IoU 0) and,
-    where abstaining is right, the confusable object's mask (IoU 1, CMS 1), never a free
-    abstention; an explicit "none" stays one."""
+    """An answer no mask can be read from scores each metric's worst: IoU 0 on the factual
+    query and, where abstaining is right, IoU 1 and the whole image's CMS -- never a free
+    abstention, nor a better CMS than a real hallucination that spills over (until session
+    33 it scored the confusable object's own mask: CMS 1); an explicit "none" stays one."""
     from evaluators.benchmarks.hallusegbench.suite import build as hsb
 
     queries = hsb(n_pairs=3, seed=4)
@@ -338,8 +339,14 @@ def test_hallusegbench_unreadable_answers_are_wrong_not_abstentions(tmp_path):
     abstain = run(queries, CallableModel(lambda i, p: "none"), tmp_path / "n", progress=False)["results"]["hallusegbench"]
     assert abstain["iou_textual"] == abstain["iou_visual"] == abstain["cms_fact"] == 0.0
     assert gibberish["iou_fact"] == 0.0
-    assert gibberish["iou_textual"] == gibberish["iou_visual"] == gibberish["cms_fact"] == 1.0
+    assert gibberish["iou_textual"] == gibberish["iou_visual"] == 1.0
     assert gibberish["delta_iou_textual"] == gibberish["delta_iou_visual"] == -1.0
+    # the whole image's box hallucinates at least as much as anything a model can answer
+    whole = run(queries, CallableModel(lambda i, p: "<c0> <c0> <c15> <c15>"), tmp_path / "w",
+                progress=False)["results"]["hallusegbench"]
+    assert whole["cms_fact"] > 1.0 and whole["cms_counterfact"] > 1.0
+    assert gibberish["cms_fact"] == pytest.approx(whole["cms_fact"])
+    assert gibberish["cms_counterfact"] == pytest.approx(whole["cms_counterfact"])
 
 
 def test_hallusegbench_visual_answers_are_drawn_on_the_counterfactual_images_grid(tmp_path):

@@ -57,6 +57,15 @@ Choices (the paper is silent or inconsistent):
   cIoU/gIoU): App. B describes the metrics as instance-level and Table 3 / Fig. 8 report
   per-sample means, distributions and 95% CIs; the scripts take ``np.mean`` over samples.
   ΔIoU is averaged per sample, which equals the difference of the mean IoUs.
+* **Unreadable answers** (record field ``unreadable``: the roles among ``fact``,
+  ``textual``, ``visual`` whose answer no mask could be read from; the authors' scripts skip
+  such samples, which would let a mitigation that breaks the answer format drop exactly its
+  hard pairs) get each metric's worst value: IoU_fact 0; on the two queries where
+  abstaining is right IoU 1 and the CMS of the whole-image mask, ``(α|M| + (A - |M|)) /
+  (α|M|)`` for an image of A pixels, the largest any prediction can score. A single mask
+  cannot stand in for both: the confusable object's own mask gives IoU 1 but only CMS 1,
+  better than a real hallucination that spills over (until session 33 it was used), and the
+  whole-image mask gives the worst CMS but a small IoU. Such a role counts as no abstention.
 * Values are fractions (the paper prints 0.5312, not 53.12); CMS is unbounded above.
 """
 
@@ -134,6 +143,15 @@ def cms(pred: Any, gt: Any, alpha: float = ALPHA) -> float:
     return (alpha * confusing + non_overlap) / (alpha * area)
 
 
+def worst_cms(gt: Any, alpha: float = ALPHA) -> float:
+    """The largest CMS any prediction can score against ``gt``: that of the whole-image mask."""
+    g = _binary(gt)
+    return cms(np.ones(g.shape, dtype=bool), g, alpha)
+
+
+ROLES = ("fact", "textual", "visual")
+
+
 def is_abstention(pred: Any) -> bool:
     """True for ``None`` or a mask with no foreground pixel."""
     return pred is None or not bool((np.asarray(pred) > 0).any())
@@ -176,10 +194,22 @@ def _compute_record_scores(record: Mapping[str, Any], alpha: float) -> dict[str,
     if missing:
         raise KeyError(f"HalluSegBench record lacks {missing}; it needs gt_fact, gt_counterfact, "
                        "pred_fact, pred_textual, pred_visual (None = abstention)")
-    scores = sample_scores(record["gt_fact"], record["gt_counterfact"], record.get("pred_fact"),
+    unreadable = set(record.get("unreadable") or ())
+    if not unreadable <= set(ROLES):
+        raise ValueError(f"unreadable: roles must be among {ROLES}, got {sorted(unreadable)}")
+    scores = sample_scores(record["gt_fact"], record["gt_counterfact"],
+                           None if "fact" in unreadable else record.get("pred_fact"),
                            record.get("pred_textual"), record.get("pred_visual"), alpha)
-    scores["abstain_textual"] = float(is_abstention(record.get("pred_textual")))
-    scores["abstain_visual"] = float(is_abstention(record.get("pred_visual")))
+    # each metric's worst value for an answer no mask could be read from (module notes)
+    for role, iou_key, cms_key, gt in (("textual", "iou_textual", "cms_fact", record["gt_fact"]),
+                                       ("visual", "iou_visual", "cms_counterfact", record["gt_counterfact"])):
+        if role in unreadable:
+            scores[iou_key] = 1.0
+            scores[cms_key] = worst_cms(gt, alpha)
+    scores["delta_iou_textual"] = scores["iou_fact"] - scores["iou_textual"]
+    scores["delta_iou_visual"] = scores["iou_fact"] - scores["iou_visual"]
+    scores["abstain_textual"] = float("textual" not in unreadable and is_abstention(record.get("pred_textual")))
+    scores["abstain_visual"] = float("visual" not in unreadable and is_abstention(record.get("pred_visual")))
     return scores
 
 
@@ -295,5 +325,5 @@ def cms_counterfact(records, alpha: float = ALPHA) -> float:
 __all__ = [
     "ALPHA", "REPORTED_APART", "SPLITS", "ci95_halfwidth", "cms", "cms_counterfact", "cms_fact", "delta_iou_textual",
     "delta_iou_visual", "iou", "iou_fact", "iou_textual", "iou_visual", "is_abstention", "resize_nearest",
-    "sample_scores", "scores", "scores_by", "scores_by_split",
+    "ROLES", "sample_scores", "scores", "scores_by", "scores_by_split", "worst_cms",
 ]

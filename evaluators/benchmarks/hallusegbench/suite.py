@@ -16,11 +16,11 @@ ground truth by the metrics).
 **An unreadable answer is wrong**, as everywhere else in the toolkit. The paper is silent
 (its scripts skip samples without a prediction, which would let a mitigation that breaks
 the answer format drop exactly its hard pairs). On the factual query an unreadable answer
-is the empty mask (IoU 0, the worst there). On the two counterfactual queries, where
-abstaining is right, an empty mask would score as a perfect abstention, so it is scored as
-the hallucination the query tests for instead: the confusable object's ground-truth mask
-(``textual``: M_c; ``visual``: M'_{c'}), IoU 1 and CMS 1 -- the worst bounded score. The
-record's ``unreadable`` lists those roles and ``invalid`` is set. Ground-truth masks are recomputed from the
+scores IoU 0, the worst there. On the two counterfactual queries, where abstaining is
+right, an empty mask would score as a perfect abstention, so each metric takes its worst
+value instead: IoU 1 and the CMS of the whole-image mask (:mod:`.metrics`, "Unreadable
+answers"). The record's ``unreadable`` lists those roles (their ``pred_*`` mask is the
+empty one the answer gave) and ``invalid`` is set. Ground-truth masks are recomputed from the
 scene stored in each record, so the per-sample file stays small.
 """
 
@@ -103,8 +103,6 @@ def assemble(records: list[dict]) -> list[dict]:
             preds[role], bad = answer_mask(answer, grids[role].shape)
             if bad or roles[role].get("invalid_input"):
                 unreadable.append(role)
-                if role != "fact":
-                    preds[role] = grids[role].copy()
         out.append({"id": sid, "split": first["split"], "gt_fact": gt_fact, "gt_counterfact": gt_counterfact,
                     "pred_fact": preds["fact"], "pred_textual": preds["textual"], "pred_visual": preds["visual"],
                     "invalid": bool(unreadable), "unreadable": unreadable})
