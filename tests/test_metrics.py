@@ -192,10 +192,10 @@ def test_unreadable_roles_score_each_metrics_worst_value():
     real answer can have; an unreadable factual answer: IoU 0 whatever mask came with it."""
     gt = box(0, 2, 0, 2)
     spill = box(0, 2, 0, 4)                                  # M_c and 4 px beside it
-    # scores memoise into the record: each case gets its own dict
-    base = lambda **more: dict(gt_fact=gt, gt_counterfact=gt, pred_fact=gt, pred_textual=spill, pred_visual=None,
-                               **more)
-    real = hsb.scores([base()])
+    first = dict(gt_fact=gt, gt_counterfact=gt, pred_fact=gt, pred_textual=spill, pred_visual=None)
+    real = hsb.scores([first])
+    # a copy carries the first record's memo of its scores along: it must not be read
+    base = lambda **more: {**first, **more}
     assert real["cms_fact"] == pytest.approx(16 / 12) and real["abstain_visual"] == 1.0
     worst = hsb.scores([base(unreadable=["textual", "visual"])])
     assert hsb.worst_cms(gt) == pytest.approx(2.0)
@@ -206,6 +206,8 @@ def test_unreadable_roles_score_each_metrics_worst_value():
     assert fact["iou_fact"] == 0.0 and fact["cms_fact"] == real["cms_fact"]
     with pytest.raises(ValueError, match="unreadable"):
         hsb.scores([base(unreadable=["caption"])])
+    assert hsb.scores([base(pred_textual=None)])["cms_fact"] == 0.0   # another mask: scored anew
+    assert hsb.scores([first])["cms_fact"] == real["cms_fact"]
 
 
 # -- Causal-HalBench --------------------------------------------------------------------------

@@ -174,18 +174,25 @@ def sample_scores(gt_fact: Any, gt_counterfact: Any, pred_fact: Any, pred_textua
     }
 
 
-_CACHE = "_sample_scores"  # per-record memo {alpha: scores}: records are not edited once scored
+_CACHE = "_sample_scores"  # per-record memo {alpha: (inputs, scores)}
+_INPUTS = ("gt_fact", "gt_counterfact", "pred_fact", "pred_textual", "pred_visual")
 
 
 def _record_scores(record: Mapping[str, Any], alpha: float) -> dict[str, float]:
     """The per-sample values of one record, computed once per record and alpha (a paired
-    bootstrap scores the same records ~1000 times; the masks do not change)."""
+    bootstrap scores the same records ~1000 times; the masks do not change). The memo keeps
+    the very mask objects and ``unreadable`` roles it was computed from and is used only
+    while the record still holds them: a copy ``{**record, "pred_visual": other}`` carries
+    the memo along, and must not read its scores."""
+    inputs = tuple(record.get(k) for k in _INPUTS) + (tuple(record.get("unreadable") or ()),)
     memo = record.get(_CACHE) if isinstance(record, dict) else None
     if memo is not None and alpha in memo:
-        return memo[alpha]
+        seen, scores = memo[alpha]
+        if all(a is b for a, b in zip(seen[:-1], inputs[:-1])) and seen[-1] == inputs[-1]:
+            return scores
     scores = _compute_record_scores(record, alpha)
     if isinstance(record, dict):
-        record.setdefault(_CACHE, {})[alpha] = scores
+        record[_CACHE] = {**(memo or {}), alpha: (inputs, scores)}
     return scores
 
 
