@@ -59,6 +59,22 @@ def test_triplets_follow_the_papers_selection_rules(seed):
         assert len(asked) == 2 * (1 + N_ABSENT) + 1
 
 
+def test_counterfactual_objects_are_as_large_as_the_worlds_smallest():
+    """A fork's thin box holds a 2-3 px square: the paper's visual-suitability pick keeps
+    o_cf at least as large as the world draws any object."""
+    smallest = BIASED.small_size[0] * BIASED.resolution
+    for seed in (0, 1, 3):
+        sizes = {q.record["pair_id"]: q.record["counterfactual_size"] for q in build(n_pairs=40, seed=seed)
+                 if q.kind == "yes_no" and q.record["question_type"] == "counterfactual"}
+        assert len(sizes) == 40 and min(sizes.values()) >= smallest, (seed, min(sizes.values()))
+
+
+def test_a_world_whose_scenes_never_give_a_pair_is_refused():
+    lonely = World(BIASED.replace(n_objects=(1, 1), cooccurrence=()))
+    with pytest.raises(ValueError, match="world: only 0 of 2 pairs"):
+        build(n_pairs=2, world=lonely)
+
+
 def test_a_scene_without_a_usable_target_gives_none():
     world = World(BIASED)
     scene = world.scene(derive_seed(0, 9, 1), n_objects=1)  # nothing to be o_c

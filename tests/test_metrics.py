@@ -186,28 +186,39 @@ def test_all_abstain_and_undefined_cms():
     assert isnan(hsb.scores([])["iou_fact"])
 
 
-def test_unreadable_roles_score_each_metrics_worst_value():
-    """gt: 4 of 16 pixels. Unreadable textual / visual answers: IoU 1 and the whole image's
-    CMS, (3*4 + 12) / (3*4) = 2, above the confusable mask's own 1 and any spill-over a
-    real answer can have; an unreadable factual answer: IoU 0 whatever mask came with it."""
+def test_unreadable_roles_take_the_worst_iou_and_leave_cms_to_readable_answers():
+    """An unreadable textual / visual answer: IoU 1 (full leakage) and a count in its
+    unreadable share; CMS averages the readable answers only (unbounded above, no value
+    stands for "wrong in an unknown way": the whole image's CMS is 1 + 12 / 12 = 2 here,
+    over 100 for small objects). An unreadable factual answer: IoU 0 whatever mask came."""
     gt = box(0, 2, 0, 2)
     spill = box(0, 2, 0, 4)                                  # M_c and 4 px beside it
     first = dict(gt_fact=gt, gt_counterfact=gt, pred_fact=gt, pred_textual=spill, pred_visual=None)
     real = hsb.scores([first])
+    assert real["cms_fact"] == pytest.approx(16 / 12) and real["abstain_visual"] == 1.0
+    assert real["unreadable_textual"] == real["unreadable_visual"] == 0.0
     # a copy carries the first record's memo of its scores along: it must not be read
     base = lambda **more: {**first, **more}
-    assert real["cms_fact"] == pytest.approx(16 / 12) and real["abstain_visual"] == 1.0
-    worst = hsb.scores([base(unreadable=["textual", "visual"])])
-    assert hsb.worst_cms(gt) == pytest.approx(2.0)
-    assert worst["cms_fact"] == worst["cms_counterfact"] == pytest.approx(2.0) and 2.0 > real["cms_fact"]
-    assert worst["iou_textual"] == worst["iou_visual"] == 1.0 and worst["delta_iou_visual"] == 0.0
-    assert worst["abstain_textual"] == worst["abstain_visual"] == 0.0
+    worst = hsb.scores([base(unreadable=["textual", "visual"]), base()])
+    one = hsb.scores([base(unreadable=["textual", "visual"])])
+    assert one["iou_textual"] == one["iou_visual"] == 1.0 and one["delta_iou_visual"] == 0.0
+    assert isnan(one["cms_fact"]) and isnan(one["cms_counterfact"]) and one["n_cms_unreadable"] == 1
+    assert one["n_cms_undefined"] == 0
+    assert worst["cms_fact"] == real["cms_fact"] and worst["cms_counterfact"] == 0.0  # the readable one's
+    assert worst["unreadable_textual"] == worst["unreadable_visual"] == 0.5
+    assert one["abstain_textual"] == one["abstain_visual"] == 0.0
     fact = hsb.scores([base(unreadable=["fact"])])
     assert fact["iou_fact"] == 0.0 and fact["cms_fact"] == real["cms_fact"]
+    empty = np.zeros((4, 4))   # a degenerate empty truth: no answer reaches IoU 1 there
+    assert hsb.scores([dict(gt_fact=gt, gt_counterfact=empty, pred_fact=gt, pred_textual=None, pred_visual=None,
+                            unreadable=["visual"])])["iou_visual"] == 0.0
     with pytest.raises(ValueError, match="unreadable"):
         hsb.scores([base(unreadable=["caption"])])
     assert hsb.scores([base(pred_textual=None)])["cms_fact"] == 0.0   # another mask: scored anew
     assert hsb.scores([first])["cms_fact"] == real["cms_fact"]
+    assert get_metric("hallusegbench.unreadable_textual").mechanism == "label_grounding"
+    assert get_metric("hallusegbench.unreadable_visual").mechanism == "vision_grounding"
+    assert get_metric("hallusegbench.unreadable_visual").higher_is_better is False
 
 
 # -- Causal-HalBench --------------------------------------------------------------------------

@@ -4,6 +4,7 @@ with nothing lost or duplicated; invalid inputs are counted; the CLI runs end to
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -327,10 +328,10 @@ def test_hallusegbench_suite_assembles_pairs(tmp_path):
 
 
 def test_hallusegbench_unreadable_answers_are_wrong_not_abstentions(tmp_path):
-    """An answer no mask can be read from scores each metric's worst: IoU 0 on the factual
-    query and, where abstaining is right, IoU 1 and the whole image's CMS -- never a free
-    abstention, nor a better CMS than a real hallucination that spills over (until session
-    33 it scored the confusable object's own mask: CMS 1); an explicit "none" stays one."""
+    """An answer no mask can be read from is the empty mask on the factual query (IoU 0)
+    and, where abstaining is right, full leakage (IoU 1) and an unreadable one in its share
+    -- never a free abstention; CMS reads readable answers only. An explicit "none" stays
+    an abstention."""
     from evaluators.benchmarks.hallusegbench.suite import build as hsb
 
     queries = hsb(n_pairs=3, seed=4)
@@ -338,15 +339,12 @@ def test_hallusegbench_unreadable_answers_are_wrong_not_abstentions(tmp_path):
                     progress=False)["results"]["hallusegbench"]
     abstain = run(queries, CallableModel(lambda i, p: "none"), tmp_path / "n", progress=False)["results"]["hallusegbench"]
     assert abstain["iou_textual"] == abstain["iou_visual"] == abstain["cms_fact"] == 0.0
+    assert abstain["unreadable_textual"] == abstain["unreadable_visual"] == 0.0
     assert gibberish["iou_fact"] == 0.0
     assert gibberish["iou_textual"] == gibberish["iou_visual"] == 1.0
     assert gibberish["delta_iou_textual"] == gibberish["delta_iou_visual"] == -1.0
-    # the whole image's box hallucinates at least as much as anything a model can answer
-    whole = run(queries, CallableModel(lambda i, p: "<c0> <c0> <c15> <c15>"), tmp_path / "w",
-                progress=False)["results"]["hallusegbench"]
-    assert whole["cms_fact"] > 1.0 and whole["cms_counterfact"] > 1.0
-    assert gibberish["cms_fact"] == pytest.approx(whole["cms_fact"])
-    assert gibberish["cms_counterfact"] == pytest.approx(whole["cms_counterfact"])
+    assert gibberish["unreadable_textual"] == gibberish["unreadable_visual"] == 1.0
+    assert math.isnan(gibberish["cms_fact"]) and math.isnan(gibberish["cms_counterfact"])
 
 
 def test_hallusegbench_visual_answers_are_drawn_on_the_counterfactual_images_grid(tmp_path):

@@ -33,8 +33,8 @@ Choices:
   each of its numbered counterfactual images, asking the same question; with the paper's
   two absent questions per target, pairing by type alone would also pair "fork?" on the
   original with "spoon?" on the counterfactual). The user-data protocol stores the
-  question; the built-in suite asks one question per type and image, so its groups are the
-  same either way. Groups lacking one
+  question, and so do the built-in suite's records (it asks two absent questions per image,
+  Table 1's count). Groups lacking one
   side are skipped, as in the authors' code, and counted in ``cpr_unpaired``. We report
   ``cpr_contextual`` and ``cpr_absent`` (the authors' ``cpr_target`` / ``cpr_absent``) and,
   as our addition, ``cpr`` pooled over both.

@@ -5,14 +5,18 @@ Selection"), by co-occurrence frequency (:func:`evaluators.world.cooccurrence`, 
 the world's own scenes as the paper counts on MSCOCO's annotations):
 
 * a **target** ``o_t``: an object of the scene (the paper designates each annotated object
-  in turn; we draw one per base scene, uniformly, so that ``n_pairs`` counts base scenes);
+  in turn; we draw one per base scene, uniformly, so that ``n_pairs`` counts base scenes;
+  only a category the scene holds once, so that ``X_cf`` lacks it);
 * a **contextual object** ``o_c``: another object of the scene, drawn with probability
   proportional to its co-occurrence frequency with ``o_t`` ("Contextual Sampling");
-* a **counterfactual object** ``o_cf``: drawn uniformly from the :data:`CF_POOL` categories
-  of lowest co-occurrence frequency with ``o_c`` among those absent from the scene and able
-  to take ``o_t``'s place ("Counterfactual Selection"; Gemini's pick for visual
-  suitability becomes :func:`~evaluators.world.edits.can_replace`). ``X_cf`` is ``X`` with
-  ``o_t`` replaced in place by ``o_cf`` -- an exact version of the paper's inpainting;
+* a **counterfactual object** ``o_cf``: the candidate pool is the :data:`CF_POOL`
+  categories absent from the scene of lowest co-occurrence frequency with ``o_c``
+  ("Counterfactual Selection"); Gemini's pick among them for visual suitability becomes a
+  uniform draw among those that, put in ``o_t``'s place, are at least as large as the
+  world's smallest objects (``WorldConfig.small_size``; a fork's thin box holds only a
+  2-3 px square, smaller than anything the world draws and under a pixel at the
+  organism's input). ``X_cf`` is ``X`` with ``o_t`` replaced in place by ``o_cf`` -- an
+  exact version of the paper's inpainting;
 * **absent objects** ``o_a``: the :data:`N_ABSENT` categories absent from both images that
   most frequently appear with ``o_t`` (Sec. 4.2, "top-k absent objects that frequently
   appear with the original target object"; k = 2 as Table 1's counts imply: 2774 "no"
@@ -29,6 +33,11 @@ Until session 33 the suite always took the world's co-occurrence pairs as (``o_c
 ``o_t``) = (knife, fork) or (bench, tree), ``o_a`` from the cue's context and ``o_cf``
 from the other one; then the object's name and the background's context alone gave the
 answer (a rule using nothing else scored Acc 93, CHR 9, CAC = AAC = 0).
+
+The world's planted pairs (knife -> fork, bench -> tree) are probed only where the paper's
+rules meet them: ``o_t`` a companion and ``o_c`` its cue, with the absent questions about
+other objects; an absent companion next to its cue is MIOH's hard negatives' and the
+organism card's co-occurrence signature's question, not this protocol's.
 
 Records: ``image_type``, ``question_type``, ``pair_id``, ``question`` (CPR pairs the two
 absent questions by it) for :mod:`.metrics`, plus the objects of the triplet.
@@ -50,12 +59,15 @@ CF_POOL = 3
 #: Absent questions per image (Table 1: two per counterfactual image).
 N_ABSENT = 2
 _STREAM = 51
+MAX_TRIES = 50  # base scenes tried per pair before a world is refused (BIASED: each of 400 tried gave one)
 CAPTION_PROMPT = "describe the image ."
 
 
-def triplet(scene: Scene, stats: Cooccurrence, rng: np.random.Generator) -> tuple[str, str, str, list[str]] | None:
+def triplet(scene: Scene, stats: Cooccurrence, rng: np.random.Generator,
+            min_size: float = 0.0) -> tuple[str, str, str, list[str]] | None:
     """``(o_t, o_c, o_cf, [o_a, ...])`` for ``scene`` by the rules in the module notes, or
-    None when no object of the scene admits all of them."""
+    None when no object of the scene admits all of them. ``min_size``: the smallest size
+    (in source pixels, as ``Obj.size``) ``o_cf`` may have in ``o_t``'s place."""
     present = sorted(scene.categories())
     targets = [c for c in present if scene.count(c) == 1]
     for t in (targets[i] for i in rng.permutation(len(targets))):
@@ -69,7 +81,8 @@ def triplet(scene: Scene, stats: Cooccurrence, rng: np.random.Generator) -> tupl
         o_c = context[int(rng.choice(len(context), p=weights))]
         absent = [c for c in stats.counts if c not in present]
         pool = stats.ranked(o_c, absent, lowest=True)[:CF_POOL]
-        fits = [c for c in pool if edits.can_replace(scene.of(t)[0], c)]
+        obj = scene.of(t)[0]
+        fits = [c for c in pool if edits.can_replace(obj, c) and edits.replaced_size(obj, c) >= min_size]
         if not fits:
             continue
         o_cf = fits[int(rng.integers(len(fits)))]
@@ -85,18 +98,25 @@ def build(n_pairs: int = 30, seed: int = 0, world: World | None = None) -> list[
     check_count(n_pairs, "n_pairs")
     world = world or World(BIASED)
     stats = cooccurrence(world)
+    min_size = world.config.small_size[0] * world.config.resolution
     queries: list[Query] = []
     s, built = 0, 0
     while built < n_pairs:
         s += 1
+        if s > MAX_TRIES * n_pairs:
+            raise ValueError(f"world: only {built} of {n_pairs} pairs in {s - 1} scenes; its scenes rarely hold "
+                             "a target with a contextual object, a counterfactual and two absent objects")
         scene = world.scene(derive_seed(seed, _STREAM, s))
-        chosen = triplet(scene, stats, np.random.default_rng([seed, _STREAM, s]))
+        chosen = triplet(scene, stats, np.random.default_rng([seed, _STREAM, s]), min_size)
         if chosen is None:
             continue
         target, o_c, o_cf, o_a = chosen
-        counterfactual = edits.replace(scene, scene.of(target)[0].uid, o_cf)
+        uid = scene.of(target)[0].uid
+        counterfactual = edits.replace(scene, uid, o_cf)
         pid = f"chb-{seed}-{built}"
-        about = {"pair_id": pid, "context": scene.context, "target": target, "context_object": o_c, "counterfactual_object": o_cf}
+        about = {"pair_id": pid, "context": scene.context, "target": target, "context_object": o_c,
+                 "counterfactual_object": o_cf,
+                 "counterfactual_size": round(next(o.size for o in counterfactual.objects if o.uid == uid), 2)}
         for image_type, img in (("original", scene), ("counterfactual", counterfactual)):
             image = img.render()
             rows = [("contextual", "contextual", o_c, "yes")]

@@ -58,14 +58,20 @@ Choices (the paper is silent or inconsistent):
   per-sample means, distributions and 95% CIs; the scripts take ``np.mean`` over samples.
   ΔIoU is averaged per sample, which equals the difference of the mean IoUs.
 * **Unreadable answers** (record field ``unreadable``: the roles among ``fact``,
-  ``textual``, ``visual`` whose answer no mask could be read from; the authors' scripts skip
-  such samples, which would let a mitigation that breaks the answer format drop exactly its
-  hard pairs) get each metric's worst value: IoU_fact 0; on the two queries where
-  abstaining is right IoU 1 and the CMS of the whole-image mask, ``(α|M| + (A - |M|)) /
-  (α|M|)`` for an image of A pixels, the largest any prediction can score. A single mask
-  cannot stand in for both: the confusable object's own mask gives IoU 1 but only CMS 1,
-  better than a real hallucination that spills over (until session 33 it was used), and the
-  whole-image mask gives the worst CMS but a small IoU. Such a role counts as no abstention.
+  ``textual``, ``visual`` whose answer no mask could be read from). The authors' scripts
+  skip such samples, which would let a mitigation that breaks the answer format drop
+  exactly its hard pairs. We keep them: IoU takes its worst value (IoU_fact 0; IoU 1 on the
+  two queries where abstaining is right, so ΔIoU counts the answer as full leakage), and
+  each such role counts in ``unreadable_textual`` / ``unreadable_visual`` (the share of
+  unreadable answers, tagged with the mechanism of its query, lower is better). CMS is left
+  out for that role (its mean is over readable answers; ``n_cms_unreadable`` counts them):
+  CMS is unbounded above, so no value stands for "wrong in an unknown way". Its largest,
+  the whole-image mask's, is 1 + (A - |M|) / (α|M|) -- 6 to 117 on the built-in suite, in
+  the hundreds for COCO-sized objects -- and let a few unreadable answers decide the mean
+  (session 33, for one session's commit: VCD (greedy)'s CMS_fact rose 0.00 -> 0.81 on
+  readable answers but read as a fall, because it gave 2 fewer unreadable answers of 60);
+  the confusable object's own mask (CMS 1, until session 33) scored gibberish better than
+  a real hallucination that spills over. An unreadable role is no abstention.
 * Values are fractions (the paper prints 0.5312, not 53.12); CMS is unbounded above.
 """
 
@@ -143,12 +149,6 @@ def cms(pred: Any, gt: Any, alpha: float = ALPHA) -> float:
     return (alpha * confusing + non_overlap) / (alpha * area)
 
 
-def worst_cms(gt: Any, alpha: float = ALPHA) -> float:
-    """The largest CMS any prediction can score against ``gt``: that of the whole-image mask."""
-    g = _binary(gt)
-    return cms(np.ones(g.shape, dtype=bool), g, alpha)
-
-
 ROLES = ("fact", "textual", "visual")
 
 
@@ -207,12 +207,13 @@ def _compute_record_scores(record: Mapping[str, Any], alpha: float) -> dict[str,
     scores = sample_scores(record["gt_fact"], record["gt_counterfact"],
                            None if "fact" in unreadable else record.get("pred_fact"),
                            record.get("pred_textual"), record.get("pred_visual"), alpha)
-    # each metric's worst value for an answer no mask could be read from (module notes)
+    # an answer no mask could be read from (module notes): IoU at its worst, CMS left out
     for role, iou_key, cms_key, gt in (("textual", "iou_textual", "cms_fact", record["gt_fact"]),
                                        ("visual", "iou_visual", "cms_counterfact", record["gt_counterfact"])):
+        scores[f"unreadable_{role}"] = float(role in unreadable)
         if role in unreadable:
-            scores[iou_key] = 1.0
-            scores[cms_key] = worst_cms(gt, alpha)
+            scores[iou_key] = 1.0 if _binary(gt).any() else 0.0  # an empty truth: every IoU is 0
+            scores[cms_key] = math.nan
     scores["delta_iou_textual"] = scores["iou_fact"] - scores["iou_textual"]
     scores["delta_iou_visual"] = scores["iou_fact"] - scores["iou_visual"]
     scores["abstain_textual"] = float("textual" not in unreadable and is_abstention(record.get("pred_textual")))
@@ -234,17 +235,20 @@ def scores(records: Iterable[Mapping[str, Any]], alpha: float = ALPHA) -> dict[s
     """Mean of each per-sample value over ``records`` (fractions; NaN when there are none).
 
     Returns the seven metrics, ``abstain_textual`` / ``abstain_visual`` (share of empty
-    predictions where abstaining is right), ``n``, ``n_cms_undefined`` and ``ci95`` (a dict
-    of half-widths)."""
+    predictions where abstaining is right), ``unreadable_textual`` / ``unreadable_visual``
+    (share of answers no mask could be read from), ``n``, ``n_cms_undefined`` (empty ground
+    truth), ``n_cms_unreadable`` and ``ci95`` (a dict of half-widths)."""
     per = [_record_scores(r, alpha) for r in records]
     out: dict[str, Any] = {"n": len(per)}
     ci: dict[str, float] = {}
-    for key in _KEYS + ("abstain_textual", "abstain_visual"):
+    for key in _KEYS + ("abstain_textual", "abstain_visual", "unreadable_textual", "unreadable_visual"):
         vals = [s[key] for s in per if not math.isnan(s[key])]
         out[key] = float(np.mean(vals)) if vals else math.nan
         if key in _KEYS:
             ci[key] = ci95_halfwidth(vals)
-    out["n_cms_undefined"] = sum(math.isnan(s["cms_fact"]) or math.isnan(s["cms_counterfact"]) for s in per)
+    out["n_cms_unreadable"] = sum(bool(s["unreadable_textual"] or s["unreadable_visual"]) for s in per)
+    out["n_cms_undefined"] = sum((math.isnan(s["cms_fact"]) and not s["unreadable_textual"])
+                                 or (math.isnan(s["cms_counterfact"]) and not s["unreadable_visual"]) for s in per)
     out["ci95"] = ci
     return out
 
@@ -319,18 +323,30 @@ def delta_iou_visual(records, alpha: float = ALPHA) -> float:
 
 @metric("hallusegbench.cms_fact", "hallusegbench", "label_grounding", False, "per_sample_mean")
 def cms_fact(records, alpha: float = ALPHA) -> float:
-    """Mean CMS of f(I, c') against M_c (Eq. 3, α = 3)."""
+    """Mean CMS of f(I, c') against M_c (Eq. 3, α = 3), over readable answers."""
     return _mean_of("cms_fact")(records, alpha)
 
 
 @metric("hallusegbench.cms_counterfact", "hallusegbench", "vision_grounding", False, "per_sample_mean")
 def cms_counterfact(records, alpha: float = ALPHA) -> float:
-    """Mean CMS of f(I', c) against M'_{c'} (Eq. 3, α = 3)."""
+    """Mean CMS of f(I', c) against M'_{c'} (Eq. 3, α = 3), over readable answers."""
     return _mean_of("cms_counterfact")(records, alpha)
+
+
+@metric("hallusegbench.unreadable_textual", "hallusegbench", "label_grounding", False, "per_sample_mean")
+def unreadable_textual(records, alpha: float = ALPHA) -> float:
+    """Share of f(I, c') answers no mask can be read from (ours: CMS_fact leaves them out)."""
+    return _mean_of("unreadable_textual")(records, alpha)
+
+
+@metric("hallusegbench.unreadable_visual", "hallusegbench", "vision_grounding", False, "per_sample_mean")
+def unreadable_visual(records, alpha: float = ALPHA) -> float:
+    """Share of f(I', c) answers no mask can be read from (ours: CMS_counterfact leaves them out)."""
+    return _mean_of("unreadable_visual")(records, alpha)
 
 
 __all__ = [
     "ALPHA", "REPORTED_APART", "SPLITS", "ci95_halfwidth", "cms", "cms_counterfact", "cms_fact", "delta_iou_textual",
     "delta_iou_visual", "iou", "iou_fact", "iou_textual", "iou_visual", "is_abstention", "resize_nearest",
-    "ROLES", "sample_scores", "scores", "scores_by", "scores_by_split", "worst_cms",
+    "ROLES", "sample_scores", "scores", "scores_by", "scores_by_split", "unreadable_textual", "unreadable_visual",
 ]

@@ -17,10 +17,11 @@ ground truth by the metrics).
 (its scripts skip samples without a prediction, which would let a mitigation that breaks
 the answer format drop exactly its hard pairs). On the factual query an unreadable answer
 scores IoU 0, the worst there. On the two counterfactual queries, where abstaining is
-right, an empty mask would score as a perfect abstention, so each metric takes its worst
-value instead: IoU 1 and the CMS of the whole-image mask (:mod:`.metrics`, "Unreadable
-answers"). The record's ``unreadable`` lists those roles (their ``pred_*`` mask is the
-empty one the answer gave) and ``invalid`` is set. Ground-truth masks are recomputed from the
+right, an empty mask would score as a perfect abstention, so it scores IoU 1 instead, is
+left out of CMS (unbounded above: no value stands for it) and counts in the unreadable
+share of its query (:mod:`.metrics`, "Unreadable answers"). The record's ``unreadable``
+lists those roles (their ``pred_*`` mask is the empty one the answer gave) and
+``invalid`` is set. Ground-truth masks are recomputed from the
 scene stored in each record, so the per-sample file stays small.
 """
 
