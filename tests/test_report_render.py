@@ -193,6 +193,12 @@ def test_markdown_table_of_one_run_and_of_two_seeds(tmp_path, monkeypatch, capsy
     assert next(line for line in one if line.startswith("| co-occurrence |")) == "| co-occurrence | n/a |"
     assert one[-1].startswith("| forward rows per token, wall clock vs baseline | 2×, ")
     assert "greedy baseline" in one[-2] and "sampling" not in one[-2]
+    # a yes-ratio row per yes/no benchmark the run answered: here DO-Bench only
+    assert [line.split(";")[0] for line in one if line.startswith("| yes-ratio")] == ["| yes-ratio (DO-Bench"]
+    both = {**runs[0], "yes_ratio": {a: {**v, "causal_halbench": 42.5} for a, v in runs[0]["yes_ratio"].items()}}
+    rows = [line for line in markdown_table([both]).splitlines() if line.startswith("| yes-ratio")]
+    assert [row.split(";")[0] for row in rows] == ["| yes-ratio (DO-Bench", "| yes-ratio (Causal-HalBench"]
+    assert rows[1].endswith("| 42.5% |")
 
     two = markdown_table([runs[0], runs[1]]).splitlines()
     assert two[0] == "| mechanism (seed 0 / seed 1) | VCD (greedy) |"

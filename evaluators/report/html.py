@@ -11,7 +11,7 @@ from pathlib import Path
 from PIL import ImageDraw
 
 from ..metrics import MECHANISMS
-from .table import SHORT, ratio_text, headline
+from .table import SHORT, YES_RATIO_NAMES, headline, ratio_text, yes_ratio_benchmarks, yes_ratio_of
 
 COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#17becf"]
 VERDICT_BG = {"fixes": "#c9f2c7", "breaks": "#f7c6c5", "mixed": "#f9e7b4"}
@@ -114,8 +114,9 @@ def write_html(result: dict, queries, records, path: Path) -> None:
             tds += (f'<td style="background:{VERDICT_BG.get(v, "#fff")}">{SHORT[v]}<br><small>'
                     f'{headline(result["comparisons"][a], mech)}</small></td>')
         body += f"<tr><th>{mech}</th>{tds}</tr>"
-    body += "<tr><th>yes-ratio (DO-Bench)</th>" + "".join(
-        f"<td>{result['yes_ratio'][a].get('dobench', float('nan')):.1f}%</td>" for a in compared) + "</tr>"
+    for bench in yes_ratio_benchmarks(result):
+        body += f"<tr><th>yes-ratio ({YES_RATIO_NAMES[bench]})</th>" + "".join(
+            f"<td>{yes_ratio_of(result['yes_ratio'][a], bench):.1f}%</td>" for a in compared) + "</tr>"
     body += "<tr><th>cost (rows/token, wall clock)</th>" + "".join(
         f"<td>{result['cost'][a]['forward_rows_per_token']}x, {ratio_text(result['cost'][a]['wall_clock_vs_baseline'])}</td>"
         for a in compared) + "</tr>"

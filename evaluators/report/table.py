@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 from ..metrics import MECHANISMS
@@ -39,6 +40,24 @@ def ratio_text(value: float | None) -> str:
     return "not measured" if value is None else f"{value:.2f}x"
 
 
+#: the yes/no benchmarks whose yes-ratio the tables show, in order, by their papers' names
+YES_RATIO_NAMES = {"dobench": "DO-Bench", "causal_halbench": "Causal-HalBench"}
+
+
+def yes_ratio_benchmarks(result: dict) -> list[str]:
+    """The yes/no benchmarks the run answered (a yes-ratio some arm has), in table order. A
+    gain can be a shift towards "yes" on any of them: Causal-HalBench's CHR asks only about
+    objects that are there, DO-Bench's A-series likewise."""
+    ratios = result["yes_ratio"].values()
+    return [b for b in YES_RATIO_NAMES if any(not math.isnan(yes_ratio_of(r, b)) for r in ratios)]
+
+
+def yes_ratio_of(ratios: dict, bench: str) -> float:
+    """An arm's yes-ratio on ``bench`` (NaN where it has none: results.json writes NaN as null)."""
+    value = ratios.get(bench)
+    return math.nan if value is None else float(value)
+
+
 def text_table(result: dict) -> str:
     arms = [a["name"] for a in result["arms"] if a["baseline"]]
     width = len("cost: rows/token, time") + 2
@@ -51,8 +70,9 @@ def text_table(result: dict) -> str:
             h = headline(result["comparisons"][a], mech)
             cells.append(f"{v} {h}".strip().ljust(col))
         lines.append(mech.ljust(width) + "".join(cells))
-    yes = "yes-ratio (DO-Bench)".ljust(width)
-    lines.append(yes + "".join(f"{result['yes_ratio'][a].get('dobench', float('nan')):.1f}%".ljust(col) for a in arms))
+    for bench in yes_ratio_benchmarks(result):
+        yes = f"yes-ratio ({YES_RATIO_NAMES[bench]})".ljust(width)
+        lines.append(yes + "".join(f"{yes_ratio_of(result['yes_ratio'][a], bench):.1f}%".ljust(col) for a in arms))
     cost = "cost: rows/token, time".ljust(width)
     lines.append(cost + "".join(
         f"{result['cost'][a]['forward_rows_per_token']}x, {ratio_text(result['cost'][a]['wall_clock_vs_baseline'])}".ljust(col)
@@ -88,7 +108,7 @@ def _md_cell(result: dict, arm: str, mechanism: str, interval: bool) -> str:
 def markdown_table(results: list[dict]) -> str:
     """The table in Markdown. One result: each cell is verdict, delta and its interval, with
     the yes-ratio and cost rows. Several (e.g. ``--seed 0`` and ``--seed 1`` of one scale):
-    each cell is verdict and delta per result, separated by ' / ', and the yes-ratio row;
+    each cell is verdict and delta per result, separated by ' / ', and the yes-ratio rows;
     the results must have the same arms."""
     if not results:
         raise ValueError("results: give at least one results.json")
@@ -104,13 +124,14 @@ def markdown_table(results: list[dict]) -> str:
         cells = (" / ".join(_md_cell(r, a, mech, one) for r in results) for a in arms)
         lines.append(f"| {MECHANISM_NAMES.get(mech, mech)} | " + " | ".join(cells) + " |")
 
-    def ratio(r, arm):
-        return f"{r['yes_ratio'][arm].get('dobench', float('nan')):.1f}"
+    for bench in yes_ratio_benchmarks(results[0]):
+        def ratio(r, arm):
+            return f"{yes_ratio_of(r['yes_ratio'][arm], bench):.1f}"
 
-    base = "; ".join(f"{name} baseline " + " / ".join(ratio(r, f"baseline ({name})") for r in results) + "%"
-                     for name in ("greedy", "sampling") if f"baseline ({name})" in results[0]["yes_ratio"])
-    lines.append(f"| yes-ratio (DO-Bench; {base}) | "
-                 + " | ".join(" / ".join(ratio(r, a) for r in results) + "%" for a in arms) + " |")
+        base = "; ".join(f"{name} baseline " + " / ".join(ratio(r, f"baseline ({name})") for r in results) + "%"
+                         for name in ("greedy", "sampling") if f"baseline ({name})" in results[0]["yes_ratio"])
+        lines.append(f"| yes-ratio ({YES_RATIO_NAMES[bench]}; {base}) | "
+                     + " | ".join(" / ".join(ratio(r, a) for r in results) + "%" for a in arms) + " |")
     if one:
         cost = results[0]["cost"]
 
