@@ -42,18 +42,43 @@ def test_mioh_hard_negatives_are_not_answered_by_none_of_the_above(seed):
         assert {q.record["present"] for q in asked["HN"] if q.record["target"] == target} == {True, False}, target
 
 
-def test_mioh_sets_other_than_hard_negatives_are_those_of_session_31():
-    """Session 32 changed the HN sets only: every other MIOH query (ids, prompts, truths,
-    options, pixels) at the small scale is the one of a734d3f (digest taken there), so
-    earlier figures on those conditions still hold. A change of the suite that moves them
-    must change this digest on purpose."""
+def test_mioh_sets_change_only_where_a_session_meant_them_to():
+    """Digests of the MIOH queries (ids, prompts, truths, options, pixels) at the small
+    scale. Session 32 changed the HN sets only; session 33 the easy sets (and the NI and LC
+    sets built as easy ones: every image of the target's unusual context, the holder
+    included), and left HP and HN as they were. A change of the suite that moves a set must
+    change its digest here on purpose."""
     import hashlib
 
     from evaluators.query import fingerprint
 
-    queries = [q for q in build_suite("mioh", seed=0, scale="small") if q.record["condition"] != "HN"]
-    digest = hashlib.sha256("".join(q.id + fingerprint(q) for q in queries).encode()).hexdigest()[:16]
-    assert (len(queries), digest) == (160, "9096fc557ef34acc")
+    queries = build_suite("mioh", seed=0, scale="small")
+
+    def digest(conditions):
+        kept = [q for q in queries if q.record["condition"] in conditions]
+        return len(kept), hashlib.sha256("".join(q.id + fingerprint(q) for q in kept).encode()).hexdigest()[:16]
+
+    assert digest({"HP"}) == (8, "8f8bdd69a21fb60f")      # session 32's
+    assert digest({"HN"}) == (8, "13845d8b2f318a48")      # session 32's
+    assert digest({"easy", "HP", "NI", "LC-S", "LC-I"}) == (160, "0679b8625b1e2c6b")  # session 33's (32: 9096fc557ef34acc)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_mioh_easy_sets_give_no_background_or_cue_hint(seed):
+    """Every image of an easy, NI or LC set is of the target's unusual context and lacks its
+    cue, the holder too: picking the one image of the usual context (or with the cue) was
+    right 61-69% of the time on easy sets before session 33 (a review's blind audit)."""
+    from evaluators.world import BIASED, CONTEXT_CATEGORIES, World, derive_seed, image_set
+
+    world = World(BIASED)
+    cue = {target: c for c, target, _ in BIASED.cooccurrence}
+    for k, target in enumerate(("fork", "tree", "dog", "cup") * 3):
+        usual = next(c for c, members in CONTEXT_CATEGORIES.items() if target in members)
+        s = image_set(world, derive_seed(seed, 77, k), 4, target, "easy", present=True, holder_unusual=True)
+        assert len(s.holders) == 1 and all(scene.context != usual for scene in s.scenes)
+        assert not any(target in cue and scene.present(cue[target]) for scene in s.scenes)
+    with pytest.raises(ValueError, match="holder_unusual"):
+        image_set(world, 1, 4, "fork", "hard_negative", holder_unusual=True)
 
 
 def test_bad_task_or_scale_is_named():

@@ -15,7 +15,10 @@ Every image set is asked two of MIOH's existence question types (Sec. 3.1):
 
 under every condition:
 
-* ``easy``: 4 images, the target large in one of them (or in none);
+* ``easy``: 4 images, the target large in one of them (or in none), every image of the
+  target's unusual context and without its co-occurrence cue, the holder included (since
+  session 33: before, only the holder could be of the usual context or hold the cue, and
+  picking that image scored 61-69% blind against 25% for "none");
 * ``HP`` (hard positives): the target present but small;
 * ``HN`` (hard negatives): every image of the target's usual context with its
   co-occurrence cue in it, the target large in one of them in the sets where ``easy``'s
@@ -24,7 +27,7 @@ under every condition:
   hard-negative images in a question of N, so the others may hold the target (its
   existence example, App. Fig. I, is an all-negative set). HN against ``easy`` is a matched
   pair: the same share of sets holding a large target, with the context and cue in every
-  image or in none of the others;
+  image or in none;
 * ``NI``: easy sets of 2, 4, 8 and 10 images (more images, more context);
 * ``LC-S`` / ``LC-I``: easy sets with a sycophantic or an instructional-override sentence
   before the question that contradicts the images (MIOH's two linguistic pressures).
@@ -97,7 +100,7 @@ def build(n_per_condition: int = 12, seed: int = 0, world: World | None = None,
     def add(cond: str, n_images: int, target: str, present: bool, k: int, kind: str = "easy", context: str = ""):
         nonlocal drawn
         s = image_set(world, derive_seed(seed, 41, drawn), n_images, target, kind,
-                      present=present)
+                      present=present, holder_unusual=kind == "easy")
         others = [i for i in range(n_images) if i != s.answer_index]
         size = min(4, n_images) - (s.answer_index is not None)
         if kind == "hard_negative":
