@@ -124,14 +124,14 @@ def markdown_table(results: list[dict]) -> str:
         cells = (" / ".join(_md_cell(r, a, mech, one) for r in results) for a in arms)
         lines.append(f"| {MECHANISM_NAMES.get(mech, mech)} | " + " | ".join(cells) + " |")
 
-    for bench in yes_ratio_benchmarks(results[0]):
-        def ratio(r, arm):
-            return f"{yes_ratio_of(r['yes_ratio'][arm], bench):.1f}"
+    def ratios(arm: str, bench: str) -> str:
+        return " / ".join(f"{yes_ratio_of(r['yes_ratio'][arm], bench):.1f}" for r in results) + "%"
 
-        base = "; ".join(f"{name} baseline " + " / ".join(ratio(r, f"baseline ({name})") for r in results) + "%"
+    for bench in yes_ratio_benchmarks(results[0]):
+        base = "; ".join(f"{name} baseline " + ratios(f"baseline ({name})", bench)
                          for name in ("greedy", "sampling") if f"baseline ({name})" in results[0]["yes_ratio"])
         lines.append(f"| yes-ratio ({YES_RATIO_NAMES[bench]}; {base}) | "
-                     + " | ".join(" / ".join(ratio(r, a) for r in results) + "%" for a in arms) + " |")
+                     + " | ".join(ratios(a, bench) for a in arms) + " |")
     if one:
         cost = results[0]["cost"]
 

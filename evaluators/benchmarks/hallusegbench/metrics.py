@@ -68,9 +68,9 @@ Choices (the paper is silent or inconsistent):
   CMS is unbounded above, so no value stands for "wrong in an unknown way". Its largest,
   the whole-image mask's, is 1 + (A - |M|) / (α|M|) -- 6 to 152 on the built-in suites of
   seeds 0 and 1, in the hundreds for COCO-sized objects -- and let a few unreadable answers
-  decide the mean
-  (session 33, for one session's commit: VCD (greedy)'s CMS_fact rose 0.00 -> 0.81 on
-  readable answers but read as a fall, because it gave 2 fewer unreadable answers of 60);
+  decide the mean (tried for one commit in session 33: VCD (greedy)'s CMS_fact rose 0.00 ->
+  0.81 on readable answers but read as a fall, because it gave 2 fewer unreadable answers
+  of 60);
   the confusable object's own mask (CMS 1, until session 33) scored gibberish better than
   a real hallucination that spills over. An unreadable role is no abstention.
 * Values are fractions (the paper prints 0.5312, not 53.12); CMS is unbounded above.
