@@ -100,7 +100,7 @@ def build(n_per_condition: int = 12, seed: int = 0, world: World | None = None,
     def add(cond: str, n_images: int, target: str, present: bool, k: int, kind: str = "easy", context: str = ""):
         nonlocal drawn
         s = image_set(world, derive_seed(seed, 41, drawn), n_images, target, kind,
-                      present=present, holder_unusual=kind == "easy")
+                      present=present, holder_unusual=kind == "easy", swap_in=True)
         others = [i for i in range(n_images) if i != s.answer_index]
         size = min(4, n_images) - (s.answer_index is not None)
         if kind == "hard_negative":
