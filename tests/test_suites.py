@@ -46,8 +46,9 @@ def test_mioh_sets_change_only_where_a_session_meant_them_to():
     """Digests of the MIOH queries (ids, prompts, truths, options, pixels) at the small
     scale. Session 32 changed the HN sets only; session 33 the easy sets (and the NI and LC
     sets built as easy ones: every image of the target's unusual context, the holder
-    included), and left HP and HN as they were. A change of the suite that moves a set must
-    change its digest here on purpose."""
+    included), and left HP and HN as they were; session 34 every set that holds the target
+    (swapped in for one of the holder's objects, not added). A change of the suite that
+    moves a set must change its digest here on purpose."""
     import hashlib
 
     from evaluators.query import fingerprint
@@ -58,9 +59,37 @@ def test_mioh_sets_change_only_where_a_session_meant_them_to():
         kept = [q for q in queries if q.record["condition"] in conditions]
         return len(kept), hashlib.sha256("".join(q.id + fingerprint(q) for q in kept).encode()).hexdigest()[:16]
 
-    assert digest({"HP"}) == (8, "8f8bdd69a21fb60f")      # session 32's
-    assert digest({"HN"}) == (8, "13845d8b2f318a48")      # session 32's
-    assert digest({"easy", "HP", "NI", "LC-S", "LC-I"}) == (160, "0679b8625b1e2c6b")  # session 33's (32: 9096fc557ef34acc)
+    assert digest({"HP"}) == (8, "b3583d6d3eb3f28b")      # session 34's (32: 8f8bdd69a21fb60f)
+    assert digest({"HN"}) == (8, "c5337332483d2145")      # session 34's (32: 13845d8b2f318a48)
+    assert digest({"easy", "HP", "NI", "LC-S", "LC-I"}) == (160, "a73294ecce883e80")  # 34's (33: 0679b8625b1e2c6b)
+
+
+@pytest.mark.parametrize("condition", ["easy", "hard_positive", "hard_negative"])
+def test_mioh_holder_holds_as_many_objects_as_the_other_images(condition):
+    """The target is swapped in for one of the holder's own objects: added, it gave the holder
+    one object more on average, and "the image with the most objects" picked it in 65 / 51 /
+    63% of easy / HP / HN sets of 2-4 images against 36% by chance (session 34's audit). The
+    default (added) is what the organism was trained on, and stays."""
+    import numpy as np
+
+    from evaluators.world import BIASED, World, derive_seed, image_set
+
+    world = World(BIASED)
+
+    def holder_excess(swap_in):
+        excess = []
+        for k in range(60):
+            target = ("fork", "tree", "dog", "cup")[k % 4]
+            s = image_set(world, derive_seed(5, 77, k), 2 + k % 3, target, condition, present=True,
+                          holder_unusual=condition == "easy", swap_in=swap_in)
+            counts = [len(scene.objects) for scene in s.scenes]
+            excess.append(counts[s.holders[0]] - np.mean(np.delete(counts, s.holders[0])))
+        return float(np.mean(excess))
+
+    assert abs(holder_excess(True)) < 0.35
+    assert holder_excess(False) > 0.6  # the leak this guards against, still in the training default
+    with pytest.raises(ValueError, match="swap_in"):
+        image_set(world, 1, 4, "fork", "easy", swap_in="yes")
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -166,10 +195,45 @@ def test_reactbench_options_give_nothing_away_without_the_image():
         assert q.options["abcd".index(q.truth)].split(" to ") == [NUMBERS[low], NUMBERS[high]]
     assert len({tuple(q.record["interval"]) for q in counts}) == 4  # every interval is right for some item
     asked = [q for q in queries if q.record["task"] == "dense_counting" and q.record["qtype"] == "YN"]
-    assert {int(NUMBERS.index(q.prompt.split()[2])) for q in asked} <= set(range(3, 10))  # never a count no item has
+    assert {int(NUMBERS.index(q.prompt.split()[2])) for q in asked} <= set(range(2, 10))  # never a count no item has
     erasure = [q for q in queries if q.record["task"] == "relational_erasure" and q.record["qtype"] == "MC"]
     cue = {target: c for c, target, _ in BIASED.cooccurrence}
     assert not any(q.options["abcd".index(q.truth)] == cue[q.record["target"]] for q in erasure)  # it named the answer
+
+
+def test_reactbench_alteration_tracing_options_lean_no_way_without_the_images():
+    """Session 34's blind audit: remove's wrong kinds were {add, move, replace} against
+    replace's {add, move}, so of the pair {remove, replace} "remove" was always right; the
+    other object Y came from every category while X is one of the scene's own, so the commoner
+    object was right 58% of the time; and a coin per item drew 9 "yes" of 12 on one full-scale
+    seed, 2 on the other. Now the partners are symmetric and equal in number, Y is drawn as X
+    was, and the yes/no answers alternate within each kind."""
+    from collections import Counter
+
+    from evaluators.benchmarks.reactbench.suite import OTHER_KINDS, VERB, build
+    from evaluators.world import BIASED, CHANGE_KINDS, World, change_pair, derive_seed
+
+    assert set(OTHER_KINDS) == set(CHANGE_KINDS) and len({len(p) for p in OTHER_KINDS.values()}) == 1
+    assert all(v in OTHER_KINDS[w] for v, partners in OTHER_KINDS.items() for w in partners)  # symmetric
+    assert "replace" not in OTHER_KINDS["remove"]
+    world, n = World(BIASED), 24
+    tracing = [q for q in build(n, seed=4, dimensions=("direct",), hints=("none",))
+               if q.record["task"] == "alteration_tracing"]
+    verb_kind = {v: k for k, v in VERB.items()}
+    for k, q in enumerate(q for q in tracing if q.record["qtype"] == "MC"):
+        pair = change_pair(world, derive_seed(4, 61, 2, k), CHANGE_KINDS[k % len(CHANGE_KINDS)])
+        objects = {o.split()[1] for o in q.options} - {pair.category}
+        kinds = {verb_kind[next(w for w in o.split() if w in verb_kind)] for o in q.options}
+        assert kinds == {pair.kind, *(kinds & set(OTHER_KINDS[pair.kind]))} and len(kinds) == 2, q.options
+        (other,) = objects
+        if pair.kind == "add":  # Y is, as X was, absent from the before image
+            assert not pair.before.present(other)
+        else:  # Y is, as X was, one of the before image's single objects
+            assert pair.before.count(other) == 1
+    for seed in (0, 1):
+        yes_no = Counter(q.truth for q in build_suite("reactbench", seed, "full")
+                         if q.record["task"] == "alteration_tracing" and q.record["qtype"] == "YN")
+        assert yes_no == {"yes": 6, "no": 6}, (seed, yes_no)
 
 
 def test_reactbench_short_answers_that_name_every_change_are_wrong():
@@ -199,7 +263,7 @@ def _blind_reactbench(query):
     return {"yes_no": "no", "option": "a", "number": "zero"}.get(query.kind, "?")
 
 
-@pytest.mark.parametrize("seed, prior_robust, react_score", [(0, 91.7, 39.6), (1, 91.7, 42.4)])
+@pytest.mark.parametrize("seed, prior_robust, react_score", [(0, 91.7, 41.2), (1, 91.7, 40.3)])
 def test_image_blind_policies_score_as_the_readme_says(seed, prior_robust, react_score):
     """The README's "What a model that never looks at the image scores" figures, at --scale
     full: they follow from the papers' protocols (every DO-Bench belief contradicts the
