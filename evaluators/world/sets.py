@@ -189,12 +189,18 @@ def image_set(world: World, seed: int, n_images: int, target: str, condition: st
     the target's usual context (half of the sets) or hold its cue (a third), and picking
     that image scored 61-69% on easy sets where "none" scores 25 (a review's blind audit).
 
-    ``swap_in``: the target takes the place of one of the holder's own objects (a random one,
-    never a hard negative's cue), so the holder holds as many objects as the other images
-    would. Without it the target is added, the holder holds one object more on average, and
-    "the image with the most objects" picked the holder in 65% / 51% / 63% of easy / HP / HN
-    sets of 2-4 images against 36% by chance (session 34's audit). The MIOH suite asks for
-    it; the organism's training data keeps the default, so its weights are unchanged.
+    ``swap_in``: one of the holder's own objects is removed before the target is placed (at a
+    free spot, as always), so the holder holds as many objects, and as much object area, as
+    the other images would: one of the target's size class (small in hard-positive sets,
+    large otherwise), never a hard negative's cue; where there is none, a large target
+    displaces an object of any size and a small one displaces nothing. Without it the target
+    is added, the holder holds one object more on average, and "the image with the most
+    objects" picked the holder in 65% / 51% / 63% of easy / HP / HN sets of 2-4 images
+    against 36% by chance (session 34's audit); removing an object of any size instead left
+    a size cue ("the least total object area" picked a hard positive's holder in 37-40% of
+    sets of 4 against 25). Now both rules pick it in 20-28% of sets of 4 in every condition
+    (300 sets each). The MIOH suite asks for it; the organism's training data keeps the
+    default, so its weights are unchanged.
     """
     seed = check_seed(seed)
     check_category(target, "target")
@@ -225,13 +231,20 @@ def image_set(world: World, seed: int, n_images: int, target: str, condition: st
             scene = _without(scene, cue)
         if i == holder:  # room is made without taking a hard negative's cue out again
             keep = (cue,) if condition == "hard_negative" and cue is not None else ()
+            small = condition == "hard_positive"
             mine = [o for o in scene.objects if o.category not in keep]
-            if swap_in and mine:
-                scene = edits.remove(scene, mine[int(rng.integers(len(mine)))].uid)
-            scene = _with(world, rng, scene, target, small=(condition == "hard_positive"), keep=keep)
+            alike = [o for o in mine if _is_small(world, o) == small] or (mine if not small else [])
+            if swap_in and alike:
+                scene = edits.remove(scene, alike[int(rng.integers(len(alike)))].uid)
+            scene = _with(world, rng, scene, target, small=small, keep=keep)
         scenes.append(scene)
     holders = tuple(i for i, s in enumerate(scenes) if s.present(target))
     return ImageSet(tuple(scenes), target, condition, holders)
+
+
+def _is_small(world: World, obj) -> bool:
+    """Whether ``obj`` was drawn from the world's small size class (the classes do not overlap)."""
+    return obj.size <= world.config.small_size[1] * world.config.resolution
 
 
 def _without(scene: Scene, category: str) -> Scene:

@@ -19,7 +19,7 @@ multiple choice (MC), short answer (SA) and yes/no (YN) in the standard mode.
 By the tasks' design, Relational Erasure's and Counterfactual Attribute's YN and SA
 questions ask about the edited object, so their answer is always the same ("no", zero,
 the drawn colour), and so do the absurd-contrast choices ("neither"; the drawn colour): a
-policy that never looks at the image and answers "no", "zero" and "a" scores 39.6 and 43.0
+policy that never looks at the image and answers "no", "zero" and "a" scores 41.2 and 40.3
 React-Score on ``--scale full`` seeds 0 and 1 (the paper's LLaVA-v1.6-7B: 34.5;
 ``tests/test_suites.py`` asserts it). Read a
 model's score beside the unmitigated baseline and the yes-ratio, as the report does, not
@@ -54,6 +54,8 @@ field.
 """
 
 from __future__ import annotations
+
+from collections import Counter
 
 import numpy as np
 
@@ -107,8 +109,10 @@ def _change_text(category: str, kind: str, detail: str) -> str:
 #: replacement removes X too, so "X was removed" would not be wrong), and every kind has two
 #: partners, drawn with equal odds: with remove's partners {add, move, replace} against
 #: replace's {add, move}, the pair {remove, replace} always had "remove" right and
-#: {remove, add} had it right 3:2, a lean an image-blind policy could read (session 34's
-#: audit). Symmetric, equal-sized partner sets make each kind of a pair equally likely right.
+#: {move, replace} and {add, replace} had "replace" right 3:2, a lean an image-blind policy
+#: could read (session 34's audit). Symmetric, equal-sized partner sets make each kind of a
+#: pair equally likely right where the kinds are drawn equally often (at n_per_task a
+#: multiple of 4; at the small scale's 5 items "move" comes twice).
 OTHER_KINDS = {"move": ("remove", "replace"), "add": ("remove", "replace"),
                "remove": ("move", "add"), "replace": ("move", "add")}
 
@@ -119,8 +123,9 @@ def _like_x(rng, pair) -> str:
     of the before image (X is one); for an addition, another category absent from it (X was).
     Until session 34 Y was drawn from every category, and picking the option whose object is
     commoner in the world's scenes was right 58% of the time between X and Y (chance 50).
-    Falls back to any other present (or absent) category, then to any category, where the
-    before image has none (never needed in 400 pairs, seeds 0-3 x 100 items)."""
+    Where the before image has none, falls back to any other present category (moves,
+    removals, replacements) and then to any other category (never needed in 400 pairs,
+    seeds 0-3 x 100 items; a review's 2,400 neither)."""
     before, taken = pair.before, (pair.category, pair.detail)
     if pair.kind == "add":
         pools = ([c for c in CATEGORIES if not before.present(c) and c not in taken],)
@@ -282,6 +287,7 @@ def build(n_per_task: int = 10, seed: int = 0, world: World | None = None, *,
         k += 1
 
     # Alteration Tracing
+    yn_tally: Counter = Counter()  # (verb asked, truth) over the items so far
     for k in range(n_per_task):
         kind = CHANGE_KINDS[k % len(CHANGE_KINDS)]
         pair = change_pair(world, world_seed(2, k), kind)
@@ -291,12 +297,21 @@ def build(n_per_task: int = 10, seed: int = 0, world: World | None = None, *,
         imgs, rid = [pair.before.render(), pair.after.render()], f"react-{seed}-at-{k}"
         wrong = _change_distractors(rng, pair)
         options, letter = _shuffle(rng, said, [_change_text(*w) for w in wrong])
-        # the yes/no question asks about the change on alternate items of each kind, else about
-        # X's other kind or Y's same kind (no): always asking about the change made "yes" right
-        # every time, and a coin per item drew 9 "yes" of 12 on one full-scale seed and 2 on
-        # the other. (k + k // 4) % 2 gives 6 of 12 at full scale, and each kind both answers.
+        # The yes/no question asks about the change on every other item ((k + k // 4) % 2: 6
+        # of 12 at full scale), else (no) about Y with X's verb or X with a partner verb, the
+        # verb whose questions have been answered "yes" most often so far, so that no verb
+        # tells the answer: always asking about the change made "yes" right every time; a coin
+        # per item drew 9 "yes" of 12 on one full-scale seed and 2 on the other; and the
+        # alternation alone left "was ... moved / removed ?" mostly "yes" and "added /
+        # replaced" mostly "no" (a blind rule on the verb: 62.6% at full scale, 76.5% at
+        # small; a review's finding). Depends on k only: an item is the same at every scale.
         about_change = (k + k // len(CHANGE_KINDS)) % 2 == 0
-        yn_about = (pair.category, kind) if about_change else wrong[int(rng.integers(2))][:2]
+        if about_change:
+            yn_about = (pair.category, kind)
+        else:
+            verb = max((kind, *OTHER_KINDS[kind]), key=lambda v: yn_tally[v, "yes"] - yn_tally[v, "no"])
+            yn_about = (wrong[1][0], kind) if verb == kind else (pair.category, verb)
+        yn_tally[yn_about[1], "yes" if about_change else "no"] += 1
         asked = "what changed between the two images ?"
         for hint in hints:
             extra = {"hint": hint}
