@@ -85,8 +85,36 @@ def test_the_command_line_names_bad_seeds_and_tasks(capsys):
     with pytest.raises(SystemExit):
         main(["--fit-seed", "3", "--seed", "3"])
     assert "must differ" in capsys.readouterr().err
-    with pytest.raises(ValueError, match="unknown task"):
+    with pytest.raises(SystemExit):
         main(["--tasks", "pope"])
+    assert "unknown task" in capsys.readouterr().err
     assert main(["--tasks", "dobench", "--scale", "small", "--min-lift", "20"]) == 0
     out = capsys.readouterr().out
     assert "paper-made [1]" in out and "DO-Bench Sec. 3.2" in out
+
+
+def test_your_data_is_audited_on_alternate_samples(tmp_path, capsys):
+    """--data reads a benchmark file as vlm-eval does and fits on every other sample: here
+    DO-Bench's own templates, whose beliefs contradict the truth (paper-made)."""
+    import json
+
+    from PIL import Image
+
+    from evaluators.benchmarks.blind_audit import split_units
+    from evaluators.benchmarks.protocols import load_data
+    from evaluators.organism.tasks import do_prior, existence_question
+
+    Image.new("RGB", (8, 8)).save(tmp_path / "s.png")
+    rows = [{"id": f"{k}{s}{lv}", "scene_id": f"s{k}", "image": "s.png", "series": s, "level": lv, "view": "Full",
+             "object": obj, "answer": "yes" if s == "A" else "no",
+             "question": existence_question(obj, do_prior(lv, obj, s == "A"))}
+            for k, obj in enumerate(["sofa", "lamp", "kettle", "goat", "drum", "vase"]) for s in "AB" for lv in range(4)]
+    (tmp_path / "do.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    fit, test = split_units(load_data({"dobench": tmp_path / "do.jsonl"}))
+    assert {q.record["scene_id"] for q in fit} == {"s0", "s2", "s4"} and len(test) == 24
+    assert main(["--tasks", "", "--data", f"dobench={tmp_path / 'do.jsonl'}", "--mask", "sofa,lamp,kettle,goat,drum,vase"]) == 0
+    out = capsys.readouterr().out
+    assert "| dobench | yes_no | 1 | 6 | 50.0 | 100.0 |" in out and "paper-made" in out
+    with pytest.raises(SystemExit):
+        main(["--data", "pope=x.jsonl"])
+    assert "unknown benchmark" in capsys.readouterr().err

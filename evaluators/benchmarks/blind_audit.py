@@ -2,6 +2,7 @@
 
     python -m evaluators.benchmarks.blind_audit --tasks reactbench,mioh --scale large
     python -m evaluators.benchmarks.blind_audit --fit-seed 10 --seed 11 --min-lift 10
+    python -m evaluators.benchmarks.blind_audit --tasks "" --data dobench=my.jsonl --mask sofa,lamp
 
 A probe that a rule reading only the question (and its options) answers better than a
 constant answer measures that rule as much as the model's perception: a mitigation that
@@ -134,10 +135,25 @@ def _commonest(counter: Counter):
     return min(v for v, c in counter.items() if c == top)
 
 
-def audit(fit: list, test: list) -> list[GroupAudit]:
+def split_units(queries: list) -> tuple[list, list]:
+    """``queries`` in two halves, whole samples (a scene group, an image pair) alternating
+    between them in file order: for a query list that has no second seed (your data)."""
+    from ..query import unit_of
+
+    order: dict[str, int] = {}
+    for q in queries:
+        order.setdefault(unit_of(q), len(order))
+    halves = ([], [])
+    for q in queries:
+        halves[order[unit_of(q)] % 2].append(q)
+    return halves
+
+
+def audit(fit: list, test: list, mask: tuple[str, ...] = ()) -> list[GroupAudit]:
     """Per group of ``test`` queries (see the module docstring), the held-out accuracy of each
-    text-only rule fitted on ``fit``. Groups the fit set lacks are skipped."""
-    masked = _masked_words()
+    text-only rule fitted on ``fit``. Groups the fit set lacks are skipped. The templates mask
+    the world's object, colour and number words and ``mask`` (your data's object names)."""
+    masked = _masked_words() | {w.lower() for w in mask}
     keep = lambda qs: [q for q in qs if q.kind in AUDITED_KINDS and q.truth is not None and not q.problem]
     fit, test = keep(fit), keep(test)
     by_group: dict[tuple, list] = defaultdict(list)
@@ -215,21 +231,36 @@ def format_table(rows: list[GroupAudit]) -> str:
 def main(argv: list[str] | None = None) -> int:
     from .suites import SCALES, SUITE_NAMES, build_suite, check_tasks
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m evaluators.benchmarks.blind_audit", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tasks", default=",".join(SUITE_NAMES), help="comma-separated built-in suites")
     parser.add_argument("--scale", default="large", choices=sorted(SCALES),
                         help="large by default: groups of 12 items (full) give chance lifts up to +25 points")
     parser.add_argument("--fit-seed", type=int, default=10, help="the suite seed the rules are fitted on")
     parser.add_argument("--seed", type=int, default=11, help="the suite seed they are scored on")
+    parser.add_argument("--data", default="",
+                        help="your data, benchmark=path[,benchmark=path] in native formats (as vlm-eval reads it): "
+                             "fitted on every other sample, scored on the rest; --tasks '' skips the built-in suites")
+    parser.add_argument("--mask", default="", help="comma-separated words the templates mask too (your object names)")
     parser.add_argument("--min-lift", type=float, default=0.0, help="show groups whose lift is at least this")
     args = parser.parse_args(argv)
     tasks = [t for t in args.tasks.split(",") if t]
-    check_tasks(tasks)
+    try:
+        check_tasks(tasks)
+        from ..cli import parse_kv
+        from .protocols import load_data
+
+        data = {bench: load_data({bench: path}) for bench, path in parse_kv(args.data).items()}
+    except ValueError as err:
+        parser.error(str(err))
     if args.fit_seed == args.seed:
         parser.error("--fit-seed and --seed must differ: a rule scored on the scenes it was fitted on memorises them")
+    mask = tuple(w.strip() for w in args.mask.split(",") if w.strip())
     rows = []
     for task in tasks:
-        rows += audit(build_suite(task, args.fit_seed, args.scale), build_suite(task, args.seed, args.scale))
+        rows += audit(build_suite(task, args.fit_seed, args.scale), build_suite(task, args.seed, args.scale), mask)
+    for queries in data.values():
+        rows += audit(*split_units(queries), mask)
     print(format_table([r for r in rows if r.lift >= args.min_lift]))
     return 0
 
