@@ -220,13 +220,17 @@ def _guesses(fitted: _Fitted, q, masked: frozenset[str]) -> dict[str, str]:
     return guesses
 
 
-def _tally(fit: list, test: list, masked: frozenset[str]) -> dict[tuple, tuple[Counter, Counter]]:
-    """Per group of ``test``: (right guesses, guesses) per rule, the rules fitted on ``fit``'s
-    queries of that group. Groups ``fit`` lacks are left out."""
-    fit_groups: dict[tuple, list] = defaultdict(list)
-    for q in _audited(fit):
-        fit_groups[group_of(q)].append(q)
-    fitted = {key: _fit(queries, masked) for key, queries in fit_groups.items()}
+def _fit_groups(queries: list, masked: frozenset[str]) -> dict[tuple, _Fitted]:
+    """The rules fitted on each group of ``queries``."""
+    groups: dict[tuple, list] = defaultdict(list)
+    for q in _audited(queries):
+        groups[group_of(q)].append(q)
+    return {key: _fit(members, masked) for key, members in groups.items()}
+
+
+def _tally(fitted: dict[tuple, _Fitted], test: list, masked: frozenset[str]) -> dict[tuple, tuple[Counter, Counter]]:
+    """Per group of ``test``: (right guesses, guesses) per rule, the rules ``fitted`` on that
+    group. Groups ``fitted`` lacks are left out."""
     out: dict[tuple, tuple[Counter, Counter]] = {}
     for q in _audited(test):
         key = group_of(q)
@@ -245,8 +249,11 @@ def audit(pairs: list[tuple[list, list]], mask=()) -> list[GroupAudit]:
     masked = mask_words(mask)
     hits: dict[tuple, Counter] = defaultdict(Counter)
     made: dict[tuple, Counter] = defaultdict(Counter)
+    fitted: dict[int, dict] = {}  # each list is fitted once, however many pairs it is in
     for fit, test in pairs:
-        for key, (h, m) in _tally(fit, test, masked).items():
+        if id(fit) not in fitted:
+            fitted[id(fit)] = _fit_groups(fit, masked)
+        for key, (h, m) in _tally(fitted[id(fit)], test, masked).items():
             hits[key].update(h)
             made[key].update(m)
     return [GroupAudit(key[0], key[1], key[2:], {r: 100.0 * hits[key][r] / made[key][r] for r in RULES if made[key][r]},

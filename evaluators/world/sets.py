@@ -232,14 +232,21 @@ def image_set(world: World, seed: int, n_images: int, target: str, condition: st
         if i == holder:  # room is made without taking a hard negative's cue out again
             keep = (cue,) if condition == "hard_negative" and cue is not None else ()
             small = condition == "hard_positive"
-            mine = [o for o in scene.objects if o.category not in keep]
-            alike = [o for o in mine if _is_small(world, o) == small] or (mine if not small else [])
-            if swap_in and alike:
-                scene = edits.remove(scene, alike[int(rng.integers(len(alike)))].uid)
+            if swap_in:
+                scene = _make_room(world, rng, scene, small, keep)
             scene = _with(world, rng, scene, target, small=small, keep=keep)
         scenes.append(scene)
     holders = tuple(i for i, s in enumerate(scenes) if s.present(target))
     return ImageSet(tuple(scenes), target, condition, holders)
+
+
+def _make_room(world: World, rng: np.random.Generator, scene: Scene, small: bool, keep: tuple[str, ...]) -> Scene:
+    """``scene`` without one of its objects of the size class ``small`` (a random one, never of
+    a category in ``keep``); where there is none, without one of any size for a large target
+    and unchanged for a small one (``image_set``'s ``swap_in``)."""
+    mine = [o for o in scene.objects if o.category not in keep]
+    alike = [o for o in mine if _is_small(world, o) == small] or (mine if not small else [])
+    return edits.remove(scene, alike[int(rng.integers(len(alike)))].uid) if alike else scene
 
 
 def _is_small(world: World, obj) -> bool:
