@@ -19,7 +19,7 @@ would for a static cache on a GPU, and a compiled graph does not see hooks added
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 from torch import nn
@@ -122,8 +122,11 @@ class MitigationHandle:
     def __enter__(self) -> "MitigationHandle":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.detach()
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        # as HookGroup: an exception leaving the block is what the caller sees; a hook that
+        # cannot be removed then (patched again by a handle still attached) is a warning,
+        # and detach() retries it
+        self.group.__exit__(exc_type, exc, tb)
 
     def __repr__(self) -> str:
         names = ", ".join(m.name for m in self.mitigations)
@@ -137,6 +140,9 @@ def attach(model: nn.Module, *mitigations: Mitigation) -> MitigationHandle:
     for m in mitigations:
         if not isinstance(m, Mitigation):
             raise TypeError(f"expected Mitigation instances, got {type(m).__name__}")
+    twice = [m for i, m in enumerate(mitigations) if any(m is other for other in mitigations[:i])]
+    if twice:  # its hooks would act twice on every forward (VCD's contrast applied twice)
+        raise ValueError(f"mitigations: {twice[0]!r} is given twice; pass each mitigation once")
     refuse_compiled(model)  # before resolve(): a torch.compile wrapper is named as such
     handle = MitigationHandle(model, mitigations, resolve(model))
     handle._attach()

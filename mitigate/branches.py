@@ -106,7 +106,6 @@ class ContrastBranches:
         self.branches = tuple(branches)
         self.combine = combine
         self.state: _CallState | None = None
-        self._inside_forward = False
         self._encoded: _Encoded | None = None
         self.forward_calls = 0  # forwards that ran with branches (for cost accounting)
 
@@ -261,8 +260,11 @@ class ContrastBranches:
             # encoding sees pixels already expanded, and other callers (feature extraction,
             # get_video_features) get the plain output. Should transformers rename the
             # caller, generate() fails with the clear error of _expand_encoded, never silently.
+            # (No "inside a forward" flag: generate() encodes before any forward, and a flag
+            # set by the pre-hook stayed set after a KeyboardInterrupt, which skips even
+            # always_call hooks, so the next generate() lost its distorted images.)
             caller = sys._getframe(1).f_code.co_name
-            if self._inside_forward or caller != GENERATE_ENCODER or args or pixel_name not in kwargs:
+            if caller != GENERATE_ENCODER or args or pixel_name not in kwargs:
                 return out
             branches = []
             for branch in self.branches:
@@ -405,7 +407,6 @@ class ContrastBranches:
         encoded = kwargs.get("mm_encoder_outputs")
         if encoded:
             new["mm_encoder_outputs"] = self._expand_encoded(encoded, ids)
-        self._inside_forward = True  # get_image_features inside this forward sees expanded pixels
         self.forward_calls += 1
         return args, new
 
@@ -441,7 +442,6 @@ class ContrastBranches:
         cache._contrast_branches_reorder = True
 
     def _post_forward(self, module: nn.Module, args: tuple, kwargs: dict, output: Any):
-        self._inside_forward = False
         if isinstance(output, tuple) and self.state is not None:
             raise ValueError("contrast branches combine the logits of a ModelOutput; this forward returned a tuple "
                              "(return_dict=False), whose rows would come back uncombined: call it with return_dict=True")

@@ -271,6 +271,58 @@ def test_detach_restores_hooks_and_outputs_exactly(llava):
     assert hook_state(llava) == before
 
 
+@pytest.mark.parametrize("model_type", ["llava", "qwen2_vl", "idefics3"])
+def test_a_keyboard_interrupt_leaves_the_attached_handle_usable(model_type):
+    """Ctrl-C inside a forward skips even ``always_call`` forward hooks; a flag the
+    pre-hook had set stayed set, and the next generate() under the same handle lost its
+    distorted images ("needs to encode the distorted pixels itself"). It now equals a
+    fresh attach."""
+    model = build_tiny_model(model_type)
+    inputs = tiny_inputs(model, batch_size=2, text_lengths=[6, 3], seed=3)
+    with attach(model, VCD(seed=1)):
+        fresh = _gen(model, inputs, do_sample=False)
+
+    def interrupt(module, args, kwargs):
+        raise KeyboardInterrupt
+
+    with attach(model, VCD(seed=1)):
+        stop = resolve(model).language_model.register_forward_pre_hook(interrupt, with_kwargs=True)
+        with pytest.raises(KeyboardInterrupt):
+            _gen(model, inputs, do_sample=False)
+        stop.remove()
+        assert torch.equal(_gen(model, inputs, do_sample=False), fresh)
+
+
+def test_the_users_exception_leaves_an_attach_block_when_a_hook_cannot_be_removed():
+    """Two handles patching one attribute (crop-and-verify's generate()), the first left
+    while the user's error is propagating: that error leaves the block (a RuntimeError from
+    detach() had replaced it), with a warning, and detaching in order afterwards restores
+    the model."""
+    from evaluators.organism import ORGANISM_DIR, load_organism
+    from mitigate import CropVerify
+
+    if not (ORGANISM_DIR / "config.json").exists():
+        pytest.skip("organism checkpoint missing")
+    model, processor = load_organism()
+    before = hook_state(model)
+    with pytest.raises(KeyError), pytest.warns(RuntimeWarning, match="KeyError"):
+        with attach(model, CropVerify(processor)) as first:
+            second = attach(model, CropVerify(processor))
+            raise KeyError("the user's")
+    assert first.attached  # what could not be removed is still owned: detach() retries it
+    second.detach()
+    first.detach()
+    assert hook_state(model) == before and not first.attached and "generate" not in vars(model)
+
+
+def test_one_mitigation_object_given_twice_is_refused(llava):
+    vcd = VCD()
+    before = hook_state(llava)
+    with pytest.raises(ValueError, match="given twice"):
+        attach(llava, vcd, Plausibility(), vcd)
+    assert hook_state(llava) == before
+
+
 @pytest.mark.parametrize("kwargs, argument", [
     ({"alpha": -0.5}, "alpha"), ({"alpha": float("inf")}, "alpha"), ({"beta": 0.0}, "beta"), ({"beta": 1.5}, "beta"),
     ({"distortion": "jpeg"}, "distortion"), ({"noise_step": 1000}, "noise_step"), ({"mask_ratio": 0}, "mask_ratio"),
