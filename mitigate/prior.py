@@ -30,6 +30,11 @@ Attribute) measure:
   positions (its short convolution still mixes their neighbours in), so no position shift
   makes the prompt read as if the span were deleted. The whole prompt must come in one
   forward there (no ``prefill_chunk_size``): the span mask is found on the prompt's tokens.
+  Elsewhere a chunked prefill is exact: the spans are found again over the prompt so far
+  at every chunk (a chunk boundary inside a belief sentence is an error). New prompt tokens
+  after decoding steps (a chat continued over its cache) and a forward that enters below
+  the model's own call (``model.model(...)``) are refused: the spans are found in the ids
+  that call receives.
   A zeroed position is not a deleted one: the layer's state still decays across it.
 * **output mode** -- *output* tokens the language model favours whatever the image shows.
   An image-free contrast branch (the image tokens hidden from attention) gives the
@@ -198,13 +203,41 @@ class PriorSuppression(Mitigation):
         state: dict[str, Any] = {}
         prompt_cache = PromptCache()
 
+        def new_prompt(keys: torch.Tensor | None, ids: torch.Tensor | None) -> None:
+            """The span mask of the prompt so far; what was built from the last one is dropped."""
+            state.clear()
+            if keys is not None:
+                state["keys"], state["ids"] = keys, ids
+
+        def more_prompt(ids: torch.Tensor, past: int) -> None:
+            """Several new tokens over the cache a prompt forward just filled: the next chunk of
+            a chunked prefill (``prefill_chunk_size``). The spans are found again over the
+            whole prompt so far, so a belief sentence in a later chunk is suppressed as in one
+            forward -- exactly, unless a span found now reaches back into tokens an earlier
+            chunk already ran without it (the chunk boundary cut its sentence): an error."""
+            keys = state["keys"]
+            if not state.get("prompt_forward") or past != keys.shape[1]:
+                # decoding steps came between: a chat continued over its cache. The spans are
+                # the last prompt's; the new turn's beliefs would silently go unsuppressed
+                raise ValueError(
+                    "prior suppression (context mode): this forward brings new prompt tokens after decoding steps "
+                    "(a conversation continued over its cache); its spans were found on the previous prompt, so "
+                    "beliefs in the new tokens would not be suppressed: run the whole conversation as one prompt")
+            whole = torch.cat([state["ids"], ids.to(state["ids"].device)], dim=1)
+            keys_now = self.span_mask(points, whole)
+            if not torch.equal(keys_now[:, :past], keys):
+                raise ValueError(
+                    "prior suppression (context mode): a belief / assertion span ends in this prefill chunk but "
+                    "starts in tokens an earlier chunk already ran without it (prefill_chunk_size cut its "
+                    f"sentence at token {past}): use a larger prefill_chunk_size, or none")
+            new_prompt(keys_now, whole)
+
         def capture(module, args, kwargs):
             ids = kwargs.get("input_ids")
             cache = cache_of(kwargs)
             if cache is None or cache.get_seq_length() == 0:  # a new prompt
-                state.clear()  # embeddings alone carry no text to find spans in: nothing to suppress
-                if ids is not None:
-                    state["keys"] = self.span_mask(points, ids)
+                # embeddings alone carry no text to find spans in: nothing to suppress
+                new_prompt(None if ids is None else self.span_mask(points, ids), ids)
                 state["prompt_forward"] = True
                 prompt_cache.filled(cache)
             else:  # a decoding step, or more prompt after a cached part (chunked prefill, a continued chat)
@@ -213,7 +246,24 @@ class PriorSuppression(Mitigation):
                         "prior suppression: this forward continues a cache that is not the one the last prompt "
                         "filled (a conversation continued after another call while attached); the spans found "
                         "belong to that call: continue a cache right after the call that made it")
-                state["prompt_forward"] = False
+                prompt = "keys" in state and ids is not None and ids.shape[1] > 1 and not _verifies_drafts(kwargs)
+                if prompt:
+                    more_prompt(ids, int(cache.get_seq_length()))
+                state["prompt_forward"] = prompt
+            state["announced"] = True  # the decoder's check: this forward's spans were looked for
+
+        def announced(module, args, kwargs):
+            """The language model runs inside a forward whose token ids :func:`capture` read:
+            one that enters below it (``model.model(...)``, ``model.forward(...)``, the decoder
+            itself) would get the last prompt's spans applied to other tokens."""
+            if not state.pop("announced", False):
+                raise ValueError(
+                    "prior suppression (context mode) finds the spans in the token ids the model's own call "
+                    "receives, and this forward reached the language model without it (model.model(...), "
+                    "model.forward(...) or the decoder called directly): call model(...) or model.generate()")
+
+        def forward_done(module, args, kwargs, output):
+            state.pop("announced", None)  # also after a forward that stopped before its decoder
 
         def remember_cache(module, args, kwargs, output):
             """The cache the model made itself at a prompt forward: a manual loop continues it."""
@@ -337,6 +387,8 @@ class PriorSuppression(Mitigation):
                              "shift reads the prompt as if it were deleted (use compact_positions=False)")
         group.add_forward_pre_hook(points.model, capture, prepend=True)
         group.add_forward_hook(points.model, remember_cache)
+        group.add_forward_hook(points.model, forward_done, always_call=True)
+        group.add_forward_pre_hook(points.language_model, announced, prepend=True)
         attention_layers = set(points.attention_layers)
         attention = [i for i in points.layer_indices(self.layers) if i in attention_layers]
         if attention:
@@ -348,6 +400,14 @@ class PriorSuppression(Mitigation):
 
 
 __all__ = ["MODES", "PriorSuppression"]
+
+
+def _verifies_drafts(kwargs: dict) -> bool:
+    """Whether a forward scores several drafted tokens (assisted or prompt-lookup decoding:
+    ``generate()`` asks for the logits of each, ``logits_to_keep`` > 1) -- generated tokens,
+    never part of a span -- rather than bringing more prompt."""
+    keep = kwargs.get("logits_to_keep")
+    return isinstance(keep, torch.Tensor) or (isinstance(keep, int) and keep > 1)
 
 
 def _runs(mask: torch.Tensor) -> list[tuple[int, int]]:

@@ -780,3 +780,119 @@ def test_context_mode_refuses_a_cache_from_another_call():
         model(**other, use_cache=True)
         with pytest.raises(ValueError, match="continues a cache that is not"):
             model(input_ids=token, attention_mask=mask, cache=first.cache, use_cache=True)
+
+
+def _organism_belief_batch():
+    """The organism, and two DO-Bench level-3 prompts whose belief sentence comes right
+    after the image ("i am certain there is no <object> ...")."""
+    from evaluators.organism import ORGANISM_DIR, load_organism
+    from evaluators.organism.package import format_prompt
+    from evaluators.organism.tasks import do_prior, existence_question
+    from evaluators.world import BIASED, World
+
+    if not (ORGANISM_DIR / "config.json").exists():
+        pytest.skip("organism checkpoint missing")
+    model, processor = load_organism()
+    world, images, prompts = World(BIASED), [], []
+    for seed in range(10**9, 10**9 + 400):
+        scene = world.scene(seed)
+        single = [o for o in scene.objects if scene.count(o.category) == 1]
+        if single:
+            images.append(scene.render())
+            prompts.append(existence_question(single[0].category, do_prior(3, single[0].category, negative=True)))
+        if len(images) == 2:
+            break
+    inputs = processor(text=[format_prompt(p) for p in prompts], images=images, return_tensors="pt", padding=True)
+    return model, processor, inputs
+
+
+def test_context_mode_finds_a_belief_in_a_later_prefill_chunk():
+    """``prefill_chunk_size`` sends the prompt in several forwards; the spans were found on
+    the first chunk's tokens only, so a belief sentence after the image went unsuppressed,
+    silently. The spans are found again over the prompt so far at every chunk: the scores
+    equal one forward's. A chunk boundary inside a belief sentence (tokens already run
+    without the span) is a clear error."""
+    model, processor, inputs = _organism_belief_batch()
+    ids = inputs["input_ids"]
+    image_end = int((ids == model.config.image_token_id).nonzero()[:, 1].max()) + 1
+    kw = dict(max_new_tokens=3, do_sample=False, output_logits=True, return_dict_in_generate=True)
+    suppression = PriorSuppression(processor.tokenizer, mode="context")
+    with torch.no_grad():
+        plain = torch.stack(model.generate(**inputs, **kw).logits)
+        with attach(model, suppression):
+            whole = torch.stack(model.generate(**inputs, **kw).logits)
+            spans = suppression.token_spans
+            assert all(start >= image_end for row in spans for start, _ in row) and all(spans)
+            chunked = torch.stack(model.generate(**inputs, prefill_chunk_size=image_end, **kw).logits)
+            assert suppression.token_spans == spans
+            with pytest.raises(ValueError, match="prefill_chunk_size cut"):
+                model.generate(**inputs, prefill_chunk_size=spans[0][0][0] + 2, **kw)
+    assert (whole - plain).abs().max() > 0.5, "the belief moves the answer: the equality says something"
+    torch.testing.assert_close(chunked, whole, rtol=0, atol=1e-4)
+
+
+def test_context_mode_refuses_new_prompt_tokens_after_decoding_steps():
+    """A conversation continued over its cache brings a new turn whose beliefs the spans
+    (found on the first prompt) do not cover: a clear error, not a silently unsuppressed
+    turn. The model's own decoding steps over that cache run."""
+    model, processor, inputs = _organism_belief_batch()
+    with attach(model, PriorSuppression(processor.tokenizer, mode="context")), torch.no_grad():
+        first = model(**inputs, use_cache=True)
+        token = first.logits[:, -1].argmax(-1, keepdim=True)
+        mask = torch.cat([inputs["attention_mask"], torch.ones_like(token)], 1)
+        step = model(input_ids=token, attention_mask=mask, cache=first.cache, use_cache=True)  # decoding: runs
+        turn = inputs["input_ids"][:, -5:]
+        mask = torch.cat([mask, torch.ones_like(turn)], 1)
+        with pytest.raises(ValueError, match="continued over its cache"):
+            model(input_ids=turn, attention_mask=mask, cache=step.cache, use_cache=True)
+
+
+@pytest.mark.parametrize("model_type", ["llava", "qwen2_vl", "idefics3"])
+def test_context_mode_refuses_a_forward_that_enters_below_the_model(model_type):
+    """The spans are found in the ids the model's own call receives; ``model.model(...)`` or
+    ``model.forward(...)`` skip that hook, and the last prompt's span positions were applied
+    to other tokens (hidden states up to 1.7 off, silently). A clear error now; the model's
+    own call runs."""
+    model = build_tiny_model(model_type)
+    inputs = tiny_inputs(model, batch_size=1, text_lengths=[7], seed=3)
+    _, strings = _span_rows(inputs, resolve(model))
+    with attach(model, PriorSuppression(WordIds(), spans=strings)), torch.no_grad():
+        model(**inputs)
+        for call in (model.model, model.forward):
+            with pytest.raises(ValueError, match="model.model"):
+                call(**inputs)
+        model(**inputs)
+
+
+@pytest.mark.parametrize("model_type", ATTENTION_ONLY)
+def test_context_mode_under_a_chunked_prefill_equals_one_forward(model_type):
+    """Your own spans in the first chunk, the rest of the prompt in later ones: the spans
+    are looked up again over each chunk (every family's ids, M-RoPE positions included) and
+    the scores equal an unchunked prefill's -- wherever transformers' own chunking leaves
+    the plain model's unchanged."""
+    model = build_tiny_model(model_type)
+    inputs = tiny_inputs(model, batch_size=1, text_lengths=[9], seed=3)
+    keys, strings = _span_rows(inputs, resolve(model), pick=lambda row, starts: starts[0])
+    chunk = int(keys[0].nonzero().max()) + 1
+
+    def scores(mitigation, **kw):
+        with torch.no_grad():
+            if mitigation is None:
+                out = model.generate(**inputs, max_new_tokens=3, do_sample=False, output_scores=True,
+                                     return_dict_in_generate=True, pad_token_id=0, **kw)
+            else:
+                with attach(model, mitigation):
+                    out = model.generate(**inputs, max_new_tokens=3, do_sample=False, output_scores=True,
+                                         return_dict_in_generate=True, pad_token_id=0, **kw)
+        return torch.stack(out.scores).nan_to_num(0.0, 0.0, 0.0)
+
+    if chunk >= inputs["input_ids"].shape[1]:
+        pytest.skip("the span ends the prompt: nothing left for a second chunk")
+    try:
+        plain = scores(None, prefill_chunk_size=chunk)
+    except Exception as error:  # noqa: BLE001 -- the family's own refusal, without us
+        pytest.skip(f"{model_type}: no chunked prefill in transformers ({type(error).__name__})")
+    if not torch.allclose(plain, scores(None), rtol=0, atol=1e-4):
+        pytest.skip(f"{model_type}: transformers' chunked prefill changes the plain model's scores")
+    suppression = PriorSuppression(WordIds(), spans=strings)
+    torch.testing.assert_close(scores(suppression, prefill_chunk_size=chunk), scores(suppression), rtol=0, atol=1e-4)
