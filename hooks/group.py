@@ -65,7 +65,8 @@ class HookGroup:
 
     Use as a context manager (hooks are removed on exit, also on an exception), or call
     :meth:`remove` explicitly. A removed group can be reused: new registrations start a
-    new set of handles.
+    new set of handles. A group whose ``with`` block has ended refuses registrations until
+    it is entered again: nothing would remove a hook added after its block.
 
     Hook signatures are PyTorch's, always with keyword arguments:
 
@@ -76,27 +77,32 @@ class HookGroup:
     def __init__(self, name: str = "hooks") -> None:
         self.name = name
         self._handles: list[Any] = []  # RemovableHandle | AttributePatch | NoAutoCompile
+        self._closed = False  # its with-block has ended
+
+    def _own(self, handle: Any) -> Any:
+        self._handles.append(handle)
+        _LIVE.add(self)
+        return handle
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"{self.name}: this group's with-block has ended, so nothing would remove a hook "
+                               "added now; register inside the block, enter the group again, or use a new HookGroup")
 
     # -- registration -----------------------------------------------------------------
     def add_forward_pre_hook(self, module: nn.Module, fn: Callable, *, prepend: bool = False):
         """Run ``fn(module, args, kwargs)`` before ``module.forward``; it may return new ``(args, kwargs)``."""
+        self._check_open()
         _check_module(module, fn)
-        handle = module.register_forward_pre_hook(fn, with_kwargs=True, prepend=prepend)
-        self._handles.append(handle)
-        _LIVE.add(self)
-        return handle
+        return self._own(module.register_forward_pre_hook(fn, with_kwargs=True, prepend=prepend))
 
     def add_forward_hook(
         self, module: nn.Module, fn: Callable, *, prepend: bool = False, always_call: bool = False
     ):
         """Run ``fn(module, args, kwargs, output)`` after ``module.forward``; it may return a new output."""
+        self._check_open()
         _check_module(module, fn)
-        handle = module.register_forward_hook(
-            fn, with_kwargs=True, prepend=prepend, always_call=always_call
-        )
-        self._handles.append(handle)
-        _LIVE.add(self)
-        return handle
+        return self._own(module.register_forward_hook(fn, with_kwargs=True, prepend=prepend, always_call=always_call))
 
     def add_many(self, modules: Iterable[nn.Module], fn_for: Callable[[int, nn.Module], Callable], *, pre: bool):
         """Register one hook per module; ``fn_for(index, module)`` builds each hook function."""
@@ -113,14 +119,12 @@ class HookGroup:
         back (class attributes are never touched). Patching the same attribute twice in one
         group is refused.
         """
+        self._check_open()
         if not name.isidentifier():
             raise ValueError(f"attribute name must be an identifier, got {name!r}")
         if any(isinstance(h, AttributePatch) and h.owner is owner and h.name == name for h in self._handles):
             raise ValueError(f"{self.name}: {type(owner).__name__}.{name} is already patched by this group")
-        handle = AttributePatch(owner, name, value)
-        self._handles.append(handle)
-        _LIVE.add(self)
-        return handle
+        return self._own(AttributePatch(owner, name, value))
 
     def keep_generate_uncompiled(self, model: nn.Module):
         """Until the group is removed, ``model.generate()`` runs its decoding steps uncompiled,
@@ -129,13 +133,11 @@ class HookGroup:
         or None for a model without ``generate()``'s auto-compilation."""
         from .compiled import NoAutoCompile, refuse_compiled
 
+        self._check_open()
         refuse_compiled(model)
         if not NoAutoCompile.applies_to(model):
             return None
-        handle = NoAutoCompile(model)
-        self._handles.append(handle)
-        _LIVE.add(self)
-        return handle
+        return self._own(NoAutoCompile(model))
 
     # -- removal ----------------------------------------------------------------------
     def remove(self) -> None:
@@ -162,9 +164,11 @@ class HookGroup:
         return len(self._handles)
 
     def __enter__(self) -> "HookGroup":
+        self._closed = False
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self._closed = True
         if exc is None:
             self.remove()
             return

@@ -117,6 +117,8 @@ class PriorSuppression(Mitigation):
         if self.compact_positions and self.layers is not None:
             raise ValueError("compact_positions: needs the span masked in every layer (layers=None); in a layer "
                              f"that still sees it the closed-up positions collide with the span's, got layers={self.layers!r}")
+        if self.spans is not None:
+            _check_spans(self.spans)
         if self.span_texts is not None:
             if self.spans is None:
                 raise ValueError("span_texts: given without spans (it is the string the spans' offsets index)")
@@ -400,6 +402,24 @@ class PriorSuppression(Mitigation):
 
 
 __all__ = ["MODES", "PriorSuppression"]
+
+
+def _check_spans(spans: Any) -> None:
+    """``spans`` is one list per row, each of substrings or ``(start, end)`` offsets: a
+    flat list of strings (``["I am sure."]``) had been read row by row, character by
+    character, and failed with "' ' does not occur in the prompt"."""
+    shape = ("spans: one list per row of the batch, each of substrings or (start, end) character offsets, e.g. "
+             "spans=[['I am certain there is no dog.']] for one row")
+    if isinstance(spans, (str, bytes)) or not isinstance(spans, Sequence) or not spans:
+        raise ValueError(f"{shape}; got {spans!r:.200}")
+    for row, items in enumerate(spans):
+        if isinstance(items, (str, bytes)) or not isinstance(items, Sequence):
+            raise ValueError(f"{shape}; row {row} is {items!r:.100}, not a list")
+        for item in items:
+            offsets = isinstance(item, (tuple, list)) and len(item) == 2 and all(
+                isinstance(v, int) and not isinstance(v, bool) for v in item)
+            if not (isinstance(item, str) or offsets):
+                raise ValueError(f"{shape}; row {row} holds {item!r:.100}")
 
 
 def _verifies_drafts(kwargs: dict) -> bool:

@@ -709,3 +709,29 @@ def test_a_subclass_that_renames_a_part_is_found_by_introspection():
         warnings.simplefilter("ignore")
         points = resolve(model)
     assert points.adapter.source == "introspection" and points.projector is model.model.mm_projector
+
+
+def test_a_group_whose_block_has_ended_refuses_new_hooks():
+    """A hook added to a group after its ``with`` block had nothing left to remove it (it
+    fired on every later forward); now refused until the group is entered again."""
+    model = build_tiny_model("llava")
+    points = resolve(model)
+    before = hook_state(model)
+    group = HookGroup("ended")
+    with group:
+        points.add_hook(group, "projector.output", lambda m, a, k, out: None)
+    with pytest.raises(RuntimeError, match="with-block has ended"):
+        points.add_hook(group, "projector.output", lambda m, a, k, out: None)
+    with pytest.raises(RuntimeError, match="with-block has ended"):
+        group.patch_attribute(model, "generate", lambda *a, **k: None)
+    assert hook_state(model) == before
+    with group:  # entered again: registers, and removes on exit
+        points.add_hook(group, "projector.output", lambda m, a, k, out: None)
+        assert hook_state(model) != before
+    assert hook_state(model) == before
+    explicit = HookGroup("explicit")  # never entered: remove() then reuse, as documented
+    points.add_hook(explicit, "projector.output", lambda m, a, k, out: None)
+    explicit.remove()
+    points.add_hook(explicit, "projector.output", lambda m, a, k, out: None)
+    explicit.remove()
+    assert hook_state(model) == before

@@ -896,3 +896,15 @@ def test_context_mode_under_a_chunked_prefill_equals_one_forward(model_type):
         pytest.skip(f"{model_type}: transformers' chunked prefill changes the plain model's scores")
     suppression = PriorSuppression(WordIds(), spans=strings)
     torch.testing.assert_close(scores(suppression, prefill_chunk_size=chunk), scores(suppression), rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("spans, row", [
+    (["I am certain there is no dog."], "row 0"), ("I am certain.", "got"), ([], "got"),
+    ([["fine"], "flat"], "row 1"), ([[3]], "holds 3"), ([[(1, 2, 3)]], "holds"), ([[(True, 2)]], "holds"),
+])
+def test_spans_of_the_wrong_shape_are_a_clear_error(spans, row):
+    """A flat list of strings had been read character by character ("' ' does not occur in
+    the prompt"); the shape is checked when the mitigation is made."""
+    with pytest.raises(ValueError, match=f"one list per row.*{row}"):
+        PriorSuppression(WordIds(), spans=spans)
+    PriorSuppression(WordIds(), spans=[["I am certain."], [(0, 4)], []])  # each row's own form
