@@ -34,16 +34,29 @@ prompt = processor.apply_chat_template(messages, add_generation_prompt=True)
 inputs = processor(text=[prompt] * len(images), images=[[im] for im in images], return_tensors="pt", padding=True)
 
 
+YES = [i for w in ("yes", "Yes", " yes", " Yes") for i in [processor.tokenizer(w, add_special_tokens=False)["input_ids"]]
+       if len(i) == 1]
+
+
 def answers(*mitigations):
+    """The answers, and the mean probability of "yes" at the first step (the distribution
+    generate() decoded from: VCD's combined logits under VCD)."""
+    kw = dict(max_new_tokens=3, do_sample=False, output_scores=True, return_dict_in_generate=True)
     with torch.no_grad():
         if mitigations:
             with attach(model, *mitigations):
-                out = model.generate(**inputs, max_new_tokens=3, do_sample=False)
+                out = model.generate(**inputs, **kw)
         else:
-            out = model.generate(**inputs, max_new_tokens=3, do_sample=False)
-    return [a.strip() for a in processor.batch_decode(out[:, inputs["input_ids"].shape[1]:], skip_special_tokens=True)]
+            out = model.generate(**inputs, **kw)
+    texts = processor.batch_decode(out.sequences[:, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+    p_yes = torch.softmax(out.scores[0].float(), -1)[:, sorted({i[0] for i in YES})].sum(-1).mean()
+    return [a.strip() for a in texts], float(p_yes)
 
 
 for name, mitigations in (("plain", ()), ("plausibility only", (Plausibility(0.1),)), ("VCD", (VCD(),))):
-    got = answers(*mitigations)
-    print(f"{name:>18}: {got}  (false yes: {sum(a.startswith('yes') for a in got)}/{len(got)})")
+    got, p_yes = answers(*mitigations)
+    print(f"{name:>18}: {got}  (false yes: {sum(a.lower().startswith('yes') for a in got)}/{len(got)}, "
+          f"mean p(yes) {p_yes:.2f})")
+print("The fork is absent from every image: each 'yes' is the knife -> fork co-occurrence prior. A contrast can\n"
+      "move p(yes) either way (arXiv 2504.10020 found VCD shifting answers towards 'yes'); `vlm-report` measures\n"
+      "VCD per mechanism against greedy, sampling and the plausibility constraint alone.")
