@@ -54,6 +54,8 @@ class Mitigation:
     name = "mitigation"
     #: extra forward rows per original row (for cost reports): the number of branches
     extra_rows = 0
+    #: at most one of this class per attach(): it takes over generate() itself
+    one_per_attach = False
 
     def branches(self, points: ModelPoints) -> list[Branch]:
         return []
@@ -143,6 +145,10 @@ def attach(model: nn.Module, *mitigations: Mitigation) -> MitigationHandle:
     twice = [m for i, m in enumerate(mitigations) if any(m is other for other in mitigations[:i])]
     if twice:  # its hooks would act twice on every forward (VCD's contrast applied twice)
         raise ValueError(f"mitigations: {twice[0]!r} is given twice; pass each mitigation once")
+    for kind in {type(m) for m in mitigations if m.one_per_attach}:
+        if sum(type(m) is kind for m in mitigations) > 1:
+            raise ValueError(f"mitigations: {kind.__name__} is given more than once; it takes over generate() "
+                             "itself, so one attach() holds one")
     refuse_compiled(model)  # before resolve(): a torch.compile wrapper is named as such
     handle = MitigationHandle(model, mitigations, resolve(model))
     handle._attach()

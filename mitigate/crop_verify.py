@@ -235,6 +235,7 @@ class CropVerify(Mitigation):
     stats: dict = field(default_factory=lambda: {"queries": 0, "verified": 0, "overturned": 0}, repr=False)
 
     name = "crop_verify"
+    one_per_attach = True  # it wraps generate() and the processor's preprocess
 
     def __post_init__(self) -> None:
         if not isinstance(self.control, bool):

@@ -316,10 +316,16 @@ def test_the_users_exception_leaves_an_attach_block_when_a_hook_cannot_be_remove
 
 
 def test_one_mitigation_object_given_twice_is_refused(llava):
+    from mitigate import CropVerify
+    from hooks.testing import WordIds
+
     vcd = VCD()
     before = hook_state(llava)
     with pytest.raises(ValueError, match="given twice"):
         attach(llava, vcd, Plausibility(), vcd)
+    processor = type("Processor", (), {"tokenizer": WordIds(), "image_processor": object()})()
+    with pytest.raises(ValueError, match="CropVerify is given more than once"):  # was: "... already patched by this group"
+        attach(llava, CropVerify(processor), VCD(), CropVerify(processor))
     assert hook_state(llava) == before
 
 
