@@ -23,8 +23,7 @@ class DataError(ValueError):
 def read_json_list(path: str | Path) -> Iterator[tuple[int, dict]]:
     """Items of a JSON file holding a list of objects, with their 1-based index."""
     path = Path(path)
-    if not path.is_file():
-        raise DataError(path, None, None, "file not found")
+    _check_file(path, "a JSON file holding a list of items")
     try:
         data = json.loads(_text(path))
     except json.JSONDecodeError as exc:
@@ -47,8 +46,7 @@ def read_json_list(path: str | Path) -> Iterator[tuple[int, dict]]:
 def read_jsonl(path: str | Path) -> Iterator[tuple[int, dict]]:
     """Records of a JSON Lines file with their 1-based line numbers (blank lines skipped)."""
     path = Path(path)
-    if not path.is_file():
-        raise DataError(path, None, None, "file not found")
+    _check_file(path, "a JSON Lines file, one record per line")
     read = 0
     for n, line in enumerate(_text(path).split("\n"), start=1):  # not splitlines(): U+2028 may sit in a string
         if not line.strip():
@@ -63,6 +61,15 @@ def read_jsonl(path: str | Path) -> Iterator[tuple[int, dict]]:
         yield n, record
     if not read:  # an empty file would leave its benchmark out of the results without a word
         raise DataError(path, None, None, "holds no records")
+
+
+def _check_file(path: Path, expected: str) -> None:
+    """A DataError unless ``path`` is a file: a folder is said to be one (it was reported as
+    "file not found", which sent users looking for a typo), with what was expected instead."""
+    if path.is_dir():
+        raise DataError(path, None, None, f"is a directory, not a file: give {expected}")
+    if not path.is_file():
+        raise DataError(path, None, None, "file not found")
 
 
 def _text(path: Path) -> str:
@@ -85,7 +92,9 @@ def field(record: dict, name: str, types: type | tuple, file: str | Path, line: 
             return None
         raise DataError(file, line, name, "missing")
     value = record[name]
-    if not isinstance(value, types):
+    allowed = types if isinstance(types, tuple) else (types,)
+    # JSON's true / false are Python bools, which are ints: "level": true had passed as level 1
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in allowed):
         names = types.__name__ if isinstance(types, type) else "/".join(t.__name__ for t in types)
         raise DataError(file, line, name, f"expected {names}, got {type(value).__name__} {value!r}")
     if choices is not None and value not in choices:

@@ -36,7 +36,8 @@ from .shards import SAMPLES, read_samples
 RESULTS = "results.json"
 #: What produced the answers in an output folder; a rerun must match it to resume there.
 RUN_IDENTITY = "run.json"
-__all__ = ["RESULTS", "RUN_IDENTITY", "SAMPLES", "metric_records", "read_samples", "run", "run_identity", "score", "versions"]
+__all__ = ["RESULTS", "RUN_IDENTITY", "SAMPLES", "flag_invalid", "metric_records", "read_samples", "run", "run_identity",
+           "score", "summary_line", "versions"]
 
 
 def _json_safe(value: Any) -> Any:
@@ -140,7 +141,8 @@ def run(
             if len(answers) != len(batch):
                 raise RuntimeError(f"the model answered {len(answers)} of {len(batch)} queries")
             for q, text in zip(batch, answers):
-                f.write(json.dumps(_json_safe({**to_record(q, text), "query_fingerprint": prints[q.id]})) + "\n")
+                record = flag_invalid(to_record(q, text))
+                f.write(json.dumps(_json_safe({**record, "query_fingerprint": prints[q.id]})) + "\n")
             f.flush()
             bar.update(len(batch))
     bar.close()
@@ -149,7 +151,12 @@ def run(
         return None
     merged, _ = shards.merge(out, ids)
     by_id = {q.id: q for q in queries}
-    records = [regrade(r, by_id[r["id"]]) for r in merged if r["id"] in by_id]
+    # every answer graded by today's rules, and samples.jsonl says what is scored: its
+    # ``invalid`` flags are the ones the invalid-answer rate counts (a file written by
+    # older parsers is brought up to date; unchanged content is not rewritten)
+    merged = [flag_invalid(regrade(r, by_id[r["id"]])) if r["id"] in by_id else r for r in merged]
+    shards.write_atomically(out / SAMPLES, (json.dumps(_json_safe(r)) + "\n" for r in merged))
+    records = [r for r in merged if r["id"] in by_id]
     if len(records) != len(ids):
         missing = sorted(set(by_id) - {r["id"] for r in records})
         raise RuntimeError(f"{len(missing)} queries have no answer after the merge, e.g. {missing[:3]}")
@@ -206,15 +213,52 @@ def _read_identity(folder: Path) -> dict | None:
     return json.loads(path.read_text())
 
 
+def flag_invalid(record: dict) -> dict:
+    """``record`` (one query's line) with ``invalid`` as its benchmark's metrics read the
+    answer: ``evaluators.benchmarks.<bench>.metrics.answer_invalid(record)`` where the
+    benchmark defines it (HalluSegBench: no mask can be read from the text), else the
+    query's own parse (:func:`evaluators.query.to_record`). The one source of the flag in
+    ``samples.jsonl`` and of the invalid-answer rate; a record of an input that could not
+    be asked is returned as it is."""
+    if record.get("invalid_input") or "benchmark" not in record:
+        return record
+    judge = _metrics_attr(record["benchmark"], "answer_invalid")
+    if judge is None:
+        return record
+    flag = bool(judge(record))
+    return record if record.get("invalid") == flag else {**record, "invalid": flag}
+
+
+def summary_line(bench: str, payload: dict) -> str:
+    """The console line of one benchmark of a :func:`run` payload: its float metrics, the
+    number of samples, the invalid-answer rate and, when any, the inputs that could not be
+    asked (a missing or corrupt image), which the rate leaves out."""
+    values = payload["results"][bench]
+    shown = ", ".join(f"{k}={v:.1f}" for k, v in values.items() if isinstance(v, float))
+    invalid = payload["invalid"][bench]
+    inputs = invalid.get("invalid_inputs", 0)
+    unasked = f", {inputs} input{'s' if inputs != 1 else ''} invalid" if inputs else ""
+    return (f"{bench}: {shown}  (n={payload['n_samples'][bench]}, "
+            f"invalid answers {invalid['invalid_answer_rate']:.1f}%{unasked})")
+
+
 def score(records: Sequence[dict]) -> dict:
     """Every registered metric of every benchmark present in ``records`` (pooled, and apart
     by the field its paper reports apart by, e.g. ``results["hallusegbench"]["by_split"]``),
-    plus the benchmark's ``details`` tables where it defines them (ReactBench's Table 4)."""
+    plus the benchmark's ``details`` tables where it defines them (ReactBench's Table 4).
+
+    ``invalid[bench]``: ``invalid_answer_rate``, the share (%) of the queries asked whose
+    answer is invalid by their per-query flag (:func:`flag_invalid`, the ``invalid`` of
+    ``samples.jsonl``), and ``invalid_inputs``, the queries that could not be asked. A
+    metric record that combines several answers (a HalluSegBench pair, a decomposed MIOH
+    set) is not counted again: a combination that names no single image is wrong, not an
+    unreadable answer."""
     by_bench: dict[str, list] = defaultdict(list)
     for r in records:
         by_bench[r["benchmark"]].append(r)
     results, invalid, counts = {}, {}, {}
     for bench, rows in sorted(by_bench.items()):
+        rows = [flag_invalid(r) for r in rows]
         answered = metric_records(bench, rows)
         results[bench] = _compute(bench, answered)
         details = _metrics_attr(bench, "details")
@@ -228,8 +272,9 @@ def score(records: Sequence[dict]) -> dict:
         if key and values:  # e.g. HalluSegBench's referring / reasoning splits (Table 1)
             results[bench][f"by_{key}"] = {v: _compute(bench, [r for r in answered if str(r.get(key)) == v])
                                            for v in values}
-        invalid[bench] = {
-            "invalid_answer_rate": 100.0 * sum(bool(r.get("invalid")) for r in answered) / max(len(answered), 1),
+        asked = [r for r in rows if not r.get("invalid_input")]
+        invalid[bench] = {  # over the queries asked, by their own flags: what samples.jsonl says
+            "invalid_answer_rate": 100.0 * sum(bool(r.get("invalid")) for r in asked) / max(len(asked), 1),
             "invalid_inputs": sum(bool(r.get("invalid_input")) for r in rows),
         }
         counts[bench] = len(rows)

@@ -89,7 +89,7 @@ def test_causal_halbench_pairs_the_releases_underscore_names(tmp_path):
 ])
 def test_causal_halbench_bad_values(tmp_path, bad, fieldname):
     item = {"image_name": "a.jpg", "q": "Is there a cat?", "type": "target", "tag": "origin", "id": 1, "answer": "no"}
-    (tmp_path / "qa.json").write_text(json.dumps([item, {**item, **bad}]))
+    (tmp_path / "qa.json").write_text(json.dumps([item, {**item, "id": 2, **bad}]))  # id 1 again: a repeated id
     with pytest.raises(DataError, match=rf"line 2, field '{fieldname}'"):
         causal_halbench.load(tmp_path)
 
@@ -128,3 +128,26 @@ def test_dobench_jsonl_loader(tmp_path):
     (tmp_path / "d.jsonl").write_text(json.dumps({**good, "level": 4}) + "\n")
     with pytest.raises(DataError, match=r"d.jsonl, line 1, field 'level'"):
         dobench.load(tmp_path / "d.jsonl")
+
+
+def test_a_directory_is_not_reported_as_a_missing_file(tmp_path):
+    from evaluators.data import read_json_list
+
+    with pytest.raises(DataError, match="is a directory, not a file: give a JSON Lines file"):
+        list(read_jsonl(tmp_path))
+    with pytest.raises(DataError, match="is a directory, not a file: give a JSON file holding a list"):
+        list(read_json_list(tmp_path))
+    with pytest.raises(DataError, match="file not found"):
+        list(read_jsonl(tmp_path / "nope.jsonl"))
+
+
+def test_json_true_and_false_are_not_integers(tmp_path):
+    """JSON's booleans are Python ints: "level": true had loaded as level 1."""
+    from evaluators.data import field
+
+    with pytest.raises(DataError, match=r"line 3, field 'level': expected int, got bool True"):
+        field({"level": True}, "level", int, "x.jsonl", 3, choices=(0, 1, 2, 3))
+    with pytest.raises(DataError, match="expected str/int, got bool"):
+        field({"id": False}, "id", (str, int), "x.jsonl", 3)
+    assert field({"flag": True}, "flag", (bool, str), "x.jsonl", 3) is True
+    assert field({"level": 1}, "level", int, "x.jsonl", 3) == 1

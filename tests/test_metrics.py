@@ -239,6 +239,25 @@ def records_chb():
     return rs
 
 
+@pytest.mark.parametrize("answer, unreadable", [
+    ("<c7> <c0>", True), ("I cannot tell", True), ("", True), ('{"size": [2, 2], "counts": [1]}', True),
+    ("<c1> <c1> <c5> <c5>", False), ("[1, 1, 9, 9]", False), ("none", False), ("[[0, 0], [9, 0], [9, 9]]", False),
+    ('{"size": [2, 2], "counts": [1, 3]}', False),
+])
+def test_hallusegbench_answer_invalid_is_the_reading_the_pairs_are_scored_by(answer, unreadable):
+    """The per-query flag the runner writes (``answer_invalid``) says exactly which roles a
+    pair's metric record lists as unreadable."""
+    from evaluators.benchmarks.hallusegbench.metrics import answer_invalid
+    from evaluators.benchmarks.hallusegbench.suite import assemble, build
+
+    rows = [{**q.record, "id": q.id, "benchmark": q.benchmark, "answer": answer if q.record["role"] == "visual" else "none"}
+            for q in build(n_pairs=1, seed=2, splits=("referring",))]
+    [pair] = assemble(rows)
+    assert [answer_invalid(r) for r in rows] == [False, False, unreadable]
+    assert pair["unreadable"] == (["visual"] if unreadable else [])
+    assert answer_invalid({"benchmark": "hallusegbench", "answer": None, "invalid_input": "missing image x.png"})
+
+
 def test_causal_metrics():
     out = chb.causal_scores(records_chb())
     assert out["acc_original_contextual"] == 75.0 and out["acc_counterfactual_contextual"] == 50.0
@@ -374,6 +393,14 @@ def test_dobench_grid_records_stay_out_of_the_protocol():
     assert do.classification(rs)["n"] == 40                  # the §4.4 grid cell is not counted
     grid = do.fn_grid(rs)
     assert grid[2]["Cluster"] == 50.0 and grid[3]["Full"] == 100.0 and isnan(grid[1]["Crop"])
+
+
+def test_dobench_details_report_the_grid_where_records_hold_it():
+    """Grid records (A-series Cluster/Crop above level 0, §4.4) load from users' files and feed
+    only fn_grid, which no registered metric reads: ``details`` carries it where they exist."""
+    assert "fn_grid" not in do.details(records_do())
+    rs = records_do() + answers("A", 2, "Cluster", 1, 1)
+    assert do.details(rs)["fn_grid"] == do.fn_grid(rs) and do.details(rs)["fn_grid"][2]["Cluster"] == 50.0
 
 
 def test_dobench_crop_margins_are_read_one_at_a_time():

@@ -489,3 +489,71 @@ def test_stored_answers_are_graded_again_by_todays_parsers(queries, tmp_path):
     rerun = run(queries, CallableModel(lambda images, prompt: pytest.fail("nothing is asked again")), tmp_path,
                 progress=False)
     assert rerun["results"] == fresh["results"] and rerun["invalid"] == fresh["invalid"]
+
+
+def _flags(folder):
+    return {r["id"]: r["invalid"] for r in read_samples(folder / SAMPLES) if not r.get("invalid_input")}
+
+
+def test_per_sample_invalid_flags_are_what_the_invalid_answer_rate_counts(tmp_path):
+    """samples.jsonl flagged no HalluSegBench answer invalid ("<c7> <c0>", half a box, is text)
+    while the pairs' metrics read it as unreadable and the run printed a rate over pairs;
+    MIOH's rate counted its decomposed sets that named several images, which no sample
+    flags. The flag is now the metrics' reading of each answer, and the rate counts flags."""
+    import itertools
+
+    from evaluators.benchmarks.hallusegbench.suite import build as hsb
+    from evaluators.benchmarks.mioh.suite import build as mioh
+    from evaluators.runner import metric_records
+
+    answers = itertools.cycle(["<c7> <c0>", "<c1> <c1> <c5> <c5>", "none", "I cannot tell", "[1, 1, 9, 9]"])
+    queries = hsb(n_pairs=3, seed=4)
+    payload = run(queries, CallableModel(lambda i, p: next(answers)), tmp_path / "h", batch_size=4, progress=False)
+    flags = _flags(tmp_path / "h")
+    assert sum(flags.values()) == 7  # the half boxes and the sentences among 18 answers
+    assert payload["invalid"]["hallusegbench"]["invalid_answer_rate"] == pytest.approx(100 * 7 / 18)
+    rows = read_samples(tmp_path / "h" / SAMPLES)
+    for pair in metric_records("hallusegbench", rows):  # the roles the metrics score as unreadable
+        assert set(pair["unreadable"]) == {r["role"] for r in rows if r["sample_id"] == pair["id"] and r["invalid"]}
+
+    sets = mioh(n_per_condition=1, seed=0)  # "yes" on every image of an NI set: its decomposition names no one image
+    payload = run(sets, CallableModel(lambda i, p: "a" if "in which image" in p else "yes"), tmp_path / "m",
+                  progress=False)
+    assert not any(_flags(tmp_path / "m").values())
+    assert payload["invalid"]["mioh"]["invalid_answer_rate"] == 0.0
+
+
+def test_a_folder_flagged_by_older_rules_is_brought_up_to_date(tmp_path):
+    """A rerun grades every stored answer by today's rules: samples.jsonl is rewritten with
+    the flags the rate counts (a resumed folder had kept the old ones)."""
+    from evaluators.benchmarks.hallusegbench.suite import build as hsb
+
+    queries = hsb(n_pairs=1, seed=4, splits=("referring",))
+    model = CallableModel(lambda i, p: "<c7> <c0>")
+    run(queries, model, tmp_path, progress=False)
+    path = tmp_path / SAMPLES
+    old = [{**r, "invalid": False} for r in read_samples(path)]  # as to_record's parse alone had said
+    path.write_text("".join(json.dumps(r) + "\n" for r in old))
+    payload = run(queries, model, tmp_path, progress=False)
+    assert all(_flags(tmp_path).values()) and len(_flags(tmp_path)) == 3
+    assert payload["invalid"]["hallusegbench"]["invalid_answer_rate"] == 100.0
+
+
+def test_the_console_line_says_how_many_inputs_were_invalid(queries, tmp_path):
+    """A missing image left the console at "invalid answers 0.0%" with n counting it; only
+    results.json said ``invalid_inputs``."""
+    from evaluators.runner import summary_line
+
+    three = queries[:3]
+    try:
+        three[0].problem = "missing image x.png"
+        payload = run(three, CallableModel(lambda i, p: "yes"), tmp_path / "one", progress=False)
+        assert summary_line("dobench", payload).endswith("(n=3, invalid answers 0.0%, 1 input invalid)")
+        three[1].problem = "corrupt image y.png"
+        payload = run(three, CallableModel(lambda i, p: "yes"), tmp_path / "two", progress=False)
+        assert summary_line("dobench", payload).endswith("(n=3, invalid answers 0.0%, 2 inputs invalid)")
+    finally:
+        three[0].problem = three[1].problem = None
+    payload = run(three, CallableModel(lambda i, p: "yes"), tmp_path / "none", progress=False)
+    line = summary_line("dobench", payload)
+    assert line.startswith("dobench: ") and line.endswith("(n=3, invalid answers 0.0%)")

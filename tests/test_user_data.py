@@ -261,8 +261,14 @@ def test_vlm_eval_reads_the_data_before_loading_the_model(tmp_path, monkeypatch,
         raise AssertionError("the model was loaded before the data was checked")
 
     monkeypatch.setattr(model_module, "load_hf", loading)
+    _png(tmp_path / "s.png")
+    crop = {**_DO_ROW, "series": "B", "level": 2, "view": "Crop", "answer": "no"}  # the B-series: Full view only
+    (tmp_path / "crop.jsonl").write_text(json.dumps(crop))
+    (tmp_path / "somedir").mkdir()
     for data, said in [(f"dobench={tmp_path / 'nope.jsonl'}", "file not found"),
-                       (f"hallusegbench={tmp_path}/a,hallusegbench={tmp_path}/b", "given twice")]:
+                       (f"hallusegbench={tmp_path}/a,hallusegbench={tmp_path}/b", "given twice"),
+                       (f"dobench={tmp_path / 'crop.jsonl'}", "crop.jsonl, line 1, field 'view'"),
+                       (f"reactbench={tmp_path / 'somedir'}", "somedir: is a directory")]:
         with pytest.raises(SystemExit):
             main(["--model", "organism", "--data", data, "--output_path", str(tmp_path / "run")])
         assert said in capsys.readouterr().err
@@ -373,3 +379,85 @@ def test_reactbench_short_answers_are_graded_on_their_content_words_and_unsaid_b
     records = [to_record(erased, "no")]
     assert breakdown(records, "relational_erasure")["not given"] == 100.0  # no inducing dimension given
     assert "not given" not in breakdown([to_record(traced, "a fork was removed")], "alteration_tracing")
+
+
+_DO_ROW = {"id": 1, "scene_id": "s", "image": "s.png", "series": "A", "level": 0, "view": "Full", "object": "dog",
+           "question": "Is there a dog?", "answer": "yes"}
+
+
+@pytest.mark.parametrize("change, field, message", [
+    ({"series": "B", "level": 2, "view": "Crop", "answer": "no"}, "view", "only posed in the Full view"),
+    ({"series": "B", "level": 0, "view": "Cluster", "answer": "no"}, "view", "only posed in the Full view"),
+    ({"answer": "no"}, "answer", "the answer is 'yes'"),
+    ({"series": "B", "answer": "yes"}, "answer", "the answer is 'no'"),
+    ({"view": "Crop", "margin": float("nan")}, "margin", "finite"),
+    ({"view": "Crop"}, "margin", "line 1 names a crop margin and line 2 does not"),
+    ({"level": True}, "level", "expected int, got bool"),
+])
+def test_dobench_records_the_metrics_could_not_score_are_data_errors(tmp_path, change, field, message):
+    """Each loaded, was asked of the model, and then left DO-Bench unscored (the reason only in
+    results.json's ``_not_computed``; vlm-report stopped with a traceback after running its
+    arms): the schema's rules the metrics read records by are checked with the file."""
+    from evaluators.data import DataError
+
+    _png(tmp_path / "s.png")
+    first = {**_DO_ROW, "view": "Cluster", "margin": 0.1}
+    (tmp_path / "do.jsonl").write_text(json.dumps(first) + "\n" + json.dumps({**_DO_ROW, "id": 2, **change}))
+    with pytest.raises(DataError, match=message) as error:
+        PROTOCOLS["dobench"](tmp_path / "do.jsonl")
+    assert f"do.jsonl, line 2, field '{field}'" in str(error.value)
+
+
+def test_dobench_grid_views_load_and_are_reported(tmp_path):
+    """A-series Cluster/Crop views above level 0 are the paper's §4.4 grid (metrics.fn_grid):
+    they load, and results.json reports the grid, which no registered metric reads."""
+    _png(tmp_path / "s.png")
+    rows = [{**_DO_ROW, "id": f"{s}{lv}", "series": s, "level": lv, "answer": "yes" if s == "A" else "no"}
+            for s in "AB" for lv in range(4)]
+    rows += [{**_DO_ROW, "id": f"A{lv}{v}", "level": lv, "view": v} for lv in (0, 2) for v in ("Cluster", "Crop")]
+    (tmp_path / "do.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    out = run(PROTOCOLS["dobench"](tmp_path / "do.jsonl"), CallableModel(lambda i, p: "yes"), tmp_path / "run",
+              progress=False)["results"]["dobench"]
+    assert "_not_computed" not in out and out["perception_ability"] == 100.0
+    assert out["details"]["fn_grid"][2] == {"Full": 0.0, "Cluster": 0.0, "Crop": 0.0}
+
+
+def test_causal_halbench_records_the_metrics_could_not_score_are_data_errors(tmp_path):
+    """An 'inpaint' question (Q_cf) on an origin image left every Causal-HalBench metric
+    unscored; a repeated id was a message naming no file (vlm-eval) or a traceback after
+    the model loaded (vlm-report)."""
+    from evaluators.data import DataError
+
+    qa = [{"image_name": "a.jpg", "q": "Is there a fork?", "type": "target", "tag": "origin", "id": 1, "answer": "yes"},
+          {"image_name": "a.jpg", "q": "Is there a cup?", "type": "inpaint", "tag": "origin", "id": 2, "answer": "yes"}]
+    (tmp_path / "qa.json").write_text(json.dumps(qa))
+    with pytest.raises(DataError, match=r"qa.json, line 2, field 'type': an 'inpaint' question"):
+        PROTOCOLS["causal_halbench"](tmp_path / "qa.json")
+    (tmp_path / "qa.json").write_text(json.dumps([qa[0], {**qa[0], "q": "Is there a cup?"}]))
+    with pytest.raises(DataError, match=r"qa.json, line 2, field 'id': '1' already used by item 1"):
+        PROTOCOLS["causal_halbench"](tmp_path / "qa.json")
+
+
+def test_hallusegbench_repeated_ids_are_data_errors(tmp_path):
+    from evaluators.data import DataError
+
+    _seg_subset(tmp_path / "refer_seg", [_seg_entry(ann_id=4), _seg_entry(ann_id=5), _seg_entry(ann_id=4)])
+    with pytest.raises(DataError, match=r"line 3, field 'ann_id': sample 'refer_seg/4' already given by item 1"):
+        PROTOCOLS["hallusegbench"](tmp_path / "refer_seg")
+
+
+@pytest.mark.parametrize("bench, message", [
+    ("dobench", "is a directory, not a file: give a JSON Lines file"),
+    ("reactbench", "is a directory, not a file: give a JSON Lines file"),
+    ("mioh", "is a directory, not a file: give a JSON Lines file"),
+    ("causal_halbench", "is a directory without a qa.json"),
+    ("hallusegbench", "is a directory with no data.json"),
+])
+def test_a_directory_given_as_data_is_said_to_be_one(tmp_path, bench, message):
+    """It was reported as "file not found" (a JSON Lines benchmark, or Causal-HalBench's
+    folder without qa.json), which sent users looking for a typo."""
+    from evaluators.data import DataError
+
+    (tmp_path / "somedir").mkdir()
+    with pytest.raises(DataError, match=message):
+        PROTOCOLS[bench](tmp_path / "somedir")

@@ -57,6 +57,9 @@ def load(path: str | Path, image_dir: str | Path | None = None) -> list[QAItem]:
     ``image_dir`` (default: an ``images`` folder beside the file, else the file's folder)."""
     path = Path(path)
     if path.is_dir():
+        if not (path / "qa.json").is_file():
+            raise DataError(path, None, None, "is a directory without a qa.json: give the qa.json file, or the "
+                            "folder holding it")
         path = path / "qa.json"
     if image_dir is None:
         image_dir = path.parent / "images" if (path.parent / "images").is_dir() else path.parent
@@ -68,12 +71,21 @@ def load(path: str | Path, image_dir: str | Path | None = None) -> list[QAItem]:
         rows.append((i, raw, name, tag, _base_candidates(name, path, i) if tag == "inpainted" else [name]))
     origins = {name for _, _, name, tag, _ in rows if tag == "origin"}
     items = []
+    first_item: dict[str, int] = {}
     for i, raw, name, tag, bases in rows:
+        item_id = str(field(raw, "id", (str, int), path, i))
+        if item_id in first_item:  # a run resumes by id: the second would be taken as answered
+            raise DataError(path, i, "id", f"{item_id!r} already used by item {first_item[item_id]}")
+        first_item[item_id] = i
+        kind = field(raw, "type", str, path, i, choices=TYPES)
+        if kind == "inpaint" and tag == "origin":  # the metrics refused it at scoring time (Sec. 4.3)
+            raise DataError(path, i, "type", "an 'inpaint' question (Q_cf, about the object put into the "
+                            "counterfactual image) is asked only of an inpainted image, not of an origin one")
         items.append(QAItem(
-            id=str(field(raw, "id", (str, int), path, i)),
+            id=item_id,
             image=ImageRef(image_dir / name),
             question=field(raw, "q", str, path, i),
-            type=field(raw, "type", str, path, i, choices=TYPES),
+            type=kind,
             tag=tag,
             answer=field(raw, "answer", str, path, i, choices=("yes", "no")),
             base_name=next((b for b in bases if b in origins), bases[0]),

@@ -291,10 +291,14 @@ def dobench_scores(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 def details(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """What ``results.json`` carries beside the registered metrics: Fig. 4's FN/FP curves
-    per level and view, and the two normalised AUCs PriorRobust is made of."""
+    per level and view, the two normalised AUCs PriorRobust is made of, and where records
+    hold A-series Cluster/Crop views above level 0 (which no registered metric reads) the
+    §4.4 grid, :func:`fn_grid`."""
     records = list(records)
     c = curves(records)
     out = {"curves": c, "a_auc": normalised_auc(c["A_FN"]), "b_auc": normalised_auc(c["B_FP"])}
+    if any(not _in_protocol(*_parse(r)[:3]) for r in records):
+        out["fn_grid"] = fn_grid(records)
     by_margin = perception_ability_by_margin(records)
     if by_margin:
         out["perception_ability_by_margin"] = {str(m): v for m, v in by_margin.items()}

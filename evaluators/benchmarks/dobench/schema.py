@@ -2,6 +2,9 @@
 paper's names (Sec. 3: scene groups; A-series = present-but-anomalous object, B-series =
 absent-but-expected object; prior levels 0-3; views Full / Cluster / Crop)."""
 
+import math
+
+from ...data import DataError
 from ...schema import Field, load_jsonl
 
 SCHEMA = (
@@ -10,13 +13,57 @@ SCHEMA = (
     Field("image", str, images=True, doc="the view's image"),
     Field("series", str, choices=("A", "B"), doc="A: target present (GT yes); B: target absent (GT no)"),
     Field("level", int, choices=(0, 1, 2, 3), doc="contextual prior strength (A0-A3 / B0-B3)"),
-    Field("view", str, choices=("Full", "Cluster", "Crop"), doc="evidence concentration (Cluster/Crop only at A0)"),
+    Field("view", str, choices=("Full", "Cluster", "Crop"),
+          doc="evidence concentration; Cluster/Crop only in the A-series (A0: the 10 instances; A1-A3: the §4.4 grid)"),
     Field("object", str, doc="the queried object"),
     Field("question", str, doc="the full prompt, prior sentence included"),
-    Field("answer", str, choices=("yes", "no"), doc="ground truth"),
-    Field("margin", float, optional=True, doc="crop margin of Cluster/Crop views (0.1 or 0.2)"),
+    Field("answer", str, choices=("yes", "no"), doc="ground truth: yes in the A-series, no in the B-series"),
+    Field("margin", float, optional=True,
+          doc="crop margin of Cluster/Crop views (0.1 or 0.2); on all of them or on none"),
 )
+
+#: The ground truth each series fixes (Sec. 3.1): the A-object is in the image, the B-object is not.
+TRUTH = {"A": "yes", "B": "no"}
 
 
 def load(path, image_root=None):
-    return load_jsonl(path, SCHEMA, image_root)
+    """Validated records (:func:`evaluators.schema.load_jsonl`) that also keep the rules the
+    metrics read them by (:func:`check`)."""
+    rows = load_jsonl(path, SCHEMA, image_root)
+    check(rows, path)
+    return rows
+
+
+def check(rows, path) -> None:
+    """A :class:`DataError` naming file, line and field for a record the metrics
+    (:mod:`.metrics`) could not score: they refused it at scoring time, after the model had
+    answered every query, and left the benchmark unscored (``_not_computed``) or, in
+    ``vlm-report``, stopped with a traceback.
+
+    * the answer is the series' (an A-object is present, GT yes; a B-object absent, GT no);
+    * the B-series is posed in the Full view only (Cluster / Crop are cut around the
+      present A-object; A-series views at levels 1-3 are the §4.4 grid);
+    * a margin is a finite number, named on every Cluster / Crop view or on none (which
+      margin an unnamed view was cut with cannot be told)."""
+    named, unnamed = None, None  # the first Cluster/Crop record with and without a margin
+    for r in rows:
+        line, series = r["_line"], r["series"]
+        if r["answer"] != TRUTH[series]:
+            present = "present" if series == "A" else "absent"
+            raise DataError(path, line, "answer", f"the {series}-series object is {present}, so the answer is "
+                            f"{TRUTH[series]!r}, got {r['answer']!r}")
+        if series == "B" and r["view"] != "Full":
+            raise DataError(path, line, "view", "the B-series (absent object) is only posed in the Full view; "
+                            f"Cluster and Crop views are cut around the present A-object, got {r['view']!r}")
+        margin = r.get("margin")
+        if margin is not None and not math.isfinite(margin):
+            raise DataError(path, line, "margin", f"must be a finite number, got {margin!r}")
+        if r["view"] == "Full":
+            continue
+        if margin is None:
+            unnamed = unnamed or line
+        else:
+            named = named or line
+        if named and unnamed:
+            raise DataError(path, line, "margin", f"line {named} names a crop margin and line {unnamed} does not: "
+                            "name it on every Cluster/Crop view or on none")

@@ -53,13 +53,21 @@ def load(path: str | Path) -> list[SegSample]:
     if path.is_dir() and not (path / "data.json").is_file():
         subsets = sorted(p for p in path.glob("*/data.json") if p.is_file())
         if not subsets:
-            raise DataError(path, None, None, "no data.json here nor in any subfolder (one per subset)")
+            raise DataError(path, None, None, "is a directory with no data.json, nor any in its subfolders: give "
+                            "data.json, the folder holding it, or the release's test/ folder (one <subset>/data.json "
+                            "each)")
         return [s for subset in subsets for s in load(subset)]
     if path.is_dir():
         path = path / "data.json"
     root = path.parent
     samples = []
+    first_item: dict[str, int] = {}
     for i, item in read_json_list(path):
+        sample_id = f"{root.resolve().name}/{item.get('id', item.get('ann_id', i))}"  # the same however the path is written
+        if sample_id in first_item:  # a run resumes by id: the second would be taken as answered
+            key = "id" if "id" in item else "ann_id" if "ann_id" in item else None
+            raise DataError(path, i, key, f"sample {sample_id!r} already given by item {first_item[sample_id]}")
+        first_item[sample_id] = i
         paths = {name: field(item, name, str, path, i) for name in PATH_FIELDS}
         question = field(item, "question", str, path, i, optional=True)
         cf_question = field(item, "counterfactual_question", str, path, i, optional=True)
@@ -68,7 +76,7 @@ def load(path: str | Path) -> list[SegSample]:
         ref = {name: ImageRef(p if Path(p).is_absolute() else root / p) for name, p in
                ((n, Path(v)) for n, v in paths.items())}
         samples.append(SegSample(
-            id=f"{root.resolve().name}/{item.get('id', item.get('ann_id', i))}",  # the same however the path is written
+            id=sample_id,
             split="reasoning" if question is not None else "referring",
             factual_image=ref["factual_image_path"],
             factual_mask=ref["factual_mask_path"],

@@ -286,6 +286,22 @@ def scores_by_split(records: Iterable[Mapping[str, Any]], alpha: float = ALPHA) 
 REPORTED_APART = "split"
 
 
+def answer_invalid(record: Mapping[str, Any]) -> bool:
+    """Is one query's answer (a per-query record of ``samples.jsonl``) unreadable as these
+    metrics read it? True when no mask can be read from it (:func:`evaluators.masks.answer_mask`,
+    the reading that puts its role in a pair's ``unreadable``: :func:`..suite.assemble`) or
+    its input could not be asked. The runner sets each record's ``invalid`` by this, and
+    counts the invalid-answer rate from those flags: the query's own parse
+    (:func:`evaluators.query.to_record`) takes any non-empty text as an answer, so
+    ``"<c7> <c0>"`` (half a box) had been flagged valid and then scored as unreadable.
+    Whether a mask can be read does not depend on the image size."""
+    from ...masks import answer_mask
+
+    if record.get("invalid_input"):
+        return True
+    return answer_mask(record.get("answer"), 1)[1]
+
+
 def _mean_of(key: str):
     def fn(records, alpha: float = ALPHA) -> float:
         return scores(records, alpha)[key]
@@ -347,7 +363,7 @@ def unreadable_visual(records, alpha: float = ALPHA) -> float:
 
 
 __all__ = [
-    "ALPHA", "REPORTED_APART", "SPLITS", "ci95_halfwidth", "cms", "cms_counterfact", "cms_fact", "delta_iou_textual",
+    "ALPHA", "REPORTED_APART", "SPLITS", "answer_invalid", "ci95_halfwidth", "cms", "cms_counterfact", "cms_fact", "delta_iou_textual",
     "delta_iou_visual", "iou", "iou_fact", "iou_textual", "iou_visual", "is_abstention", "resize_nearest",
     "ROLES", "sample_scores", "scores", "scores_by", "scores_by_split", "unreadable_textual", "unreadable_visual",
 ]
