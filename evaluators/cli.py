@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import sys
 from typing import Any
 
@@ -59,10 +60,37 @@ def parse_kv(text: str | None) -> dict[str, Any]:
     return out
 
 
+class _NeedsModel(Exception):
+    """A mitigation read the tokenizer or processor while it was being made: its values can
+    be checked only once the model is loaded."""
+
+
+class _NotLoaded:
+    """Stands for the tokenizer and processor while ``--mitigations`` is checked before the
+    model loads; using it in any way raises :class:`_NeedsModel`."""
+
+    def __getattr__(self, name):
+        raise _NeedsModel(name)
+
+    def __call__(self, *args, **kwargs):
+        raise _NeedsModel("__call__")
+
+    def __len__(self):
+        raise _NeedsModel("__len__")
+
+    def __iter__(self):
+        raise _NeedsModel("__iter__")
+
+    def __repr__(self) -> str:
+        return "<not loaded>"
+
+
 def check_mitigations(text: str | None) -> None:
     """A ``ValueError`` naming what is wrong in a ``--mitigations`` value -- an unknown
-    mitigation or argument -- before any model is loaded (the values themselves are
-    checked when the mitigations are made)."""
+    mitigation or argument, or a value the mitigation refuses (``vcd:alpha=-1``) -- before
+    any model is loaded. Each mitigation is made with a stand-in for the tokenizer and
+    processor, so its own checks run (a mitigation that reads them while being made is
+    checked once the model has loaded)."""
     try:
         specs = list(_mitigation_specs(text))
     except KeyError as err:
@@ -73,6 +101,16 @@ def check_mitigations(text: str | None) -> None:
         unknown = sorted(set(kwargs) - known)
         if unknown:
             raise ValueError(f"--mitigations: {name} has no argument(s) {unknown}; it takes {sorted(known)}")
+        placeholder = _NotLoaded()
+        try:
+            _make(cls, kwargs, placeholder, placeholder)
+        except _NeedsModel:
+            continue
+        except ValueError as err:
+            raise ValueError(f"--mitigations: {name}: {err}") from None
+        except TypeError as err:  # a value of the wrong kind met a comparison ('>' between str and int)
+            given = ";".join(f"{k}={v!r}" for k, v in kwargs.items())
+            raise ValueError(f"--mitigations: {name}: a value of the wrong type in {given} ({err})") from None
 
 
 def _mitigation_specs(text: str | None):
@@ -84,21 +122,63 @@ def _mitigation_specs(text: str | None):
         yield name.strip(), get_mitigation(name.strip()), parse_kv(args.replace(";", ","))
 
 
+def _make(cls: type, kwargs: dict[str, Any], tokenizer: Any, processor: Any):
+    kwargs = dict(kwargs)
+    names = {f.name for f in dataclasses.fields(cls)}
+    if "tokenizer" in names and "tokenizer" not in kwargs:
+        kwargs["tokenizer"] = tokenizer
+    if "processor" in names and "processor" not in kwargs:
+        kwargs["processor"] = processor
+    return cls(**kwargs)
+
+
 def parse_mitigations(text: str | None, tokenizer: Any, processor: Any = None) -> list:
     """``"vcd:alpha=1;beta=0.1,prior_suppression:mode=output"`` -> mitigation objects.
 
     Mitigations are separated by commas; a mitigation's own arguments follow a colon and
     are separated by semicolons.
     """
-    out = []
-    for _, cls, kwargs in _mitigation_specs(text):
-        names = {f.name for f in dataclasses.fields(cls)}
-        if "tokenizer" in names and "tokenizer" not in kwargs:
-            kwargs["tokenizer"] = tokenizer
-        if "processor" in names and "processor" not in kwargs:
-            kwargs["processor"] = processor
-        out.append(cls(**kwargs))
-    return out
+    return [_make(cls, kwargs, tokenizer, processor) for _, cls, kwargs in _mitigation_specs(text)]
+
+
+def check_model(parser: argparse.ArgumentParser, spec: str, model_args: dict[str, Any]) -> None:
+    """``--model`` and ``--model_args`` checked without loading anything: a missing folder,
+    an unknown argument or a bad value is a usage error at once (a Hub id is tried when
+    the model loads)."""
+    from .model import ModelSpecError, check_model_args, resolve_model
+
+    try:
+        resolve_model(spec)
+    except ModelSpecError as err:
+        parser.error(f"--model: {err}")
+    try:
+        check_model_args(model_args)
+    except ValueError as err:
+        parser.error(f"--model_args: {err}")
+
+
+def load_model(parser: argparse.ArgumentParser, spec: str, model_args: dict[str, Any]):
+    """``load_hf(spec, **model_args)``; a model that cannot be found is a one-line usage error."""
+    from . import model as model_module
+
+    try:
+        return model_module.load_hf(spec, **model_args)
+    except model_module.ModelSpecError as err:
+        parser.error(f"--model: {err}")
+
+
+def check_positive(parser: argparse.ArgumentParser, **flags: int | None) -> None:
+    """Each ``--flag`` given (not None) must be at least 1 (``--seed`` at least 0)."""
+    for flag, value in flags.items():
+        low = 0 if flag == "seed" else 1
+        if value is not None and value < low:
+            what = "a non-negative integer" if low == 0 else "a positive integer"
+            parser.error(f"--{flag} must be {what}, got {value}")
+
+
+def output_path_wording(err: Exception) -> str:
+    """A refusal to resume, in the flag's words (the runner calls the folder ``output_dir``)."""
+    return re.sub(r"\boutput_dir\b", "--output_path", str(err))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="first N queries of each suite or data file, completed to whole samples (an image "
                              "pair, a scene group), so no metric reads a partial one")
     parser.add_argument("--scale", default="full", choices=sorted(SCALES),
-                        help="built-in suite sizes (evaluators/benchmarks/suites.py)")
+                        help="built-in suite sizes (evaluators/benchmarks/suites.py); default: full "
+                             "(vlm-report's default is small)")
     parser.add_argument("--output_path", required=True)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max_new_tokens", type=int, default=8)
@@ -125,12 +206,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.limit is not None and args.limit < 1:  # 0 read as "no limit", -3 as "all but the last 3"
         parser.error(f"--limit must be a positive number of queries, got {args.limit}")
+    check_positive(parser, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, seed=args.seed)
 
     import torch
 
     from . import distributed
-    from .model import HFModel, load_hf
-    from .runner import RunMismatch, run
+    from .model import HFModel, check_generate_kwargs
+    from .runner import RunMismatch, run, summary_line
 
     from .benchmarks.suites import build_suite, check_tasks
 
@@ -141,6 +223,13 @@ def main(argv: list[str] | None = None) -> int:
         check_mitigations(args.mitigations)
     except ValueError as err:
         parser.error(str(err))
+    check_model(parser, args.model, model_args)
+    if "max_new_tokens" in gen_kwargs:  # generate() would get it twice
+        parser.error("--gen_kwargs: give max_new_tokens as --max_new_tokens")
+    try:
+        check_generate_kwargs(gen_kwargs)
+    except ValueError as err:
+        parser.error(f"--gen_kwargs: {err}")
     from .query import first_units, repeated_ids
 
     queries = []  # the data too is read before the model loads: a bad file is a message, at once
@@ -155,15 +244,17 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as err:
             parser.error(str(err))
         queries += loaded if args.limit is None else first_units(loaded, args.limit)
+    if not queries:
+        parser.error("nothing to evaluate: give --tasks and/or --data")
     if twice := repeated_ids(queries):
         parser.error(f"{len(twice)} query ids occur more than once (ids must be unique across --tasks and --data), "
                      f"e.g. {twice[:3]}")
     ranks = distributed.init()  # one process, or this rank of an accelerate / torchrun launch
     torch.manual_seed(args.seed)
-    model, processor = load_hf(args.model, **distributed.placement(ranks, model_args))
+    model, processor = load_model(parser, args.model, distributed.placement(ranks, model_args))
     try:
         mitigations = parse_mitigations(args.mitigations, processor.tokenizer, processor)
-    except ValueError as err:  # a value a mitigation refuses (alpha < 0, ...)
+    except ValueError as err:  # a value a mitigation refuses once it has the processor
         parser.error(f"--mitigations: {err}")
     under_test = HFModel(model, processor, mitigations=mitigations, max_new_tokens=args.max_new_tokens,
                          generate_kwargs=gen_kwargs, name=args.model)
@@ -172,14 +263,12 @@ def main(argv: list[str] | None = None) -> int:
                       config={"tasks": tasks, "limit": args.limit, "mitigations": args.mitigations},
                       progress=not args.no_progress, ranks=ranks)
     except RunMismatch as err:
-        parser.error(str(err))
+        parser.error(output_path_wording(err))
     distributed.finish(ranks)
     if payload is None:  # not the main process: the main one merged, scored and prints
         return 0
-    for bench, values in payload["results"].items():
-        shown = ", ".join(f"{k}={v:.1f}" for k, v in values.items() if isinstance(v, float))
-        print(f"{bench}: {shown}  (n={payload['n_samples'][bench]}, "
-              f"invalid answers {payload['invalid'][bench]['invalid_answer_rate']:.1f}%)")
+    for bench in payload["results"]:
+        print(summary_line(bench, payload))
     return 0
 
 

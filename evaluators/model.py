@@ -9,6 +9,9 @@ duration of the call and detached afterwards.
 
 from __future__ import annotations
 
+import inspect
+import re
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
@@ -170,25 +173,96 @@ DTYPES: dict[str, Any] = {
 """``dtype`` names :func:`load_hf` accepts ("auto": the dtype the checkpoint was saved in)."""
 
 
-def load_hf(spec: str, *, attn_implementation: str = "sdpa", dtype: str | None = None, device: str | None = None,
-            device_map: str | dict | None = None, max_memory: dict | None = None):
-    """``(model, processor)`` for ``"organism"`` (the shipped checkpoint) or an HF id / path.
+class ModelSpecError(ValueError):
+    """A model id or path that names no loadable model: a folder that does not exist, or a
+    Hub id that is neither a local folder nor loadable from the Hub. The message is one line
+    (the command-line tools print it as a usage error of ``--model``)."""
 
-    ``device`` puts the whole model on one device; ``device_map`` (``"auto"``, or a module ->
-    device dict) lets accelerate split it over the GPUs (within ``max_memory``) for models
-    that do not fit on one. Mitigation hooks follow the split: every tensor they create is
-    made on the device of the activations it meets.
+
+#: a Hub repo id: ``name`` or ``org/name``, each part of letters, digits, '-', '_' and '.',
+#: neither starting nor ending with '-' or '.' (the Hub's own rule)
+_HUB_PART = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?")
+
+
+def is_hub_id(spec: str) -> bool:
+    """Whether ``spec`` could be a Hub repo id (``name`` or ``org/name``) rather than a path."""
+    parts = spec.split("/")
+    return (0 < len(parts) <= 2 and len(spec) <= 96 and "--" not in spec and ".." not in spec
+            and all(_HUB_PART.fullmatch(part) for part in parts))
+
+
+def resolve_model(spec: str) -> str:
+    """The folder or Hub id that ``spec`` names, or a :class:`ModelSpecError`.
+
+    ``"organism"`` is the shipped checkpoint; a value that exists locally is that folder
+    (even when it also reads as a Hub id, as Hugging Face reads it); a value that does not
+    exist and cannot be a Hub id (``./x``, ``/x``, ``~/x``, ``a/b/c``) is a missing folder --
+    Hugging Face would report it as a malformed repo id. Anything else is left to the Hub.
     """
-    from transformers import AutoModelForImageTextToText, AutoProcessor
-
     if spec == "organism":
         from .organism import ORGANISM_DIR
 
-        spec = str(ORGANISM_DIR)
+        return str(ORGANISM_DIR)
+    if not spec.strip():
+        raise ModelSpecError("no model given: name a model folder, a Hub id or 'organism'")
+    path = Path(spec).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise ModelSpecError(f"{spec!r} is a file, not a model folder (a folder holding config.json and the "
+                                 "weights, or a Hub id such as llava-hf/llava-1.5-7b-hf)")
+        return str(path)
+    if not is_hub_id(spec):
+        raise ModelSpecError(f"no such folder: {spec!r} ({path.absolute()} does not exist)")
+    return spec
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def from_pretrained(loader: Any, spec: str, **kwargs):
+    """``loader.from_pretrained(resolve_model(spec), **kwargs)``, a model that cannot be
+    found or fetched raising a one-line :class:`ModelSpecError` that says what was tried
+    (Hugging Face's own is a long traceback ending in a message about the Hub, also for a
+    mistyped local folder)."""
+    resolved = resolve_model(spec)
+    try:
+        return loader.from_pretrained(resolved, **kwargs)
+    except (OSError, ValueError) as err:
+        # OSError: files missing or not fetched; ValueError: a config.json of no known model
+        # ("Unrecognized model in ...", "Unrecognized configuration class ..."); any other
+        # ValueError (a device map accelerate refuses, ...) keeps its traceback
+        if isinstance(err, ValueError) and not str(err).startswith("Unrecognized"):
+            raise
+        if Path(resolved).is_dir():
+            raise ModelSpecError(f"the folder {spec!r} holds no model {_name(loader)} can load "
+                                 f"({_first_line(err)})") from err
+        if isinstance(err, ValueError):
+            raise ModelSpecError(f"{spec!r} is not a model {_name(loader)} can load ({_first_line(err)})") from err
+        raise ModelSpecError(f"{spec!r} is neither a local folder nor loadable from the Hugging Face Hub "
+                             f"({_first_line(err)})") from err
+
+
+def _name(loader: Any) -> str:
+    return getattr(loader, "__name__", type(loader).__name__)
+
+
+def _load_kwargs(attn_implementation: str = "sdpa", dtype: str | None = None, device: str | None = None,
+                 device_map: str | dict | None = None, max_memory: dict | None = None) -> tuple[dict, str | None]:
+    """``from_pretrained`` keyword arguments and the device to move to, or a ``ValueError``
+    (every check of :func:`load_hf`'s arguments that needs no model)."""
     if device is not None and device_map is not None:
         raise ValueError("give device (one device) or device_map (a split), not both")
     if max_memory is not None and device_map is None:
         raise ValueError("max_memory bounds a device_map split; give device_map too")
+    if device is not None:
+        try:
+            kind = torch.device(device).type
+        except (RuntimeError, TypeError):
+            raise ValueError(f"device must be a torch device such as cpu, cuda, cuda:1 or mps, got {device!r}") from None
+        if kind == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device={device}: no CUDA GPU is visible to this process")
     kwargs: dict[str, Any] = {"attn_implementation": attn_implementation}
     if dtype:
         if str(dtype) not in DTYPES:
@@ -198,7 +272,75 @@ def load_hf(spec: str, *, attn_implementation: str = "sdpa", dtype: str | None =
         kwargs["device_map"] = device_map
         if max_memory is not None:
             kwargs["max_memory"] = max_memory
-    model = AutoModelForImageTextToText.from_pretrained(spec, **kwargs)
+    return kwargs, device
+
+
+def check_model_args(model_args: dict[str, Any]) -> None:
+    """A ``ValueError`` naming what is wrong in :func:`load_hf` keyword arguments (an unknown
+    one, a dtype it does not know, ...), before any model is loaded."""
+    known = [name for name in inspect.signature(_load_kwargs).parameters]
+    unknown = sorted(set(model_args) - set(known))
+    if unknown:
+        raise ValueError(f"unknown argument(s) {unknown}; the arguments are {known}")
+    _load_kwargs(**model_args)
+
+
+def load_hf(spec: str, *, attn_implementation: str = "sdpa", dtype: str | None = None, device: str | None = None,
+            device_map: str | dict | None = None, max_memory: dict | None = None):
+    """``(model, processor)`` for ``"organism"`` (the shipped checkpoint) or an HF id / path.
+
+    ``device`` puts the whole model on one device; ``device_map`` (``"auto"``, or a module ->
+    device dict) lets accelerate split it over the GPUs (within ``max_memory``) for models
+    that do not fit on one. Mitigation hooks follow the split: every tensor they create is
+    made on the device of the activations it meets.
+
+    A folder that does not exist, or a Hub id that cannot be loaded, raises a one-line
+    :class:`ModelSpecError` (a ``ValueError``).
+    """
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    kwargs, device = _load_kwargs(attn_implementation, dtype, device, device_map, max_memory)
+    model = from_pretrained(AutoModelForImageTextToText, spec, **kwargs)
     if device:
         model = model.to(device)
-    return model, AutoProcessor.from_pretrained(spec)
+    return model, from_pretrained(AutoProcessor, spec)
+
+
+#: well-known ``generate()`` arguments by the type their value must have (a value of another
+#: type failed deep inside ``generate()``, after the model had loaded: ``num_beams="two"``)
+GENERATE_INTS = ("max_length", "min_length", "min_new_tokens", "num_beams", "num_beam_groups", "top_k",
+                 "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "num_return_sequences",
+                 "prompt_lookup_num_tokens", "num_assistant_tokens", "prefill_chunk_size")
+GENERATE_FLOATS = ("temperature", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff",
+                   "repetition_penalty", "encoder_repetition_penalty", "length_penalty", "diversity_penalty",
+                   "penalty_alpha", "guidance_scale", "max_time")
+GENERATE_BOOLS = ("do_sample", "use_cache", "renormalize_logits", "remove_invalid_values", "output_attentions",
+                  "output_hidden_states", "output_scores", "output_logits", "return_dict_in_generate", "low_memory")
+#: counts that must be at least 1
+_GENERATE_POSITIVE = ("max_length", "num_beams", "num_beam_groups", "num_return_sequences")
+
+
+def check_generate_kwargs(kwargs: dict[str, Any]) -> None:
+    """A ``ValueError`` naming a ``generate()`` argument whose value cannot work, without a
+    model: the type of the well-known integer, float and bool arguments, the counts that
+    must be positive, and what ``transformers.GenerationConfig`` itself refuses."""
+    for key, value in kwargs.items():
+        if key in GENERATE_INTS and (not isinstance(value, int) or isinstance(value, bool)):
+            raise ValueError(f"{key} must be an integer, got {value!r}")
+        if key in GENERATE_FLOATS and (not isinstance(value, (int, float)) or isinstance(value, bool)):
+            raise ValueError(f"{key} must be a number, got {value!r}")
+        if key in GENERATE_BOOLS and not isinstance(value, bool):
+            raise ValueError(f"{key} must be true or false, got {value!r}")
+        if key in _GENERATE_POSITIVE and value < 1:
+            raise ValueError(f"{key} must be at least 1, got {value!r}")
+    from transformers import GenerationConfig
+    from transformers.utils import logging
+
+    verbosity = logging.get_verbosity()
+    logging.set_verbosity_error()  # its advice on flag combinations comes again, once, from generate()
+    try:
+        GenerationConfig(**kwargs).validate()
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"generate() would refuse these arguments: {_first_line(err)}") from None
+    finally:
+        logging.set_verbosity(verbosity)

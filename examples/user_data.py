@@ -2,14 +2,20 @@
 Lines schema, evaluators/benchmarks/dobench/schema.md), through the vlm-eval CLI.
 
     python examples/user_data.py                  # writes a small dataset to a temp folder, evaluates the organism
+    python examples/user_data.py --output_path runs/user_data    # keeps the dataset and the run there
     python examples/user_data.py --model <hf id or path> --data my_dobench.jsonl
 
 Without ``--data`` it first writes a stand-in for "your data": images saved to disk and
 one JSON line per instance, exactly what a user with their own photos would prepare.
+Without ``--output_path`` everything goes to a temporary folder that is deleted at the end
+(the scores are printed); with it, the run is written there and the stand-in data to its
+``data/`` folder, and both are kept.
 """
 
 import argparse
+import contextlib
 import json
+import sys
 import tempfile
 from pathlib import Path
 
@@ -20,12 +26,15 @@ from evaluators.world import BIASED, World, do_views
 parser = argparse.ArgumentParser()
 parser.add_argument("--model", default="organism")
 parser.add_argument("--data", default=None, help="a DO-Bench JSON Lines file (default: write a small one)")
-parser.add_argument("--output_path", default=None)
+parser.add_argument("--output_path", default=None,
+                    help="keep the run (and the stand-in data, in its data/ folder) here; default: a temporary "
+                         "folder, deleted at the end")
 args = parser.parse_args()
 
-folder = Path(tempfile.mkdtemp(prefix="user_data_"))
-data = args.data
-if data is None:
+
+def write_stand_in(folder: Path) -> Path:
+    """A small DO-Bench dataset in ``folder``: the images and ``dobench.jsonl``."""
+    folder.mkdir(parents=True, exist_ok=True)
     world, rows, seed = World(BIASED), [], 10**9
     while len({r["scene_id"] for r in rows}) < 3:
         seed += 1
@@ -48,6 +57,15 @@ if data is None:
     data = folder / "dobench.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     print(f"wrote {len(rows)} instances to {data}")
+    return data
 
-vlm_eval(["--model", args.model, "--tasks", "", "--data", f"dobench={data}", "--no_progress",
-          "--output_path", args.output_path or str(folder / "run")])
+
+kept = args.output_path is not None
+with (contextlib.nullcontext(args.output_path) if kept else tempfile.TemporaryDirectory(prefix="user_data_")) as out:
+    out = Path(out)
+    data = args.data if args.data is not None else write_stand_in(out / "data")
+    status = vlm_eval(["--model", args.model, "--tasks", "", "--data", f"dobench={data}", "--no_progress",
+                       "--output_path", str(out if kept else out / "run")])
+    if kept:
+        print(f"the run is in {out}")
+sys.exit(status)

@@ -3,6 +3,7 @@
     vlm-hooks inspect tiny:all                 # every supported architecture, tiny random models
     vlm-hooks inspect tiny:qwen2_vl --attn eager
     vlm-hooks inspect llava-hf/llava-1.5-7b-hf # any HF model id or local path (resolution only)
+    vlm-hooks inspect organism                 # the shipped organism (as vlm-eval --model organism)
 
 For ``tiny:`` models a forward pass runs with a recording hook on every point and the
 shapes each point saw are printed; afterwards the model's hook dictionaries are checked
@@ -31,10 +32,12 @@ def _inspect_one(spec: str, attn: str) -> None:
     else:
         from transformers import AutoModelForImageTextToText
 
-        model, inputs = AutoModelForImageTextToText.from_pretrained(spec, attn_implementation=attn), None
+        from evaluators.model import from_pretrained
+
+        model, inputs = from_pretrained(AutoModelForImageTextToText, spec, attn_implementation=attn), None
     n_params = sum(p.numel() for p in model.parameters())
     print(f"== {spec}  ({type(model).__name__}, {n_params:,} parameters)")
-    inspect(model)
+    inspect(model, file=sys.stdout)  # the stdout of now (the default is the one at import)
     if inputs is None:
         return
     before = hook_state(model)
@@ -53,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="vlm-hooks", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("inspect", help="resolve and print a model's hook points")
-    p.add_argument("model", help="HF model id or path, 'tiny:<model_type>', or 'tiny:all'")
+    p.add_argument("model", help="HF model id or path, 'organism', 'tiny:<model_type>', or 'tiny:all'")
     p.add_argument("--attn", default="sdpa", choices=["sdpa", "eager"], help="attention implementation")
     args = parser.parse_args(argv)
 
@@ -62,8 +65,22 @@ def main(argv: list[str] | None = None) -> int:
         from .testing import TINY_MODEL_TYPES
 
         specs = [f"tiny:{t}" for t in TINY_MODEL_TYPES]
+    elif args.model.startswith("tiny:"):
+        from .testing import TINY_MODEL_TYPES
+
+        if args.model[5:] not in TINY_MODEL_TYPES:
+            parser.error(f"no tiny model {args.model!r}; known: tiny:all, "
+                         + ", ".join(f"tiny:{t}" for t in TINY_MODEL_TYPES))
     for spec in specs:
-        _inspect_one(spec, args.attn)
+        if spec.startswith("tiny:"):
+            _inspect_one(spec, args.attn)
+        else:
+            from evaluators.model import ModelSpecError
+
+            try:
+                _inspect_one(spec, args.attn)
+            except ModelSpecError as err:  # a missing folder, an id the Hub does not give: one line
+                parser.error(f"model: {err}")
         print()
     if args.model == "tiny:all":
         print(f"{len(specs)} architectures resolved and traced: {', '.join(s[5:] for s in specs)}")

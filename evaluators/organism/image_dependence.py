@@ -1,6 +1,8 @@
 """Does a checkpoint read the image at all? A 30-second check to run before long trainings.
 
     python -m evaluators.organism.image_dependence /path/to/checkpoint
+    python -m evaluators.organism.image_dependence              # the shipped organism
+    python -m evaluators.organism.image_dependence /path/to/checkpoint --n_scenes 20
 
 Clean existence questions (large objects, unbiased scenes): accuracy, and the mean change
 of the yes-minus-no logit margin when the pixels are replaced by a blank image. A model
@@ -17,6 +19,7 @@ scenes, not the card's figure.
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 import numpy as np
@@ -59,5 +62,23 @@ def measure(model, processor, n_scenes: int = 40) -> dict[str, float]:
     return {"clean_existence_accuracy": 100.0 * right / total, "mean_image_effect": sum(effects) / len(effects)}
 
 
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m evaluators.organism.image_dependence",
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoint", nargs="?", default=None,
+                        help="an organism checkpoint folder (default: the shipped organism)")
+    parser.add_argument("--n_scenes", type=int, default=40,
+                        help="scenes to ask about, two questions each (default: 40)")
+    args = parser.parse_args(argv)
+    if args.n_scenes < 1:
+        parser.error(f"--n_scenes must be a positive integer, got {args.n_scenes}")
+    try:
+        result = image_dependence(args.checkpoint, args.n_scenes)
+    except FileNotFoundError as err:  # no checkpoint there: a message, not a traceback
+        parser.error(str(err))
+    print(result)
+    return 0
+
+
 if __name__ == "__main__":
-    print(image_dependence(sys.argv[1] if len(sys.argv) > 1 else None))
+    sys.exit(main())

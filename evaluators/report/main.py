@@ -83,15 +83,18 @@ def default_output(scale: str, seed: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="vlm-report", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="organism")
-    parser.add_argument("--model_args", default="")
+    parser.add_argument("--model", default="organism", help="'organism' (default) or an HF model id / path")
+    parser.add_argument("--model_args", default="",
+                        help="attn_implementation=...,dtype=bf16|fp16|fp32|auto,device=...,device_map=auto")
     parser.add_argument("--tasks", default="dobench,mioh,causal_halbench,hallusegbench,reactbench",
                         help="built-in probe suites ('' for none)")
     parser.add_argument("--data", default="", help="your data: benchmark=path[,benchmark=path] in native formats")
     parser.add_argument("--arms", default="",
                         help="comma-separated arm names or slugs (default: every default arm; optional ones "
                              "such as crop-and-verify-which-image only when named)")
-    parser.add_argument("--scale", default="small", choices=sorted(SCALES))
+    parser.add_argument("--scale", default="small", choices=sorted(SCALES),
+                        help="built-in suite sizes (evaluators/benchmarks/suites.py); default: small "
+                             "(vlm-eval's default is full)")
     parser.add_argument("--output_path", default=None,
                         help="default: runs/report at the default scale and seed, else runs/report-<scale>-seed<seed> "
                              "(a sampled arm seeds each batch by its place among the run's queries, so another "
@@ -101,13 +104,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resamples", type=int, default=1000)
     parser.add_argument("--no_progress", action="store_true")
     args = parser.parse_args(argv)
+    from ..cli import check_model, check_positive, load_model, output_path_wording, parse_kv
+
+    check_positive(parser, batch_size=args.batch_size, seed=args.seed, resamples=args.resamples)
 
     import torch
 
-    from ..cli import parse_kv
-    from ..model import HFModel, load_hf
+    from ..model import HFModel
     from ..query import regrade
-    from ..runner import RunMismatch, metric_records, read_samples, run, versions
+    from ..runner import RunMismatch, flag_invalid, metric_records, read_samples, run, versions
     from ..shards import done_ids
     from .attribution import cell_verdicts, compare, default_arms, explained_by_control, optional_arms, yes_ratio
     from .html import write_html
@@ -125,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(err))
     if not queries:
         parser.error("nothing to evaluate: give --tasks and/or --data")
+    check_model(parser, args.model, model_args)
     arms = default_arms()
     if args.arms:  # checked before the model loads
         wanted = [a.strip() for a in args.arms.split(",") if a.strip()]
@@ -133,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             parser.error(f"unknown arm(s) {unknown}; available: {', '.join(slug(a.name) for a in known)}")
         arms = with_references([a for a in known if a.name in wanted or slug(a.name) in wanted], known)
-    model, processor = load_hf(args.model, **model_args)
+    model, processor = load_model(parser, args.model, model_args)
     records, costs, payloads = {}, {}, {}
     # Warm-up, untimed and unrecorded: the first generate() pays one-off costs (lazy
     # initialisation, allocator growth) that would otherwise inflate the first arm's wall
@@ -152,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
             payloads[arm.name] = run(queries, under_test, folder, batch_size=args.batch_size, seed=args.seed,
                                      config={"arm": arm.name}, progress=not args.no_progress)
         except RunMismatch as err:
-            parser.error(str(err))
+            parser.error(output_path_wording(err))
         seconds = time.perf_counter() - start
         rows = 1 + sum(getattr(m, "extra_rows", 0) for m in mitigations)
         verify = next((dict(m.stats) for m in mitigations if hasattr(m, "stats")), None)
@@ -164,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         }
         # this run's answers only: the folder keeps answers to queries of earlier runs
         # (another --tasks or --scale), which must not enter this report's comparisons
-        lines = [regrade(r, by_id[r["id"]]) for r in read_samples(folder / "samples.jsonl") if r["id"] in wanted]
+        lines = [flag_invalid(regrade(r, by_id[r["id"]])) for r in read_samples(folder / "samples.jsonl")
+                 if r["id"] in wanted]
         by_bench: dict[str, list] = {}
         for r in lines:
             by_bench.setdefault(r["benchmark"], []).append(r)
