@@ -15,8 +15,14 @@ from typing import Any, Callable, Sequence
 _WORD = re.compile(r"[a-z0-9]+")
 NUMBER_WORDS = {
     "zero": 0, "none": 0, "no": 0, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7,
-    "eight": 8, "nine": 9, "ten": 10, "eleven": 11, "twelve": 12,
+    "eight": 8, "nine": 9, "ten": 10, "eleven": 11, "twelve": 12, "thirteen": 13, "fourteen": 14, "fifteen": 15,
+    "sixteen": 16, "seventeen": 17, "eighteen": 18, "nineteen": 19,
 }
+#: Tens, which a unit word may follow ("twenty-one", "twenty one": 21); dense-counting
+#: answers reach them, and "twenty-one" had been read as its last word, 1.
+TENS = {"twenty": 20, "thirty": 30, "forty": 40, "fifty": 50, "sixty": 60, "seventy": 70, "eighty": 80, "ninety": 90}
+#: Digits grouped by thousands ("1,500", "12,000"): one number, not 1 and 500.
+_GROUPED = re.compile(r"(?<![\d,])\d{1,3}(?:,\d{3})+(?![\d,])")
 
 
 def words(text: str) -> list[str]:
@@ -93,16 +99,31 @@ def parse_option(text: str, options: Sequence[str], letters: Sequence[str] = OPT
     return hits[0] if len(hits) == 1 else None
 
 
+def _count_words(text: str) -> list[str]:
+    """:func:`words`, with digit groups joined ("1,500" -> "1500") and a tens word joined
+    to the unit word after it ("twenty-one", "twenty one" -> "21")."""
+    w = words(_GROUPED.sub(lambda m: m.group(0).replace(",", ""), text))
+    out: list[str] = []
+    for token in w:
+        unit = NUMBER_WORDS.get(token)
+        if out and out[-1] in TENS and unit is not None and 1 <= unit <= 9 and token != "no":
+            out[-1] = str(TENS[out[-1]] + unit)
+        else:
+            out.append(token)
+    return [str(TENS[t]) if t in TENS else t for t in out]
+
+
 def parse_number(text: str) -> int | None:
-    """The first number, as digits or a word ("three", "3 dogs"); None if there is none."""
-    return next((n for n in map(_number, words(text)) if n is not None), None)
+    """The first number, as digits or words ("three", "3 dogs", "twenty-one", "1,500");
+    None if there is none."""
+    return next((n for n in map(_number, _count_words(text)) if n is not None), None)
 
 
 def parse_count(text: str) -> int | tuple[int, int] | None:
     """A count, or a range when the answer states one ("between 3 and 5", "3 to 5",
     "3-5", "from three to five"): the first number, and the number after it when joined by
     "to" / "-" or, after "between", by "and". None if there is no number."""
-    w = words(text)
+    w = _count_words(text)
     for i, token in enumerate(w):
         first = _number(token)
         if first is None:

@@ -21,7 +21,12 @@ def test_option(text, expected):
     assert parse_option(text, ["image 1", "image 2", "image 3", "none of the above"]) == expected
 
 
-@pytest.mark.parametrize("text, expected", [("three", 3), ("3 dogs", 3), ("zero", 0), ("none", 0), ("many", None)])
+@pytest.mark.parametrize("text, expected", [
+    ("three", 3), ("3 dogs", 3), ("zero", 0), ("none", 0), ("many", None),
+    # compound words and grouped digits had been read as their last word / first group: 1
+    ("twenty-one", 21), ("Twenty one people", 21), ("ninety", 90), ("fifteen", 15), ("1,500", 1500),
+    ("12,000 birds", 12000), ("3, 4", 3), ("1,50", 1), ("twenty no", 20),
+])
 def test_number(text, expected):
     assert parse_number(text) == expected
 
@@ -41,6 +46,7 @@ def test_choice_and_boxes():
 @pytest.mark.parametrize("text, expected", [
     ("between 25 and 40", (25, 40)), ("25 to 40 dogs", (25, 40)), ("25-40", (25, 40)), ("3 - 5", (3, 5)),
     ("from three to five", (3, 5)), ("I count 7 dogs", 7), ("3 and 5", 3), ("between 3 and", 3), ("no idea", None),
+    ("twenty-one to thirty", (21, 30)), ("between 1,000 and 2,000", (1000, 2000)), ("21-25", (21, 25)),
 ])
 def test_parse_count_reads_a_stated_range_as_one(text, expected):
     from evaluators.answers import parse_count

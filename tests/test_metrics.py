@@ -335,6 +335,16 @@ def test_chair_coco_style_tables():
     assert isnan(chb.chair(["nothing here"], [set()], rows)["chair_i"])   # no mentions: 0/0
     with pytest.raises(ValueError, match="listed under"):
         chb.synonym_index({"cup": ["mug"], "plate": ["mug"]})
+    # a string is a comma-separated line, never its letters ("puppy" had made "p" a dog)
+    lines = [", ".join(r) + "\n" for r in rows]  # synonyms.txt read with readlines()
+    for table in ({"dog": "puppy", "cup": "mug, beaker"}, lines):
+        index = chb.synonym_index(table)
+        assert ("p",) not in index and ("u",) not in index
+    assert chb.synonym_index({"dog": "puppy", "cup": "mug, beaker"})[("beaker",)] == "cup"
+    assert chb.chair(["a puppy near a mug"], [set()], {"dog": "puppy", "cup": "mug"})["per_caption"][0]["mentions"] \
+        == ["dog", "cup"]
+    assert chb.chair([caption], [set()], lines)["per_caption"][0]["mentions"] == ["person", "teddy bear", "hot dog",
+                                                                                  "dining table"]
 
 
 # -- DO-Bench ---------------------------------------------------------------------------------

@@ -212,15 +212,23 @@ def _plurals(word: str) -> set[str]:
     return forms
 
 
+def _split(line: str) -> list[str]:
+    """One line of CHAIR's synonyms.txt, "category, syn, syn": its comma-separated phrases."""
+    return [w.strip() for w in line.split(",") if w.strip()]
+
+
 def _rows(synonyms: Any) -> list[tuple[str, list[str]]]:
+    """``(category, phrases)`` rows. A string is never iterated letter by letter (a
+    ``{"dog": "puppy"}`` value, or CHAIR's file read with ``readlines()``, had made each
+    letter a synonym): it is a comma-separated line, as in ``synonyms.txt``."""
     if isinstance(synonyms, str):  # CHAIR's synonyms.txt: "category, syn, syn" per line
-        rows = [[w.strip() for w in line.split(",") if w.strip()] for line in synonyms.splitlines()]
+        rows = [_split(line) for line in synonyms.splitlines()]
         return [(row[0], row) for row in rows if row]
     if isinstance(synonyms, Mapping):
-        return [(cat, [cat, *list(syns)]) for cat, syns in synonyms.items()]
+        return [(cat, [cat, *(_split(syns) if isinstance(syns, str) else list(syns))]) for cat, syns in synonyms.items()]
     out = []
     for row in synonyms:  # COCO-style rows: first entry is the category
-        row = list(row)
+        row = _split(row) if isinstance(row, str) else list(row)
         if row:
             out.append((row[0], row))
     return out
