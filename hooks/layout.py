@@ -21,7 +21,9 @@ processor's per-image inputs:
   tower's square) then the high-resolution tiles' patches, unpadded back to the image's
   aspect ratio, with one newline token closing each row. The tile grid and the unpadding
   are computed with transformers' own ``get_anyres_image_grid_shape`` / ``unpad_image``;
-  OneVision's ``anyres_max_N`` down-sampling follows its ``pack_image_features``.
+  OneVision's ``anyres_max_N`` down-sampling follows its ``pack_image_features``. An image
+  so thin that unpadding leaves no column (or row) of tiles -- 20 x 1000 pixels -- keeps
+  only the base image's place (its newline tokens have none).
 * ``tiles`` -- Idefics3 / SmolVLM, InternVL and Aya Vision: ``k`` equal tiles of ``t`` tokens each
   (``t`` = the tower's patch grid over the pixel-shuffle factor), row-major, then one
   global image (thumbnail) of the whole image when ``k > 1``. Neither family passes the
@@ -225,6 +227,8 @@ def _anyres(config, n_tokens, inputs, row, image_size) -> list[Region]:
     if newline not in (0, rows):
         raise ValueError(f"anyres layout: expected {side * side} base tokens and a {rows} x {cols} grid "
                          f"(+{rows} newlines), the row has {n_tokens} image tokens")
+    if rows == 0 or cols == 0:  # an extreme aspect ratio unpads to nothing: the newlines alone, no place
+        return [Region(0, side, side, side, trailing=newline)]
     return [base, Region(side * side, rows, cols, cols + (1 if newline else 0))]
 
 

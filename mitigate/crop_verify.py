@@ -78,7 +78,8 @@ so the same gate, views and policy apply -- and reports the mentions the model d
 confirm.
 
 With ``tau = 1`` no view can reach the threshold: the answers are the unmitigated ones
-and no extra pass runs. ``stats`` reports how often verification ran and overturned.
+and no extra pass runs (no image is too small to answer, and ``stats["queries"]`` counts
+them, on both routes). ``stats`` reports how often verification ran and overturned.
 """
 
 from __future__ import annotations
@@ -305,8 +306,9 @@ class CropVerify(Mitigation):
         per prompt) also the encoded inputs and what :meth:`capture` took at the prefill of
         this very ``generate()`` (``"maps"``: each row's localisation map)."""
         enc = self._inputs(images, prompts, model)
-        kwargs = dict(max_new_tokens=max_new_tokens, output_scores=True, return_dict_in_generate=True,
-                      **{"do_sample": False, **generate_kwargs})
+        # the first step's scores are read from a dict output: set here whatever the caller passed
+        kwargs = {"do_sample": False, **generate_kwargs, "max_new_tokens": max_new_tokens, "output_scores": True,
+                  "return_dict_in_generate": True}
         maps = None
         if capture_objects is None:
             out = model.generate(**enc, **kwargs)
@@ -386,20 +388,33 @@ class CropVerify(Mitigation):
                objects: Sequence[str | None] | None = None, **generate_kwargs) -> list[dict]:
         """Answers for one image per prompt, with what verification did for each.
         ``objects`` names each prompt's object for ``queries="object"`` (default: read from
-        the question, :func:`mitigate.localize.object_in_question`)."""
+        the question, :func:`mitigate.localize.object_in_question`). A name given here must
+        be found among its prompt's tokens (else a ``ValueError``); one read from the question
+        that is not (words the tokenizer does not know) is counted in
+        ``stats["object_not_found"]`` and its query left unverified (``locate="embedding"`` /
+        ``"zoom"``) or read at its last token (``queries="object"``)."""
+        return self._answer(model, images, prompts, max_new_tokens, objects, objects is not None, generate_kwargs)
+
+    def _answer(self, model, images, prompts, max_new_tokens: int, objects, strict: bool,
+                generate_kwargs: dict) -> list[dict]:
+        """:meth:`answer`; ``strict``: ``objects`` were named by the caller and must be found.
+        The questions this class writes itself (:meth:`verify_caption`,
+        :meth:`answer_which_image`) pass their objects leniently: a name in words the
+        tokenizer does not know is counted, as one read from the question is."""
         if len(images) != len(prompts):
             raise ValueError(f"images and prompts differ in number: {len(images)} vs {len(prompts)}")
         if objects is not None and len(objects) != len(prompts):
             raise ValueError(f"objects: {len(objects)} given for {len(prompts)} prompts")
         if not images or any(not isinstance(im, Image.Image) for im in images):
             raise ValueError("crop-and-verify needs one PIL image per prompt (the original, full-resolution image)")
-        self.check_view_size(images)
+        if self.tau < 1.0:  # with tau = 1 no view is cut: the unmitigated answers, whatever the size
+            self.check_view_size(images)
         for key in ("num_beams", "num_return_sequences"):  # one answer per row is verified
             if (generate_kwargs.get(key) or 1) > 1:
                 raise ValueError(f"crop-and-verify verifies one answer per row; {key}={generate_kwargs[key]} "
                                  "is not supported")
         localise = self.localizer is None and self.tau < 1.0
-        if localise and objects is not None:  # names the caller gave must be in their prompts, gated or not
+        if localise and strict:  # names the caller gave must be in their prompts, gated or not
             for row, (obj, prompt) in enumerate(zip(objects, prompts)):
                 if obj is not None and not name_matches(str(obj), prompt):
                     raise ValueError(f"objects: {obj!r} does not occur in the prompt of row {row}: {prompt!r}")
@@ -408,7 +423,7 @@ class CropVerify(Mitigation):
         if localise:  # the object each prompt names (None: queries="object" reads its last token)
             named = list(objects) if objects is not None else [object_in_question(p) for p in prompts]
         first = self._generate(model, images, prompts, max_new_tokens, generate_kwargs,
-                               capture_objects=named if capture else None, strict=objects is not None)
+                               capture_objects=named if capture else None, strict=strict)
         texts, probs = first[:2]
         confidence = probs.max(-1).values
         results = []
@@ -426,7 +441,7 @@ class CropVerify(Mitigation):
         boxes = []
         if gated and localise and self.locate == "zoom":  # rows whose object is not found stay unverified
             searched = self.zoom_boxes(model, [images[i] for i in gated], [prompts[i] for i in gated],
-                                       [named[i] for i in gated], strict=objects is not None)
+                                       [named[i] for i in gated], strict=strict)
             gated, boxes = self.located(gated, searched)
         if gated:  # the extra passes, batched over every query that needs them
             if capture:
@@ -489,9 +504,11 @@ class CropVerify(Mitigation):
         parsed = [parse_multi_image(p, len(s)) for s, p in zip(image_sets, prompts)]
         unread = [p for p, w in zip(prompts, parsed) if w is None]
         if unread:
-            raise ValueError("neither an 'in which image is there ...' question with one option per image nor an "
-                             f"'is there ... in the images ?' question over two or more images: {unread[0]!r}")
-        self.check_view_size([im for s in image_sets for im in s])
+            raise ValueError("neither an 'in which image is there ...' question with one option per image (and "
+                             "'none of the above' at most once) nor an 'is there ... in the images ?' question over "
+                             f"two or more images: {unread[0]!r}")
+        if self.tau < 1.0:
+            self.check_view_size([im for s in image_sets for im in s])
         texts, probs = self._generate(model, [list(s) for s in image_sets], prompts, max_new_tokens, generate_kwargs)
         confidence = probs.max(-1).values
         stats = self.stats.setdefault("which_image", {"queries": 0, "verified": 0, "overturned": 0, "images_asked": 0})
@@ -510,11 +527,14 @@ class CropVerify(Mitigation):
         per_image = replace(self, stats={"queries": 0, "verified": 0, "overturned": 0})
         # yes/no questions of our own (their records are returned in result["images"]), read
         # from their first token as the views of a yes/no question are (yes_no_view_tokens)
-        records = per_image.answer(model, [image_sets[i][k] for i, k in asked],
-                                   [self.image_question(prompts[i], parsed[i], template) for i, _ in asked],
-                                   max_new_tokens=self.view_tokens("yes_no", max_new_tokens,
-                                                                   generate_kwargs.get("min_new_tokens")),
-                                   objects=[parsed[i].object for i, _ in asked], **generate_kwargs)
+        # their objects are read from the questions: one the tokenizer does not know leaves its
+        # image unverified (counted), it does not stop the batch
+        records = per_image._answer(model, [image_sets[i][k] for i, k in asked],
+                                    [self.image_question(prompts[i], parsed[i], template) for i, _ in asked],
+                                    self.view_tokens("yes_no", max_new_tokens, generate_kwargs.get("min_new_tokens")),
+                                    [parsed[i].object for i, _ in asked], False, generate_kwargs)
+        if per_image.stats.get("object_not_found"):
+            stats["object_not_found"] = stats.get("object_not_found", 0) + per_image.stats["object_not_found"]
         stats["verified"] += len(gated)
         stats["images_asked"] += len(asked)
         per_query: dict[int, dict[int, dict]] = {}
@@ -799,8 +819,11 @@ class CropVerify(Mitigation):
         distinct = list(dict.fromkeys(said))
         details = {}
         if distinct:
-            records = self.answer(model, [image] * len(distinct), [question.format(object=c) for c in distinct],
-                                  max_new_tokens=max_new_tokens, objects=distinct, **generate_kwargs)
+            # the categories are ours, not the caller's: one whose words the tokenizer does not
+            # know leaves its question unverified (stats["object_not_found"]), as answer() does
+            # for an object read from a question
+            records = self._answer(model, [image] * len(distinct), [question.format(object=c) for c in distinct],
+                                   max_new_tokens, distinct, False, generate_kwargs)
             details = dict(zip(distinct, records))
         confirmed = [c for c in distinct if parse_yes_no(details[c]["answer"]) is True]
         return {"caption": caption, "mentions": said, "confirmed": confirmed,

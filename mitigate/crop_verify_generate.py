@@ -4,9 +4,10 @@
 answers, with no change to the caller's code. Two owned attribute patches do it (both
 restored exactly on ``detach()``, :meth:`hooks.HookGroup.patch_attribute`):
 
-* the processor's ``image_processor.preprocess`` remembers the images it was given, keyed
-  by the pixels it returned (:class:`OriginalImages`) -- ``generate()`` only ever sees the
-  resized pixels, and the views must be cut from the *original* image;
+* the processor's ``image_processor.preprocess`` remembers the images it was given (PIL
+  images, or arrays / tensors converted to them), keyed by the exact pixels it returned
+  (:class:`OriginalImages`) -- ``generate()`` only ever sees the resized pixels, and the
+  views must be cut from the *original* image;
 * ``model.generate`` runs the caller's generation with the first step's scores and, at
   its prefill, captures every row's localisation map -- the chosen layers' attention
   (:func:`mitigate.localize.capture_first_pass`) or the embeddings' similarity to the
@@ -33,9 +34,11 @@ end-of-sequence token when the view's answer was cut at a limit shorter than the
 
 What it cannot verify is an error or is counted, never passed through silently: a call
 without ``input_ids`` or pixel inputs, beam search and several returned sequences raise a
-``ValueError`` (verification picks between whole answers of one sequence per row); calls
-whose images were not preprocessed by the attached processor or hold several images per
-row are answered unverified, counted in ``stats["no_original"]`` and warned about; boxes
+``ValueError`` (verification picks between whole answers of one sequence per row); rows
+whose original cannot be told -- not preprocessed by the attached processor, several images
+per row, pixels that several different images share, or an array / tensor image whose value
+range is ambiguous (:func:`_as_pil`) -- are answered unverified, counted in
+``stats["no_original"]`` and warned about, the warning saying why; boxes
 and free text are never re-asked (``stats["not_verifiable"]``, see
 :func:`mitigate.answer_kinds.answer_kind`). The "pair" view needs two images per prompt
 and is only available through :meth:`CropVerify.answer`. Returned ``scores`` (when asked
@@ -49,7 +52,7 @@ streamer once verification is done (prompt first, then one step at a time, as
 
 from __future__ import annotations
 
-import math
+import hashlib
 import warnings
 from collections import deque
 from typing import Any, Callable
@@ -66,107 +69,171 @@ from .crop_verify import ask_by_limit, view_image
 from .localize import object_in_question
 
 
-def _flat_images(images: Any) -> list[Image.Image | None]:
-    """The images of a preprocess call, flattened (nested lists of PIL images or arrays)."""
+def _flat_images(images: Any) -> list:
+    """The images of a preprocess call, flattened as the image processors read them: nested
+    lists, and a 4-D array or tensor as a batch of images (one image per leading index)."""
     if isinstance(images, (list, tuple)):
         return [im for item in images for im in _flat_images(item)]
-    if isinstance(images, Image.Image):
-        return [images]
-    if isinstance(images, np.ndarray) and images.ndim == 3:
-        array = images if images.shape[-1] in (1, 3, 4) else np.moveaxis(images, 0, -1)
-        if array.dtype != np.uint8:
-            array = np.clip(array * (255.0 if array.max() <= 1.0 else 1.0), 0, 255).astype(np.uint8)
-        return [Image.fromarray(array.squeeze(-1) if array.shape[-1] == 1 else array)]
-    return [None]  # a tensor or an unknown type: cannot be cut
+    if isinstance(images, (np.ndarray, torch.Tensor)) and images.ndim == 4:
+        return [images[i] for i in range(images.shape[0])]
+    return [images]
 
 
-#: Odd multipliers of the hashed +-1 signs (:func:`_signed_sums`), one per signed sum.
-_MULTIPLIERS = (2654435761, 2246822519, 3266489917, 668265263)
-_CHUNK = 1 << 20
+class Unusable:
+    """An image of a preprocess call no view can be cut from, or a row whose pixels match
+    several different images: ``reason`` says which, for the warning."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def __repr__(self) -> str:
+        return f"Unusable({self.reason!r})"
 
 
-def _signed_sums(values: torch.Tensor) -> torch.Tensor:
-    """Four sums of ``values`` under pseudo-random +-1 signs hashed from each value's
-    position (Knuth's multiplicative hash, a high bit): order-sensitive, deterministic, and
-    made a chunk at a time, so no weights of an image's size are ever stored."""
-    out = torch.zeros(len(_MULTIPLIERS), dtype=torch.float64)
-    for start in range(0, values.numel(), _CHUNK):
-        part = values[start : start + _CHUNK]
-        index = torch.arange(start, start + part.numel(), dtype=torch.int64, device=part.device)
-        for k, multiplier in enumerate(_MULTIPLIERS):
-            sign = (((index * multiplier) % (1 << 32)) >> 27) & 1
-            out[k] += float((part * (sign * 2 - 1)).sum())
-    return out
+def _as_pil(image: Any, do_rescale: bool, factor: float, data_format: Any = None) -> Image.Image | Unusable:
+    """``image`` as the PIL image the views are cut from, as the model saw it: a PIL image as
+    it is; an array or tensor ((H, W), (H, W, C) or (C, H, W), read as the processor reads
+    it) converted where its value range is unambiguous -- the processor multiplies it by
+    ``factor`` when ``do_rescale`` (uint8 0-255 under the default 1/255, float 0-255), and
+    takes it as it is otherwise (float in [0, 1]); the views, PIL images, are rescaled by the
+    default 1/255. A float image in [0, 1] that ``do_rescale`` rescales again (transformers
+    warns of it) could as well be a dark 0-255 image: :class:`Unusable`, as is any other
+    type or range."""
+    if isinstance(image, Image.Image):
+        return image
+    kind = type(image).__name__ if not isinstance(image, (np.ndarray, torch.Tensor)) else \
+        f"{'a torch tensor' if isinstance(image, torch.Tensor) else 'a numpy array'} image of shape " \
+        f"{tuple(image.shape)} and dtype {str(image.dtype).replace('torch.', '')}"
+    if not isinstance(image, (np.ndarray, torch.Tensor)):
+        return Unusable(f"an image of type {kind} cannot be cut into views")
+    if isinstance(image, torch.Tensor):
+        image = image.detach()
+        image = (image.float() if image.dtype == torch.bfloat16 else image).numpy(force=True)
+    if image.ndim not in (2, 3) or image.size == 0:
+        return Unusable(f"{kind} is not one image")
+    if image.ndim == 3:
+        from transformers.image_utils import ChannelDimension, infer_channel_dimension_format
+
+        try:
+            channels = ChannelDimension(data_format) if data_format is not None else \
+                infer_channel_dimension_format(image)
+        except ValueError:
+            return Unusable(f"{kind}: its channel axis cannot be told")
+        if channels == ChannelDimension.FIRST:
+            image = np.moveaxis(image, 0, -1)
+        if image.shape[-1] not in (1, 3, 4):
+            return Unusable(f"{kind} has {image.shape[-1]} channels")
+        image = image[..., 0] if image.shape[-1] == 1 else image
+    floating = np.issubdtype(image.dtype, np.floating)
+    if not (floating or np.issubdtype(image.dtype, np.integer) or image.dtype == np.bool_):
+        return Unusable(f"{kind} holds no pixel values")
+    values = image.astype(np.float64)
+    low, high = float(values.min()), float(values.max())
+    if floating and do_rescale and 0.0 <= low and high <= 1.0:
+        return Unusable(f"{kind} has float values in [0, 1], which do_rescale=True rescales again: pass "
+                        "do_rescale=False to the processor, or uint8 images")
+    values = values * (factor * 255.0 if do_rescale else 255.0)  # in the views' 0-255 units
+    if values.min() < -0.5 or values.max() > 255.5:
+        return Unusable(f"{kind} has values the processor does not read as 0-255 pixels "
+                        f"({low:g} to {high:g}, do_rescale={do_rescale})")
+    return Image.fromarray(np.clip(np.rint(values), 0, 255).astype(np.uint8))
 
 
-def _fingerprint(pixels: torch.Tensor) -> tuple[tuple, torch.Tensor, torch.Tensor]:
-    """``(shape, features, tolerances)`` of a pixel tensor: its sum, absolute sum and four
-    randomly signed sums, and how far a copy cast to bf16 / fp16 may drift from them. The
-    two plain sums may drift by 2^-7 of the absolute sum (rounding many equal pixels, a
-    flat background, errs the same way for all of them); the signed sums, whose signs
-    cancel that, by 2% of sqrt(n) x the values' RMS, about five times bf16's random drift
-    and a small fraction of what another image's pixels change."""
-    values = pixels.detach().to("cpu", torch.float64).reshape(-1)
-    n = values.numel()
-    magnitude = values.abs().sum()
-    features = torch.cat([torch.stack([values.sum(), magnitude]), _signed_sums(values)])
-    rms = float(values.pow(2).mean().sqrt()) if n else 0.0
-    signed = 0.02 * math.sqrt(n) * rms + 1e-9
-    plain = float(magnitude) * 2.0**-7 + 1e-9
-    return tuple(pixels.shape), features, torch.tensor([plain, plain, signed, signed, signed, signed],
-                                                       dtype=torch.float64)
+#: The dtypes a preprocessed pixel tensor is recorded under (:func:`_fingerprint`): a
+#: generate() call may receive it cast to any of them.
+_CASTS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 
-def _same(a: tuple, b: tuple) -> bool:
-    return a[0] == b[0] and bool(((a[1] - b[1]).abs() <= torch.maximum(a[2], b[2])).all())
+def _fingerprint(pixels: torch.Tensor, casts: tuple = ()) -> frozenset:
+    """Digests of the exact bytes of ``pixels`` (with its shape and dtype), as it is and
+    cast to each of ``casts``: a copy cast to bf16 / fp16 or moved to another device has
+    exactly the digest of the recorded tensor cast the same way (casts round the same on
+    every device), and another image's pixels -- however close -- have another."""
+    host = pixels.detach().to("cpu").contiguous()
+    digests = set()
+    for tensor in (host, *(host.to(c) for c in casts if c != host.dtype)):
+        digest = hashlib.blake2b(repr((tuple(tensor.shape), str(tensor.dtype))).encode(), digest_size=16)
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy())
+        digests.add(digest.digest())
+    return frozenset(digests)
+
+
+def _same_image(a: Any, b: Any) -> bool:
+    return a is b or (isinstance(a, Image.Image) and isinstance(b, Image.Image) and a.size == b.size
+                      and a.mode == b.mode and a.tobytes() == b.tobytes())
+
+
+def _one(candidates: list) -> Image.Image | Unusable | None:
+    """A row's original among the images whose pixels it matched (the most recent
+    first): None when none did; :class:`Unusable` when they are different images -- pixels
+    that several images share (a detail lost to the resize) do not say which it is."""
+    if not candidates:
+        return None
+    if all(_same_image(candidates[0], c) for c in candidates[1:]):
+        return candidates[0]
+    return Unusable(f"its pixels match {len(candidates)} different images the attached processor preprocessed, "
+                    "so which one is its original is ambiguous")
 
 
 class OriginalImages:
     """The images of the last ``keep`` preprocess calls, each findable by its pixels.
 
-    A later ``generate()`` finds its originals by matching its ``pixel_values``, image by
-    image where the image processor returns one row per image (fixed grids, tiled
-    LLaVA-NeXT): rows preprocessed one call at a time and stacked (``pipeline(...,
-    batch_size=2)`` does this) or reordered are found too. Otherwise (patches of several
-    images flattened into one tensor, Qwen2-VL) the whole call's tensor must match.
-    Matching tolerates a cast to bf16 / fp16 or a move to another device (:func:`_fingerprint`)."""
+    A later ``generate()`` finds its originals by matching its ``pixel_values`` exactly
+    (:func:`_fingerprint`: a cast to bf16 / fp16 / fp64 or a move to another device is
+    matched, any other change is not). Where the image processor returns one row per image
+    (fixed grids, tiled LLaVA-NeXT), a preprocess call whose rows are the call's rows in the
+    same order gives each row its own original -- position by position, so two images whose
+    pixels differ by less than a cast's rounding, or not at all, are never swapped -- and
+    otherwise each row is matched on its own among every recorded image: rows preprocessed
+    one call at a time and stacked (``pipeline(..., batch_size=2)`` does this) or
+    reordered are found too. A row whose pixels match several different images is
+    ambiguous: :class:`Unusable`, never a guess. Where the processor flattens the patches of
+    several images into one tensor (Qwen2-VL) the whole call's tensor must match."""
 
     def __init__(self, keep: int = 16) -> None:
         # per call: ("rows", a fingerprint per image) or ("whole", the tensor's), and its images
         self._seen: deque = deque(maxlen=keep)
         self.paused = False
 
-    def record(self, images: Any, out: Any) -> None:
+    def record(self, images: Any, out: Any, do_rescale: bool = True, factor: float = 1 / 255,
+               data_format: Any = None) -> None:
+        """Remember a preprocess call: its ``images`` (as PIL images, :func:`_as_pil`, with
+        the call's rescaling) and the pixels it returned, ``out["pixel_values"]``."""
         pixels = out.get("pixel_values") if hasattr(out, "get") else None
         if self.paused or not isinstance(pixels, torch.Tensor):
             return
-        flat = _flat_images(images)
+        flat = [_as_pil(im, do_rescale, factor, data_format) for im in _flat_images(images)]
         if pixels.dim() >= 2 and len(pixels) == len(flat):  # one row per image
-            self._seen.append(("rows", [_fingerprint(row) for row in pixels], flat))
+            self._seen.append(("rows", [_fingerprint(row, _CASTS) for row in pixels], flat))
         else:
-            self._seen.append(("whole", _fingerprint(pixels), flat))
+            self._seen.append(("whole", _fingerprint(pixels, _CASTS), flat))
 
-    def find(self, pixels: torch.Tensor) -> list[Image.Image | None] | None:
-        per_image = [(fp, im) for kind, fps, images in reversed(self._seen) if kind == "rows"
-                     for fp, im in zip(fps, images)]  # the most recent first
-        if per_image and pixels.dim() >= 2:
+    def find(self, pixels: torch.Tensor) -> list[Image.Image | Unusable | None] | None:
+        """Per image row of ``pixels``, its original (a PIL image), :class:`Unusable` (it
+        cannot be cut, or is ambiguous) or None (not found); None when nothing matches."""
+        calls = list(reversed(self._seen))  # the most recent first
+        rows_calls = [(fps, images) for kind, fps, images in calls if kind == "rows"]
+        if rows_calls and pixels.dim() >= 2:
+            mine = [_fingerprint(row) for row in pixels]  # one digest each, in its own dtype
+            in_order = [images for fps, images in rows_calls
+                        if len(fps) == len(mine) and all(m <= fp for m, fp in zip(mine, fps))]
             found = []
-            for row in pixels:  # image by image
-                mine = _fingerprint(row)
-                match = next((im for fp, im in per_image if _same(fp, mine)), _MISSING)
-                if match is _MISSING:
-                    break
-                found.append(match)
-            else:
+            for row, digest in enumerate(mine):
+                if in_order:  # the call that preprocessed exactly these rows, in this order
+                    candidates = [images[row] for images in in_order]
+                else:
+                    candidates = [im for fps, images in rows_calls for fp, im in zip(fps, images) if digest <= fp]
+                found.append(_one(candidates))
+            if any(f is not None for f in found):
                 return found
-        wholes = [(fp, images) for kind, fp, images in reversed(self._seen) if kind == "whole"]
+        wholes = [(fp, images) for kind, fp, images in calls if kind == "whole"]
         if wholes:
             mine = _fingerprint(pixels)
-            return next((images for fp, images in wholes if _same(fp, mine)), None)
+            matched = [images for fp, images in wholes if mine <= fp]
+            if matched:
+                same = [images for images in matched if len(images) == len(matched[0])]
+                return [_one([images[i] for images in same]) for i in range(len(matched[0]))]
         return None
-
-
-_MISSING = object()
 
 
 def _row_inputs(kwargs: dict, rows: list[int], images: list[Image.Image], image_processor, device) -> dict:
@@ -313,6 +380,8 @@ class VerifiedGenerate:
         beams = kwargs.get("num_beams", getattr(config, "num_beams", 1)) or 1
         returned = kwargs.get("num_return_sequences", getattr(config, "num_return_sequences", 1)) or 1
         if cv.tau >= 1.0:  # no view can reach the threshold: exactly the unmitigated generate()
+            if ids is not None:  # counted as answer() counts them
+                cv.stats["queries"] += ids.shape[0]
             return self.generate(*args, **kwargs)
         if ids is None:
             raise ValueError("crop-and-verify needs input_ids (it re-asks the views with the caller's own prompt tokens)")
@@ -326,7 +395,7 @@ class VerifiedGenerate:
         tok = cv.processor.tokenizer
         images = self.originals.find(pixels)
         if images is not None:  # as answer() does: refuse images too small for views before any pass
-            cv.check_view_size([im for im in images if im is not None])
+            cv.check_view_size([im for im in images if isinstance(im, Image.Image)])
         first = {**kwargs, "output_scores": True, "return_dict_in_generate": True}
         captured, objects = {"maps": None}, None
         prompts = [tok.decode(row, skip_special_tokens=True) for row in ids]
@@ -343,12 +412,8 @@ class VerifiedGenerate:
         confidence = probs.max(-1).values
         cv.stats["queries"] += rows
         gated = cv.gate_rows(texts, confidence, prompts)
-        if gated and (images is None or len(images) != rows or any(images[i] is None for i in gated)):
-            cv.stats["no_original"] = cv.stats.get("no_original", 0) + len(gated)
-            warnings.warn("crop_verify: the original images of this generate() call were not preprocessed by the "
-                          "attached processor (or hold several images per row); its answers are not verified",
-                          stacklevel=2)
-            gated = []
+        if gated:
+            gated = self._with_originals(gated, images, rows)
         boxes = None
         if gated and cv.localizer is None and cv.locate == "embedding":
             gated, _ = cv.located(gated, [captured["maps"][i] for i in gated])  # nothing named: unverified, counted
@@ -367,6 +432,31 @@ class VerifiedGenerate:
         if streamer is not None:
             _replay(streamer, out.sequences, start)
         return out if want_dict else out.sequences
+
+    def _with_originals(self, gated: list[int], images: list | None, rows: int) -> list[int]:
+        """The ``gated`` rows whose original image is known and can be cut; the others are
+        answered unverified, counted in ``stats["no_original"]`` and warned about, saying why."""
+        if images is None:
+            left, why = [], ("its pixels match no image the attached processor preprocessed (preprocess while "
+                             "attached, and pass its pixel_values unchanged but for a cast or a move)")
+        elif len(images) != rows:
+            left, why = [], (f"its pixels hold {len(images)} images for {rows} rows; crop-and-verify cuts the "
+                             "views of one image per row")
+        else:
+            left = [i for i in gated if isinstance(images[i], Image.Image)]
+            reasons: dict[str, list[int]] = {}  # why -> its rows
+            for i in gated:
+                if i not in left:
+                    reason = images[i].reason if isinstance(images[i], Unusable) else \
+                        "its pixels match no image the attached processor preprocessed"
+                    reasons.setdefault(reason, []).append(i)
+            why = "; ".join(f"row{'s' * (len(r) > 1)} {', '.join(map(str, r))}: {reason}"
+                            for reason, r in reasons.items())
+        if len(left) < len(gated):
+            self.cv.stats["no_original"] = self.cv.stats.get("no_original", 0) + len(gated) - len(left)
+            warnings.warn(f"crop_verify: {len(gated) - len(left)} answer(s) of this generate() call are not verified: "
+                          f"{why}", stacklevel=3)
+        return left
 
     def _verify(self, kwargs, gated, images, texts, confidence, sequences, maps, boxes=None, cache=None) -> torch.Tensor:
         cv, model, tok = self.cv, self.model, self.cv.processor.tokenizer
@@ -467,7 +557,14 @@ def attach_verified_generate(cv, points: ModelPoints, group: HookGroup) -> None:
 
     def remembering(images, *args, **kwargs):
         out = preprocess(images, *args, **kwargs)
-        originals.record(images, out)
+
+        def setting(name, default):  # as this call reads it: its keyword, else the processor's own
+            value = kwargs.get(name)
+            value = getattr(image_processor, name, None) if value is None else value
+            return default if value is None else value
+
+        originals.record(images, out, do_rescale=bool(setting("do_rescale", True)),
+                         factor=float(setting("rescale_factor", 1 / 255)), data_format=kwargs.get("input_data_format"))
         return out
 
     group.patch_attribute(image_processor, "preprocess", remembering)

@@ -72,7 +72,9 @@ class WhichImage:
 def parse_which_image(prompt: str, n_images: int) -> WhichImage | None:
     """The question's object and options, or None when ``prompt`` is not an "in which image
     is there ..." question whose options name each of the ``n_images`` images at most once
-    (options naming images beyond ``n_images`` are not this question either)."""
+    and offer "none of the above" at most once (options naming images beyond ``n_images``
+    are not this question either; two "none" letters would make a "none" answer's letter
+    and the one :meth:`WhichImage.answer_for_none` writes disagree)."""
     if n_images < 1:
         raise ValueError(f"n_images must be >= 1, got {n_images}")
     found = _QUESTION.search(prompt)
@@ -84,6 +86,8 @@ def parse_which_image(prompt: str, n_images: int) -> WhichImage | None:
         letter = m.group("letter").lower()
         texts[letter] = m.group("text").lower()
         if m.group("index") is None:
+            if none is not None:  # "none of the above" twice: which letter is it?
+                return None
             none = letter
             continue
         index = int(m.group("index")) - 1

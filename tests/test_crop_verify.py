@@ -846,3 +846,52 @@ def test_generic_maps_from_the_cache_decline_where_reuse_is_not_exact():
     cache.offloading = False
     with pytest.raises(ValueError, match="queries"):
         generic_maps_from_cache(model, cache, inputs, [1, 0], generic, queries="first")
+
+
+def test_answer_accepts_the_output_settings_it_sets_itself(organism_like):
+    """answer() reads the first step's scores from a dict output, so it sets output_scores
+    and return_dict_in_generate itself; a caller passing them got 'dict() got multiple
+    values'."""
+    model, processor, images = organism_like
+    prompts = ["is there a dog in the image ? answer yes or no ."] * 2
+    expected = CropVerify(processor, gate=1.0, tau=0.0).answer(model, images[:2], prompts, max_new_tokens=3)
+    for kwargs in ({"output_scores": True}, {"return_dict_in_generate": True},
+                   {"output_scores": False, "return_dict_in_generate": False}):
+        assert CropVerify(processor, gate=1.0, tau=0.0).answer(model, images[:2], prompts, max_new_tokens=3,
+                                                               **kwargs) == expected
+
+
+def test_tau_one_answers_an_image_too_small_for_views(organism_like):
+    """With tau = 1 no view is cut, so no image is too small: answer() gives the plain answer
+    (as generate() does while attached); below tau 1 it is still a clear error."""
+    from PIL import Image
+
+    model, processor, _ = organism_like
+    small, prompt = [Image.new("RGB", (6, 40), "white")], ["is there a dog in the image ? answer yes or no ."]
+    cv = CropVerify(processor, tau=1.0)
+    assert [r["answer"] for r in cv.answer(model, small, prompt, max_new_tokens=3)] == \
+        CropVerify(processor, tau=1.0)._generate(model, small, prompt, 3, {})[0]
+    assert cv.stats == {"queries": 1, "verified": 0, "overturned": 0}
+    with pytest.raises(ValueError, match="too small"):
+        CropVerify(processor, tau=0.5).answer(model, small, prompt, max_new_tokens=3)
+
+
+@pytest.mark.parametrize("kwargs", [{"locate": "embedding"}, {"locate": "zoom"}, {"queries": "object"}],
+                         ids=["embedding", "zoom", "object"])
+def test_caption_categories_the_tokenizer_does_not_know_are_counted_not_fatal(organism_like, kwargs):
+    """verify_caption asks about categories of its own: one whose word the tokenizer does
+    not know ("zebra" on the organism) is counted in stats["object_not_found"] as answer()
+    counts an object read from a question -- it raised a ValueError. Objects the caller
+    passes to answer() are still checked strictly."""
+    model, processor, images = organism_like
+    assert "zebra" not in processor.tokenizer.get_vocab()
+    cv = CropVerify(processor, gate=1.0, tau=0.0, **kwargs)  # every answer gated (random weights)
+    got = cv.verify_caption(model, images[0], "a puppy next to a zebra .",
+                            synonyms={"dog": ("puppy",), "zebra": ("zebra",)})
+    assert got["mentions"] == ["dog", "zebra"] and cv.stats["object_not_found"] == 1
+    assert got["details"]["dog"]["verified"]
+    if kwargs.get("queries") != "object":  # under queries="object" it is read at its last token instead
+        assert not got["details"]["zebra"]["verified"]
+    with pytest.raises(ValueError, match="zebra"):
+        CropVerify(processor, gate=1.0, tau=0.0, **kwargs).answer(
+            model, images[:1], ["is there a zebra in the image ? answer yes or no ."], objects=["zebra"])

@@ -496,19 +496,176 @@ def test_each_gated_row_is_judged_by_its_own_question(organism):
     assert [q for _, q in judged] == own
 
 
-def test_pixel_fingerprints_survive_a_cast_but_not_another_image_or_order():
-    from mitigate.crop_verify_generate import _fingerprint, _same
+def test_pixel_fingerprints_match_a_cast_exactly_but_not_another_image_or_order():
+    from mitigate.crop_verify_generate import _CASTS, _fingerprint
 
     torch.manual_seed(0)
     pixels = torch.randn(8, 3, 64, 64)
-    for cast in (torch.bfloat16, torch.float16):
-        assert _same(_fingerprint(pixels), _fingerprint(pixels.to(cast)))
-        assert all(_same(_fingerprint(row), _fingerprint(row.to(cast))) for row in pixels)
-    patched = pixels[0].clone()
-    patched[:, :8, :8] += 0.5  # one 8 x 8 patch of one image changed
-    assert not _same(_fingerprint(pixels[0]), _fingerprint(patched))
-    assert not _same(_fingerprint(pixels), _fingerprint(pixels.flip(0)))  # the same images, reordered
-    flat = torch.ones(3, 336, 336)  # a white image with one grey square, normalised as CLIP does:
-    flat[:, 100:150, 100:150] = 0.5  # rounding many equal pixels errs the same way for all
+    recorded = _fingerprint(pixels, _CASTS)
+    for cast in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+        assert _fingerprint(pixels.to(cast)) <= recorded
+        assert all(_fingerprint(row.to(cast)) <= _fingerprint(row, _CASTS) for row in pixels)
+    nudged = pixels[0].clone()
+    nudged[0, 5, 7] += 1e-3  # one value of one image, far below any tolerance a sum could have
+    assert not _fingerprint(nudged) <= _fingerprint(pixels[0], _CASTS)
+    assert not _fingerprint(pixels.flip(0)) <= recorded  # the same images, reordered
+    flat = torch.ones(3, 336, 336)  # a white image with one grey square, normalised as CLIP does
+    flat[:, 100:150, 100:150] = 0.5
     flat = (flat - 0.48) / 0.27
-    assert all(_same(_fingerprint(flat), _fingerprint(flat.to(cast))) for cast in (torch.bfloat16, torch.float16))
+    assert all(_fingerprint(flat.to(cast)) <= _fingerprint(flat, _CASTS) for cast in (torch.bfloat16, torch.float16))
+
+
+def test_each_row_gets_its_own_original_even_when_the_pixels_nearly_agree():
+    """Two images whose pixels differ by less than a bf16 rounding (a detail the resize all
+    but erased): preprocessed in one call, each row gets its own original, in any dtype;
+    preprocessed in separate calls, float32 pixels still tell them apart, and bf16 pixels
+    that two different images share are ambiguous -- never another row's image. The
+    tolerant fingerprints gave row 1 row 0's image."""
+    from mitigate.crop_verify_generate import OriginalImages
+
+    torch.manual_seed(0)
+    background = torch.rand(3, 32, 32)
+    pasted = background.clone()
+    pasted[:, 16, 16] += 1e-4  # below bf16's resolution of these values
+    a, b = Image.new("RGB", (64, 64), "white"), Image.new("RGB", (64, 64), "black")
+    together = OriginalImages()
+    together.record([a, b], {"pixel_values": torch.stack([background, pasted])})
+    for cast in (torch.float32, torch.bfloat16, torch.float16):
+        assert together.find(torch.stack([background, pasted]).to(cast)) == [a, b]
+    assert together.find(torch.stack([pasted, background])) == [b, a]  # reordered: row by row, exactly
+    apart = OriginalImages()
+    apart.record([a], {"pixel_values": background[None]})
+    apart.record([b], {"pixel_values": pasted[None]})
+    assert apart.find(torch.stack([background, pasted])) == [a, b]
+    from mitigate.crop_verify_generate import Unusable
+
+    found = apart.find(torch.stack([background, pasted]).to(torch.bfloat16))
+    assert all(isinstance(f, Unusable) and "ambiguous" in f.reason for f in found)
+    again = OriginalImages()  # the same picture preprocessed twice, two PIL objects: not ambiguous
+    again.record([a], {"pixel_values": background[None]})
+    again.record([a.copy()], {"pixel_values": background[None]})
+    assert again.find(background[None].to(torch.bfloat16))[0].tobytes() == a.tobytes()
+    assert apart.find(torch.rand(2, 3, 32, 32)) is None
+
+
+def _counterfactual_pair():
+    """The reviewer's pair: a scene's background at 2048 px, and the same with its object
+    pasted small (12 px) into it; a detector's box around the paste."""
+    from evaluators.world import BIASED, World, edits
+
+    scene = World(BIASED).scene(0)
+    obj = scene.get(0)
+    background = edits.remove(scene, obj.uid).render().resize((2048, 2048), Image.BICUBIC)
+    x0, y0, x1, y1 = (int(v) for v in obj.box)
+    with_object = background.copy()
+    with_object.paste(scene.render().crop((max(x0 - 2, 0), max(y0 - 2, 0), x1 + 2, y1 + 2)).resize((12, 12)),
+                      (1000, 1000))
+    return [background, with_object], [f"is there a {obj.category} in the image ? answer yes or no ."] * 2
+
+
+def test_a_counterfactual_pair_is_verified_each_row_on_its_own_original(organism):
+    """[background, background + a small object] in one batch: answer() overturns row 1 to
+    "yes" from its crop; attached, row 1's views were cut from row 0's image and it stayed
+    "no". Also a world scene beside itself minus one object (2% of such pairs were confused)."""
+    from evaluators.world import BIASED, World, edits
+
+    model, processor = organism
+    images, prompts = _counterfactual_pair()
+    box = lambda image, prompt: (998, 998, 1014, 1014)  # noqa: E731 -- a detector's box
+    expected = CropVerify(processor, gate=1.0, tau=0.0, localizer=box).answer(model, images, prompts,
+                                                                              max_new_tokens=3)
+    assert [r["answer"] for r in expected] == ["no", "yes"]
+    cv = CropVerify(processor, gate=1.0, tau=0.0, localizer=box)
+    with attach(model, cv):
+        enc = processor(text=_templated(processor, prompts), images=images, return_tensors="pt", padding=True)
+        assert model.generate.originals.find(enc["pixel_values"]) == images
+        out = model.generate(**enc, max_new_tokens=3, do_sample=False)
+    assert _decode(processor, out, enc) == ["no", "yes"] and cv.stats["overturned"] == 1
+    scene = World(BIASED).scene(2)
+    pair = [edits.remove(scene, 1).render(), scene.render()]
+    with attach(model, CropVerify(processor)):
+        enc = processor(text=_templated(processor, prompts), images=pair, return_tensors="pt")
+        assert model.generate.originals.find(enc["pixel_values"].to(torch.bfloat16)) == pair
+
+
+def _random_organism():
+    """The organism's architecture with random weights: every answer unconfident, so every
+    row is gated."""
+    from evaluators.organism import tasks
+    from evaluators.organism.package import build_model_config, build_processor, build_tokenizer
+    from transformers import LlavaForConditionalGeneration
+
+    processor = build_processor(build_tokenizer(tasks.vocabulary()))
+    torch.manual_seed(0)
+    return LlavaForConditionalGeneration(build_model_config(len(processor.tokenizer))).eval(), processor
+
+
+def test_array_and_tensor_images_are_verified_as_their_pil_images():
+    """Images given as torch (C, H, W) tensors or one 4-D numpy batch -- which the processor
+    accepts -- are verified as the same PIL images are; a float image in [0, 1] is verified
+    when the processor takes it as it is (do_rescale=False), and where do_rescale=True
+    rescales it again its range is ambiguous: unverified, the warning naming the input."""
+    import numpy as np
+
+    from evaluators.world import BIASED, World
+
+    model, processor = _random_organism()
+    images = [World(BIASED).scene(i).render() for i in range(2)]
+    prompts = _templated(processor, ["is there a dog in the image ? answer yes or no ."] * 2)
+    arrays = [np.array(im) for im in images]
+
+    def run(given, **kwargs):
+        cv = CropVerify(processor, gate=1.0, tau=0.0)
+        with attach(model, cv):
+            enc = processor(text=prompts, images=given, return_tensors="pt", padding=True, **kwargs)
+            out = model.generate(**enc, max_new_tokens=2, do_sample=False)
+        return _decode(processor, out, enc), cv.stats
+
+    expected, stats = run(images)
+    assert stats["verified"] == 2
+    for given in ([torch.from_numpy(a).permute(2, 0, 1) for a in arrays], np.stack(arrays)):
+        assert run(given) == (expected, stats)
+    got, float_stats = run([torch.from_numpy(a).permute(2, 0, 1).float() / 255 for a in arrays], do_rescale=False)
+    assert float_stats["verified"] == 2 and "no_original" not in float_stats
+    with pytest.warns(UserWarning, match=r"torch tensor image of shape \(3, \d+, \d+\) and dtype float32 has "
+                                         r"float values in \[0, 1\]"):
+        _, stats = run([torch.from_numpy(a).permute(2, 0, 1).float() / 255 for a in arrays])
+    assert stats["no_original"] == 2 and stats["verified"] == 0
+
+
+def test_tau_one_counts_queries_and_answers_any_size_on_both_routes(organism):
+    """tau = 1 is the unmitigated model on both routes: both count the queries, neither
+    refuses an image too small for views (no view is cut)."""
+    model, processor = organism
+    images = [Image.new("RGB", (6, 40), "white"), Image.new("RGB", (64, 64), "white")]
+    prompts = ["is there a dog in the image ? answer yes or no ."] * 2
+    reference = CropVerify(processor, tau=1.0)
+    expected = [r["answer"] for r in reference.answer(model, images, prompts, max_new_tokens=3)]
+    cv = CropVerify(processor, tau=1.0)
+    with attach(model, cv):
+        enc = processor(text=_templated(processor, prompts), images=images, return_tensors="pt", padding=True)
+        out = model.generate(**enc, max_new_tokens=3, do_sample=False)
+    assert _decode(processor, out, enc) == expected
+    assert cv.stats == reference.stats == {"queries": 2, "verified": 0, "overturned": 0}
+
+
+@pytest.mark.parametrize("model_type", ["llava_next", "llava_onevision"])
+def test_anyres_images_too_thin_for_a_tile_column_are_verified(model_type):
+    """A 20 x 1000 image unpads to no column of high-resolution tokens: generate() raised
+    'invalid region ... cols=0' after its first pass; its base image localises instead."""
+    from types import SimpleNamespace
+
+    from hooks.testing import tiny_inputs
+
+    model = build_tiny_model(model_type)
+    text_config = model.config.get_text_config()
+    pad = text_config.pad_token_id if text_config.pad_token_id is not None else model.config.pad_token_id
+    image_processor = tiny_image_processor(model_type)
+    processor = SimpleNamespace(tokenizer=_word_tokenizer(text_config.vocab_size, pad), image_processor=image_processor)
+    images = [Image.new("RGB", (20, 1000), (120, 30, 200)), Image.new("RGB", (1000, 20), (120, 30, 200))]
+    inputs = tiny_inputs(model, images=images)
+    cv = CropVerify(processor, gate=1.0, tau=0.0, generic_prompt=None, heads="peak")
+    with attach(model, cv), torch.no_grad():
+        image_processor(images=[[im] for im in images], return_tensors="pt")
+        model.generate(**inputs, max_new_tokens=2, do_sample=False)
+    assert cv.stats["verified"] == 2 and "no_original" not in cv.stats

@@ -81,6 +81,22 @@ def _check_layout(model_type, model, size) -> None:
     assert checked >= 4  # every square was in some region
 
 
+@pytest.mark.parametrize("size", [(20, 1000), (1000, 20), (21, 1000)], ids=["tall", "wide", "tall-odd"])
+@pytest.mark.parametrize("model_type", ["llava_next", "llava_onevision"])
+def test_anyres_images_that_unpad_to_nothing_keep_their_base_image(model_type, size):
+    """An image so thin that unpadding leaves no column of high-resolution tokens (20 x 1000
+    on the tiny tiles) gives the model only the base image and a newline per row: the layout
+    maps that (it built a Region with cols=0, a ValueError) from the family's own processor's
+    output and the model's own token count."""
+    model = build_tiny_model(model_type)
+    enc = dict(tiny_image_processor(model_type)(images=[Image.new("RGB", size, (120, 30, 200))], return_tensors="pt"))
+    n_tokens = len(tiny_image_features(model, enc))
+    regions = resolve(model).token_regions(n_tokens, enc, 0, size)
+    assert max(r.end for r in regions) == n_tokens and all(r.rows > 0 and r.cols > 0 for r in regions)
+    side = model.config.vision_config.image_size // model.config.vision_config.patch_size
+    assert regions[0] == Region(0, side, side, side, trailing=regions[0].trailing)
+
+
 def test_region_indices_skip_newlines_and_cls():
     region = Region(start=1, rows=2, cols=3, stride=4)
     assert region.indices().tolist() == [[1, 2, 3], [5, 6, 7]]

@@ -41,6 +41,42 @@ def test_other_questions_are_not_parsed(prompt, n):
     assert parse_which_image(prompt, n) is None
 
 
+def test_none_of_the_above_twice_is_not_this_question():
+    """Two "none of the above" options: the parser kept the later letter, so a model's "c"
+    read as an image-less answer nowhere and answer_for_none wrote "d". Not parsed, as an
+    image named twice is not; answer_which_image refuses it, saying so."""
+    prompt = "in which image is there a dog ? a ) image 1 b ) image 2 c ) none of the above d ) none of the above"
+    assert parse_which_image(prompt, 2) is None and parse_multi_image(prompt, 2) is None
+    from PIL import Image
+
+    images = [Image.new("RGB", (16, 16)), Image.new("RGB", (16, 16))]
+    with pytest.raises(ValueError, match="'none of the above' at most once"):
+        CropVerify(processor=None).answer_which_image(None, [images], [prompt])
+
+
+@pytest.mark.parametrize("kwargs", [{"locate": "embedding"}, {"queries": "object"}], ids=["embedding", "object"])
+def test_an_object_the_tokenizer_does_not_know_is_counted_not_fatal(kwargs):
+    """The per-image questions name the object read from the prompt: a word the tokenizer
+    does not know ("zebra" on the organism) leaves those images to answer()'s lenient path,
+    counted in stats["which_image"]["object_not_found"] -- it raised a ValueError."""
+    import torch
+
+    from evaluators.organism import tasks
+    from evaluators.organism.package import build_model_config, build_processor, build_tokenizer
+    from evaluators.world import BIASED, World
+    from transformers import LlavaForConditionalGeneration
+
+    processor = build_processor(build_tokenizer(tasks.vocabulary()))
+    torch.manual_seed(0)  # random weights: every answer unconfident, every image's answer gated
+    model = LlavaForConditionalGeneration(build_model_config(len(processor.tokenizer))).eval()
+    images = [World(BIASED).scene(i).render() for i in range(2)]
+    prompt = "in which image is there a zebra ? a ) image 1 b ) image 2 c ) none of the above"
+    cv = CropVerify(processor, gate=1.0, tau=0.0, which_image="decompose", **kwargs)
+    (result,) = cv.answer_which_image(model, [images], [prompt], max_new_tokens=3)
+    assert result["verified"] and cv.stats["which_image"]["object_not_found"] == 2
+    assert cv.stats["queries"] == 0  # the per-image questions keep their stats apart
+
+
 def test_answers_map_to_options():
     parsed = parse_which_image(MIOH, 4)
     assert parsed.object == "banana" and parsed.question() == EXISTENCE_TEMPLATE.format(object="banana")
