@@ -168,6 +168,15 @@ def view_image(image: Image.Image, box: tuple) -> Image.Image:
     return cut(image, box).resize(image.size, Image.BICUBIC)
 
 
+def emitted_probability(probs: torch.Tensor, first_tokens: torch.Tensor) -> torch.Tensor:
+    """The first-step probability of the token each row emitted: its answer's confidence.
+    Under greedy decoding the top-1 probability; under sampling the sampled token's, not
+    that of a token the answer does not start with -- comparing top-1s had let a view of
+    the whole image (its distribution the first answer's) replace a sampled answer with
+    another sample on float noise."""
+    return probs.gather(-1, first_tokens.reshape(-1, 1).to(probs.device)).squeeze(-1)
+
+
 def _yes_evidence(record: dict) -> float | None:
     """How strongly a per-image :meth:`CropVerify.answer` record says "yes": the p(yes) of
     the view that overturned its "no", or the confidence of a first answer that was "yes";
@@ -302,7 +311,8 @@ class CropVerify(Mitigation):
 
     def _generate(self, model, images, prompts, max_new_tokens: int, generate_kwargs: dict,
                   capture_objects: Sequence[str | None] | None = None, strict: bool = False):
-        """Texts and first-step probabilities; with ``capture_objects`` (one object or None
+        """Texts, first-step probabilities and each answer's confidence
+        (:func:`emitted_probability`); with ``capture_objects`` (one object or None
         per prompt) also the encoded inputs and what :meth:`capture` took at the prefill of
         this very ``generate()`` (``"maps"``: each row's localisation map)."""
         enc = self._inputs(images, prompts, model)
@@ -317,12 +327,13 @@ class CropVerify(Mitigation):
                 out = model.generate(**enc, **kwargs)
             if self.locate == "attention" and self.generic_prompt is not None:
                 captured["cache"] = output_cache(out)  # the generic prompt reuses its prefix
-        texts = [t.strip() for t in self.processor.batch_decode(out.sequences[:, enc["input_ids"].shape[1]:],
-                                                                skip_special_tokens=True)]
+        start = enc["input_ids"].shape[1]
+        texts = [t.strip() for t in self.processor.batch_decode(out.sequences[:, start:], skip_special_tokens=True)]
         probs = torch.softmax(out.scores[0].float(), dim=-1)
+        confidence = emitted_probability(probs, out.sequences[:, start])
         if capture_objects is None:
-            return texts, probs
-        return texts, probs, enc, captured
+            return texts, probs, confidence
+        return texts, probs, confidence, enc, captured
 
     def _word_ids(self, word: str) -> list[int]:
         tok = self.processor.tokenizer
@@ -424,8 +435,7 @@ class CropVerify(Mitigation):
             named = list(objects) if objects is not None else [object_in_question(p) for p in prompts]
         first = self._generate(model, images, prompts, max_new_tokens, generate_kwargs,
                                capture_objects=named if capture else None, strict=strict)
-        texts, probs = first[:2]
-        confidence = probs.max(-1).values
+        texts, probs, confidence = first[:3]
         results = []
         for i in range(len(images)):
             results.append({"answer": texts[i], "first_answer": texts[i], "confidence": float(confidence[i]),
@@ -435,9 +445,9 @@ class CropVerify(Mitigation):
         # final, so their views would be wasted passes)
         gated = self.gate_rows(texts, confidence, prompts)
         if gated and capture and self.locate == "embedding":
-            gated, _ = self.located(gated, [first[3]["maps"][i] for i in gated])
+            gated, _ = self.located(gated, [first[4]["maps"][i] for i in gated])
         elif gated and capture:
-            self.count_unnamed(gated, first[3])
+            self.count_unnamed(gated, first[4])
         boxes = []
         if gated and localise and self.locate == "zoom":  # rows whose object is not found stay unverified
             searched = self.zoom_boxes(model, [images[i] for i in gated], [prompts[i] for i in gated],
@@ -445,7 +455,7 @@ class CropVerify(Mitigation):
             gated, boxes = self.located(gated, searched)
         if gated:  # the extra passes, batched over every query that needs them
             if capture:
-                boxes = self._captured_boxes(model, first[2], first[3], gated, [images[i] for i in gated],
+                boxes = self._captured_boxes(model, first[3], first[4], gated, [images[i] for i in gated],
                                              [prompts[i] for i in gated], [named[i] for i in gated])
             elif not localise:
                 boxes = self.detector_boxes([images[i] for i in gated], [prompts[i] for i in gated])
@@ -509,8 +519,8 @@ class CropVerify(Mitigation):
                              f"two or more images: {unread[0]!r}")
         if self.tau < 1.0:
             self.check_view_size([im for s in image_sets for im in s])
-        texts, probs = self._generate(model, [list(s) for s in image_sets], prompts, max_new_tokens, generate_kwargs)
-        confidence = probs.max(-1).values
+        texts, _, confidence = self._generate(model, [list(s) for s in image_sets], prompts, max_new_tokens,
+                                              generate_kwargs)
         stats = self.stats.setdefault("which_image", {"queries": 0, "verified": 0, "overturned": 0, "images_asked": 0})
         stats["queries"] += len(prompts)
         results = [{"answer": t, "first_answer": t, "confidence": float(c), "verified": False}
@@ -686,14 +696,15 @@ class CropVerify(Mitigation):
 
         def ask(queries: list[int], limit: int) -> list:
             rows = [j * k + v for j in queries for v in range(k)]
-            texts, probs = self._generate(model, [view_images[r] for r in rows], [view_prompts[r] for r in rows],
-                                          limit, generate_kwargs)
-            return list(zip(texts, probs))
+            texts, probs, confidence = self._generate(model, [view_images[r] for r in rows],
+                                                      [view_prompts[r] for r in rows], limit, generate_kwargs)
+            return list(zip(texts, probs, confidence))
 
         items = ask_by_limit(limits, k, ask)
         for j, (result, box, built) in enumerate(zip(results, boxes, built_all)):
             views = items[j * k : (j + 1) * k]
-            self._decide(result, box, built, [t for t, _ in views], torch.stack([p for _, p in views]), prompts[j])
+            self._decide(result, box, built, [v[0] for v in views], torch.stack([v[1] for v in views]), prompts[j],
+                         confidence=torch.stack([v[2] for v in views]))
 
     def view_tokens(self, kind: str, max_new_tokens: int | None, min_new_tokens: int | None = None) -> int | None:
         """How many tokens the views of a query whose first answer is of ``kind`` answer
@@ -758,9 +769,13 @@ class CropVerify(Mitigation):
         self.stats["not_verifiable"] = self.stats.get("not_verifiable", 0) + kept
         return gated
 
-    def _decide(self, result, box, built, texts, probs, question: str | None = None) -> None:
-        """The overturn policy for one query, given what its views answered."""
-        p_yes, conf = self._p_yes(probs), probs.max(-1).values
+    def _decide(self, result, box, built, texts, probs, question: str | None = None,
+                confidence: torch.Tensor | None = None) -> None:
+        """The overturn policy for one query, given what its views answered (``probs``: their
+        first-step distributions; ``confidence``: each view answer's
+        :func:`emitted_probability`, default the top-1 probability, as under greedy)."""
+        p_yes = self._p_yes(probs)
+        conf = probs.max(-1).values if confidence is None else confidence
         self.stats["verified"] += 1
         result["verified"] = True
         result["box"] = box

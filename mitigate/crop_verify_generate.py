@@ -65,7 +65,7 @@ from hooks import HookGroup, ModelPoints
 from hooks.cache import output_cache
 
 from .answer_kinds import answer_kind
-from .crop_verify import ask_by_limit, view_image
+from .crop_verify import ask_by_limit, emitted_probability, view_image
 from .localize import object_in_question
 
 
@@ -409,7 +409,7 @@ class VerifiedGenerate:
         rows, start = ids.shape[0], ids.shape[1]
         texts = [t.strip() for t in tok.batch_decode(out.sequences[:, start:], skip_special_tokens=True)]
         probs = torch.softmax(out.scores[0].float(), dim=-1)
-        confidence = probs.max(-1).values
+        confidence = emitted_probability(probs, out.sequences[:, start])
         cv.stats["queries"] += rows
         gated = cv.gate_rows(texts, confidence, prompts)
         if gated:
@@ -504,7 +504,8 @@ class VerifiedGenerate:
             answers = vout.sequences[:, views["input_ids"].shape[1]:]
             vtexts = [t.strip() for t in tok.batch_decode(answers, skip_special_tokens=True)]
             vprobs = torch.softmax(vout.scores[0].float(), dim=-1)
-            return [(t, p, a, limit) for t, p, a in zip(vtexts, vprobs, answers)]
+            return [(t, p, a, limit, c) for t, p, a, c in zip(vtexts, vprobs, answers,
+                                                              emitted_probability(vprobs, answers[:, 0]))]
 
         items = ask_by_limit(limits, k, ask)
         start = kwargs["input_ids"].shape[1]
@@ -514,9 +515,10 @@ class VerifiedGenerate:
             result = {"answer": texts[i], "first_answer": texts[i], "confidence": float(confidence[i]),
                       "verified": False, "views": {}}
             views = items[j * k : (j + 1) * k]
-            cv._decide(result, box, built, [v[0] for v in views], torch.stack([v[1] for v in views]), prompts[j])
+            cv._decide(result, box, built, [v[0] for v in views], torch.stack([v[1] for v in views]), prompts[j],
+                       confidence=torch.stack([v[4] for v in views]))
             if result.get("chosen") is not None:  # the caller's prompt, then the chosen view's answer
-                _, _, answer, limit = views[asked.index(result["chosen"])]
+                _, _, answer, limit, _ = views[asked.index(result["chosen"])]
                 row = _through_eos(torch.cat([sequences[i, :start], answer.to(sequences.device)]), start, eos)
                 shortened = limit is not None and (cap is None or limit < cap)  # cut by the view's own limit
                 rows[i] = _ended(row, start, eos) if shortened else row

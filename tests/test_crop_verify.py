@@ -593,7 +593,7 @@ def test_views_are_asked_without_the_prompts_beliefs(organism_like):
         (result,) = cv.answer(model, images[:1], [prompt], max_new_tokens=3)
         if not result["verified"]:
             pytest.skip("the random model answered yes: nothing to verify")
-        _, probs = cv._generate(model, [view], [asked], 3, {})
+        _, probs, _ = cv._generate(model, [view], [asked], 3, {})
         assert result["views"]["crop"]["p_yes"] == pytest.approx(float(cv._p_yes(probs)[0]), abs=1e-6)
         seen.append(result["views"]["crop"]["p_yes"])
     assert seen[0] != seen[1], "the belief sentence changes what the view is asked"
@@ -725,6 +725,30 @@ def test_a_count_question_answered_no_is_raised_by_a_view_count_never_by_a_yes(o
     result = {"answer": "three", "first_answer": "three", "confidence": 0.4, "verified": False, "views": {}}
     cv._decide(result, (0, 0, 8, 8), built, ["two", "one"], confident(2), question)
     assert result["answer"] == "three", "a lower count in a view never replaces the first"
+
+
+def test_a_sampled_answer_is_weighed_by_its_own_probability(organism_like):
+    """Under sampling an answer's confidence is the probability of the token it starts with
+    (:func:`mitigate.crop_verify.emitted_probability`), not the distribution's top-1: a view
+    whose top-1 beats the first answer's, but whose *sampled* answer is a less likely token,
+    does not replace it (top-1s had decided on float noise between two samples of one
+    distribution); under greedy both readings are the same."""
+    from mitigate.crop_verify import emitted_probability
+
+    _, processor, _ = organism_like
+    vocab = len(processor.tokenizer)
+    probs = torch.full((2, vocab), 0.0)
+    probs[:, 5], probs[:, 6], probs[:, 7] = 0.5, 0.3, 0.2
+    assert emitted_probability(probs, torch.tensor([5, 7])).tolist() == pytest.approx([0.5, 0.2])
+    cv = CropVerify(processor, tau=0.1)
+    built = {"crop": (0, 0, 8, 8), "cluster": (0, 0, 16, 16)}
+    question = "what colour is the dog ?"
+    result = {"answer": "black", "first_answer": "black", "confidence": 0.3, "verified": False, "views": {}}
+    cv._decide(result, (0, 0, 8, 8), built, ["red", "red"], probs, question, confidence=torch.tensor([0.2, 0.2]))
+    assert result["answer"] == "black" and "chosen" not in result
+    result = {"answer": "black", "first_answer": "black", "confidence": 0.3, "verified": False, "views": {}}
+    cv._decide(result, (0, 0, 8, 8), built, ["red", "red"], probs, question)  # greedy: the top-1, 0.5
+    assert result["answer"] == "red"
 
 
 def _generic_rows(model, inputs: dict, rows: list[int], n_generic: int = 4, seed: int = 5) -> dict:

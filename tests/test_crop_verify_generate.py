@@ -485,7 +485,8 @@ def test_each_gated_row_is_judged_by_its_own_question(organism):
     cv = CropVerify(processor, tau=0.0)
     judged = []  # (first answer, question) as the combine policy received them
     decide = cv._decide
-    cv._decide = lambda result, *args: judged.append((result["first_answer"], args[-1])) or decide(result, *args)
+    cv._decide = lambda result, *args, **kw: judged.append((result["first_answer"], args[-1])) or decide(result, *args,
+                                                                                                        **kw)
     with attach(model, cv):
         enc = processor(text=_templated(processor, prompts), images=images, return_tensors="pt", padding=True)
         out = model.generate(**enc, max_new_tokens=4, do_sample=False)
