@@ -19,6 +19,45 @@ import torch
 from .query import Query
 
 
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def callable_name(fn: Any) -> str:
+    """``module.qualname`` of a function, method or class, the same in every process
+    (``__main__.my_detector``, ``mypkg.det.<locals>.<lambda>``); a ``functools.partial``
+    as ``functools.partial(<its function>, <its arguments>)``; a callable object by its class.
+    Two closures of one function, or two instances of one class, read alike."""
+    import functools
+
+    if isinstance(fn, functools.partial):
+        args = [stable_text(repr(a)) for a in fn.args] + [f"{k}={stable_text(repr(v))}" for k, v in fn.keywords.items()]
+        return f"functools.partial({', '.join([callable_name(fn.func), *args])})"
+    target = fn if hasattr(fn, "__qualname__") else type(fn)
+    return f"{getattr(target, '__module__', None) or '?'}.{target.__qualname__}"
+
+
+def stable_text(text: str) -> str:
+    """``text`` without memory addresses (" at 0x7f..."), which change with every process."""
+    return _ADDRESS.sub("", text)
+
+
+def stable_repr(obj: Any) -> str:
+    """``repr(obj)`` as the run identity keeps it: a callable attribute whose repr carries a
+    memory address (``localizer=<function my_detector at 0x7fa3...>``, which differs in
+    every process and made a run with CropVerify's ``localizer`` refuse every resume) is
+    named by :func:`callable_name` (``<function __main__.my_detector>``), and any other
+    address is cut. A repr without an address is unchanged, so folders written before
+    resume as they did."""
+    text = repr(obj)
+    if not _ADDRESS.search(text):
+        return text
+    for value in getattr(obj, "__dict__", {}).values():
+        if callable(value) and _ADDRESS.search(shown := repr(value)):
+            kind = "function" if inspect.isroutine(value) or isinstance(value, type) else "callable"
+            text = text.replace(shown, f"<{kind} {callable_name(value)}>")
+    return stable_text(text)
+
+
 class HFModel:
     def __init__(self, model, processor, *, mitigations: Sequence = (), max_new_tokens: int = 16,
                  generate_kwargs: dict | None = None, name: str | None = None) -> None:
@@ -30,10 +69,12 @@ class HFModel:
         self.name = name or getattr(model.config, "_name_or_path", "") or type(model).__name__
 
     def describe(self) -> dict[str, Any]:
+        """What the answers depend on, the same in every process (a run resumes by it):
+        mitigations by :func:`stable_repr`, a function they hold by module and name."""
         return {
             "model": self.name,
             "model_class": type(self.model).__name__,
-            "mitigations": [repr(m) for m in self.mitigations],
+            "mitigations": [stable_repr(m) for m in self.mitigations],
             "max_new_tokens": self.max_new_tokens,
             "generate_kwargs": self.generate_kwargs,
         }
@@ -127,6 +168,12 @@ class CallableModel:
     numpy array, PIL image or torch tensor; ``> 0`` is the object). ``None`` abstains.
     Masks are stored as COCO uncompressed-RLE JSON (:func:`evaluators.masks.encode_mask`),
     so every line of ``samples.jsonl`` stays text and a rerun re-scores it.
+
+    A run resumes only with the same model (:func:`evaluators.runner.run_identity`): the
+    identity holds ``name`` and the function by module and qualified name
+    (:func:`callable_name`), so another function is refused on resume as another HF model
+    is. Two closures of one function (``make_model("a")`` and ``make_model("b")``), or two
+    instances of one callable class, look alike unless named: pass each its own ``name``.
     """
 
     def __init__(self, fn: Callable[[list, str], Any], name: str = "callable") -> None:
@@ -135,7 +182,7 @@ class CallableModel:
         self.fn, self.name = fn, name
 
     def describe(self) -> dict[str, Any]:
-        return {"model": self.name, "model_class": "callable"}
+        return {"model": self.name, "model_class": "callable", "fn": callable_name(self.fn)}
 
     def __call__(self, queries: Sequence[Query]) -> list[str]:
         from .masks import encode_mask

@@ -9,8 +9,9 @@ and returns the record the benchmark's metrics read: the fields plus ``answer``,
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Mapping
 
 from .answers import count_value, keywords_found, parse_choice, parse_count, parse_option, parse_yes_no, tail_first, words
 
@@ -41,13 +42,49 @@ class Query:
 
 #: Record fields that tie a query to others its metrics read together: a HalluSegBench
 #: image pair, a Causal-HalBench pair, a DO-Bench scene group, a MIOH image set (its
-#: selective, comprehensive and per-image questions).
+#: selective, comprehensive and per-image questions). ReactBench's items carry none: their
+#: unit is read from the id (:data:`UNIT_RULES`).
 UNIT_FIELDS = ("sample_id", "pair_id", "scene_id", "set_id", "decomposed_of")
 
 
+def _react_item(key: str) -> str:
+    match = re.match(r"react-\d+-[a-z]+-\d+(?=-|$)", key)
+    return match.group(0) if match else key
+
+
+#: Per benchmark, the unit of a key (the first :data:`UNIT_FIELDS` value a record holds,
+#: else its id), where ids say more than the fields:
+#:
+#: * HalluSegBench: the built-in suite asks the referring and the reasoning queries of one
+#:   factual/counterfactual image pair (sample ids "hsb-S-K" and "hsb-S-K-reasoning");
+#: * MIOH: a set's questions and their decompositions, "<set>-comprehensive",
+#:   "<set>-decomposed" and "<set>-comprehensive-decomposed" (the metric records the
+#:   decompositions are combined into keep no ``set_id``);
+#: * ReactBench: one item of the built-in suite (its image or pair), its YN / SA / MC
+#:   questions and their inducing, hint and chain-of-thought variants ("react-S-re-K-...");
+#:   a user's own questions stay single units.
+UNIT_RULES: dict[str, Callable[[str], str]] = {
+    "hallusegbench": lambda key: re.sub(r"-reasoning$", "", key),
+    "mioh": lambda key: re.sub(r"(-comprehensive)?(-decomposed)?$", "", key),
+    "reactbench": _react_item,
+}
+
+
+def unit_key(benchmark: str, record: Mapping[str, Any]) -> str:
+    """The sample (unit) a record of ``benchmark`` belongs to: a query's record fields with
+    its ``id``, or a metric record. The one rule for ``--limit`` (:func:`first_units`: whole
+    samples) and for the report's paired bootstrap (``evaluators.report.attribution.UNITS``:
+    the units it resamples), so the two never disagree on what a sample is."""
+    key = next((str(record[f]) for f in UNIT_FIELDS if record.get(f) is not None), None)
+    if key is None:
+        key = str(record["id"])
+    rule = UNIT_RULES.get(benchmark)
+    return rule(key) if rule else key
+
+
 def unit_of(query: Query) -> str:
-    """The sample ``query`` belongs to (its own id when it stands alone)."""
-    return next((str(query.record[f]) for f in UNIT_FIELDS if query.record.get(f) is not None), query.id)
+    """The sample ``query`` belongs to (its own id when it stands alone): :func:`unit_key`."""
+    return unit_key(query.benchmark, {**query.record, "id": query.id})
 
 
 def first_units(queries: list[Query], n: int) -> list[Query]:

@@ -4,10 +4,12 @@
 ``output_dir/samples.jsonl`` and flushes it as it goes; a rerun reads the file first and
 skips every query id already there, so a killed run resumes with nothing lost and nothing
 duplicated. Queries whose images are missing or corrupt are written as invalid inputs
-(counted, never silently dropped). The scores are then computed from the file -- so they
-never depend on how many runs it took -- and written to ``results.json`` with the config
-(model, mitigations, seeds, versions) and per-benchmark invalid rates, in the layout
-lmms-eval users know (``results``, ``configs``, ``versions``, ``config``).
+(counted, never silently dropped); a rerun asks them once their images can be read (the
+user restored them), and the answer replaces the invalid input's line. The scores are
+then computed from the file -- so they never depend on how many runs it took -- and
+written to ``results.json`` with the config (model, mitigations, seeds, versions) and
+per-benchmark invalid rates, in the layout lmms-eval users know (``results``,
+``configs``, ``versions``, ``config``).
 
 Under ``accelerate launch`` / ``torchrun`` every process runs the same ``run(...)``: each
 answers its own shard of the queries (:mod:`evaluators.distributed`) into its own file,
@@ -109,13 +111,18 @@ def run(
             f"output_dir {out} holds answers to other questions under {len(other)} of these query ids "
             f"(e.g. {other[:3]}: {why}); a run resumes only on the same queries -- choose another output_dir "
             "or delete that one")
-    done = set(answered)
+    # an input that could not be asked (a missing image) is not done: once it can be read
+    # (restored), it is asked, and its answer replaces that record in the merge
+    retry = shards.unasked_ids(out)
+    done = {i for i in answered if i not in retry}
     ranks.barrier()  # every rank has read the files before any rank cuts a torn tail or appends
     if stored is None and ranks.is_main:
         shards.write_atomically(out / RUN_IDENTITY, [json.dumps(identity, indent=2) + "\n"])
     own = shards.own_file(out, ranks.rank, ranks.world_size)
     shards.drop_torn_tail(own)
-    todo = [q for q in mine if q.id not in done]
+    # still unreadable and already recorded as such: nothing to write again
+    todo = [q for q in mine if q.id not in done and not (q.problem and q.id in retry)]
+    asking = {q.id for q in todo}
     bar = _progress(len(mine), len(mine) - len(todo), progress and ranks.is_main)
     with own.open("a") as f:
         invalid = [q for q in todo if q.problem]
@@ -133,7 +140,7 @@ def run(
         # is asked with fewer rows, so its sampled answers may differ from a straight run's.
         ready = [q for q in mine if not q.problem]
         for start in range(0, len(ready), batch_size):
-            batch = [q for q in ready[start : start + batch_size] if q.id not in done]
+            batch = [q for q in ready[start : start + batch_size] if q.id in asking]
             if not batch:
                 continue
             torch.manual_seed(seed + start)  # sampling is reproducible for a given batch layout

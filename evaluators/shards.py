@@ -15,10 +15,14 @@ Choices:
   files of *any* earlier process count. A run killed on 2 processes and resumed on 1 or
   3 therefore neither redoes nor loses a sample; the rank files are named by rank only,
   so a rerun's rank R appends to whatever rank R left behind.
+* **An input that could not be asked is asked again** once it can be (a missing image
+  restored): the runner does not count a record with ``invalid_input`` as done
+  (:func:`unasked_ids`), and its answer then replaces that record in the merge.
 * **The main rank merges after everyone has finished** (:func:`merge`): records are
   deduplicated by sample id (first seen wins: the merged file, then ranks in order -- a
-  duplicate only arises when a kill falls between writing the merged file and deleting
-  the rank files, and then both copies are the same answer), written in the order of the
+  duplicate arises when a kill falls between writing the merged file and deleting the
+  rank files, and then both copies are the same answer -- except that an answer always
+  replaces a record of an input that could not be asked), written in the order of the
   queries (records of queries not in this run keep their place after them), so the file
   is the same for any process count, batch size or resume history. It is written to a
   temporary file and renamed over ``samples.jsonl`` before the rank files are removed:
@@ -104,8 +108,21 @@ def done_fingerprints(folder: Path) -> dict[str, str | None]:
     return {r["id"]: r.get("query_fingerprint") for path in _all_files(folder) for r in read_samples(path)}
 
 
+def unasked_ids(folder: Path) -> set[str]:
+    """Ids whose every record in ``folder`` is of an input that could not be asked (a
+    missing or corrupt image: ``invalid_input``): not done, asked again when the input can
+    be read (a rerun after the user restored the image)."""
+    unasked, answered = set(), set()
+    for path in _all_files(folder):
+        for r in read_samples(path):
+            (unasked if r.get("invalid_input") else answered).add(r["id"])
+    return unasked - answered
+
+
 def merge(folder: Path, order: Sequence[str]) -> tuple[list[dict], int]:
     """Fold every rank file into ``samples.jsonl``; returns ``(records, duplicates dropped)``.
+    Of two records of one id the first is kept, unless it is of an input that could not be
+    asked and the other answers it (the input restored and asked on a rerun).
 
     ``order``: the query ids of this run; their records come first, in this order.
     """
@@ -115,6 +132,8 @@ def merge(folder: Path, order: Sequence[str]) -> tuple[list[dict], int]:
         for record in read_samples(path):
             if record["id"] in seen:
                 duplicates += 1
+                if seen[record["id"]].get("invalid_input") and not record.get("invalid_input"):
+                    seen[record["id"]] = record  # the input, restored since, asked: its answer replaces it
             else:
                 seen[record["id"]] = record
     position = {key: i for i, key in enumerate(order)}

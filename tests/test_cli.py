@@ -152,6 +152,9 @@ def test_good_mitigation_values_pass_the_early_check():
     (["--batch_size", "0"], "--batch_size must be a positive integer"),
     (["--seed", "-1"], "--seed must be a non-negative integer"),
     (["--resamples", "0"], "--resamples must be a positive integer"),
+    # one resample made a "95% interval" of one delta ("FIXES +23.6 [+19.4,+19.4]")
+    (["--resamples", "1"], "--resamples must be at least 100 for a 95% interval, got 1"),
+    (["--resamples", "99"], "--resamples must be at least 100"),
 ])
 def test_vlm_report_flag_values_are_usage_errors_before_the_model_loads(flags, message, tmp_path, capsys,
                                                                         no_loading):

@@ -22,7 +22,7 @@ BROWSER = next((shutil.which(b) for b in ("chromium", "chromium-browser", "googl
 def test_report_html_renders_in_chromium(tmp_path):
     from evaluators.report.main import main
 
-    assert main(["--tasks", "dobench,mioh", "--arms", "VCD (greedy)", "--resamples", "50", "--no_progress",
+    assert main(["--tasks", "dobench,mioh", "--arms", "VCD (greedy)", "--resamples", "100", "--no_progress",
                  "--output_path", str(tmp_path)]) == 0
     html = tmp_path / "report.html"
     text = html.read_text()
@@ -99,7 +99,7 @@ def test_a_report_compares_only_its_own_queries_when_the_folder_holds_an_earlier
 
     monkeypatch.setattr(model_module, "HFModel", _Scripted)
     monkeypatch.setattr(model_module, "load_hf", lambda name, **kw: (object(), type("P", (), {"tokenizer": None})()))
-    common = ["--arms", "VCD (greedy)", "--resamples", "30", "--no_progress", "--output_path", str(tmp_path)]
+    common = ["--arms", "VCD (greedy)", "--resamples", "100", "--no_progress", "--output_path", str(tmp_path)]
     assert main(["--tasks", "dobench,causal_halbench", *common]) == 0
     first = json.loads((tmp_path / "results.json").read_text())
     assert {r["benchmark"] for r in first["comparisons"]["VCD (greedy)"]} == {"dobench", "causal_halbench"}
@@ -122,7 +122,7 @@ def test_the_cost_column_times_whole_runs_only(tmp_path, monkeypatch):
 
     monkeypatch.setattr(model_module, "HFModel", _Scripted)
     monkeypatch.setattr(model_module, "load_hf", lambda name, **kw: (object(), type("P", (), {"tokenizer": None})()))
-    common = ["--arms", "VCD (greedy)", "--resamples", "30", "--no_progress", "--output_path", str(tmp_path)]
+    common = ["--arms", "VCD (greedy)", "--resamples", "100", "--no_progress", "--output_path", str(tmp_path)]
 
     def cost():
         return json.loads((tmp_path / "results.json").read_text())["cost"]
@@ -181,7 +181,7 @@ def test_markdown_table_of_one_run_and_of_two_seeds(tmp_path, monkeypatch, capsy
     runs = {}
     for seed, arms in ((0, "VCD (greedy)"), (1, "VCD (greedy)"), (2, "prior suppression: output")):
         out = tmp_path / str(seed)
-        assert main(["--tasks", "dobench", "--arms", arms, "--resamples", "30", "--no_progress", "--seed", str(seed),
+        assert main(["--tasks", "dobench", "--arms", arms, "--resamples", "100", "--no_progress", "--seed", str(seed),
                      "--output_path", str(out)]) == 0
         runs[seed] = json.loads((out / "results.json").read_text())
     capsys.readouterr()
@@ -225,7 +225,7 @@ def test_a_report_over_finished_folders_grades_their_answers_by_todays_parsers(t
 
     monkeypatch.setattr(model_module, "HFModel", _Scripted)
     monkeypatch.setattr(model_module, "load_hf", lambda name, **kw: (object(), type("P", (), {"tokenizer": None})()))
-    common = ["--tasks", "dobench", "--arms", "VCD (greedy)", "--resamples", "30", "--no_progress",
+    common = ["--tasks", "dobench", "--arms", "VCD (greedy)", "--resamples", "100", "--no_progress",
               "--output_path", str(tmp_path)]
     assert main(common) == 0
     first = json.loads((tmp_path / "results.json").read_text())
@@ -235,3 +235,98 @@ def test_a_report_over_finished_folders_grades_their_answers_by_todays_parsers(t
     assert main(common) == 0
     again = json.loads((tmp_path / "results.json").read_text())
     assert again["comparisons"] == first["comparisons"] and again["verdicts"] == first["verdicts"]
+
+
+class _Reading(_Scripted):
+    """A stand-in that reads every image it is asked about, as HFModel does (a missing file
+    raises FileNotFoundError there)."""
+
+    def __call__(self, queries):
+        for q in queries:
+            q.load_images()
+        return super().__call__(queries)
+
+
+def _user_dobench(folder, missing=()):
+    """A users' DO-Bench file of two scenes (an image per instance); ``missing`` images deleted."""
+    import json
+
+    rows = []
+    for scene in ("s0", "s1"):
+        for s in "AB":
+            for lv in range(4):
+                name = f"{scene}_{s}{lv}.png"
+                Image.new("RGB", (32, 32), (40 * lv, 100, 200 if s == "A" else 50)).save(folder / name)
+                thing = "cat" if s == "A" else "dog"
+                rows.append({"id": f"{scene}-{s}{lv}", "scene_id": scene, "image": name, "series": s, "level": lv,
+                             "view": "Full", "object": thing, "answer": "yes" if s == "A" else "no",
+                             "question": f"is there a {thing} in the image ? answer yes or no ."})
+    (folder / "do.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for name in missing:
+        (folder / name).unlink()
+    return folder / "do.jsonl"
+
+
+def test_a_report_on_user_data_with_a_missing_image_is_written(tmp_path, monkeypatch):
+    """A --data image missing in the first batch: the untimed warm-up had asked the model
+    about it (FileNotFoundError before any arm ran), and report.html's examples had opened
+    it (after every arm ran: no report). The query is an invalid input, asked by nobody."""
+    import json
+
+    import evaluators.model as model_module
+    from evaluators.report.main import main
+
+    monkeypatch.setattr(model_module, "HFModel", _Reading)
+    monkeypatch.setattr(model_module, "load_hf", lambda name, **kw: (object(), type("P", (), {"tokenizer": None})()))
+    data = _user_dobench(tmp_path, missing=["s0_A0.png", "s0_A3.png"])  # A3: the first example the page shows
+    out = tmp_path / "report"
+    assert main(["--tasks", "", "--data", f"dobench={data}", "--arms", "VCD (greedy)", "--resamples", "100",
+                 "--no_progress", "--output_path", str(out)]) == 0
+    result = json.loads((out / "results.json").read_text())
+    assert result["invalid"]["VCD (greedy)"]["dobench"]["invalid_inputs"] == 2
+    page = (out / "report.html").read_text()
+    assert page.count('class="ex"') == 2  # the A3 and the Full-view A0 examples: s1's shown, s0's missing
+
+
+def test_examples_leave_out_an_image_that_cannot_be_read(tmp_path):
+    """An image that was there when the run began and is gone (or cut short) when the page
+    is written: that example is left out, the page still written."""
+    from evaluators.data import ImageRef
+    from evaluators.query import Query
+    from evaluators.report.html import _examples
+
+    Image.new("RGB", (16, 16)).save(tmp_path / "a.png")
+    (tmp_path / "b.png").write_bytes(b"\x89PNG\r\n")  # corrupt
+    queries = [Query(f"q{i}", "dobench", [ImageRef(tmp_path / name)], "is there a cat ?", "yes_no", "yes",
+                     {"series": "A", "level": 3, "view": "Full"}) for i, name in enumerate(("a.png", "b.png", "c.png"))]
+    records = {"arm": {"dobench": [{"id": q.id, "answer": "yes"} for q in queries]}}
+    page = _examples(queries, records, ["arm"])
+    assert page.count('class="ex"') == 1
+
+
+def test_the_table_reads_a_null_delta_as_undefined(tmp_path, capsys):
+    """results.json stores NaN as null: a metric undefined on both arms (no Cluster/Crop view
+    for PerceptionAbility) has delta, low and high null, and the Markdown table made from
+    the file had crashed on it (abs(None))."""
+    import json
+
+    from evaluators.report.table import headline, main as table_main
+
+    undefined = {"mechanism": "perception", "metric": "dobench.perception_ability", "higher_is_better": True,
+                 "delta": None, "low": None, "high": None, "verdict": "no detectable effect"}
+    decided = {"mechanism": "perception", "metric": "x", "higher_is_better": True, "delta": 2.0, "low": None,
+               "high": None, "verdict": "no detectable effect"}
+    assert headline([undefined], "perception") == ""
+    assert headline([undefined, decided], "perception") == "+2.0 [nan,nan]"
+    result = {"arms": [{"name": "base", "baseline": None}, {"name": "arm", "baseline": "base"}],
+              "verdicts": {"arm": {m: "no detectable effect" for m in
+                                   ("language_prior", "cooccurrence", "perception", "vision_grounding",
+                                    "label_grounding", "multi_image")}},
+              "comparisons": {"arm": [undefined, {"metric": "dobench.mcnemar(correct)", "mechanism": None,
+                                                  "delta": None}]},
+              "yes_ratio": {"base": {"dobench": None}, "arm": {"dobench": 50.0}},
+              "cost": {"arm": {"forward_rows_per_token": 1, "wall_clock_vs_baseline": None}},
+              "explained_by_control": {}}
+    (tmp_path / "results.json").write_text(json.dumps(result))
+    assert table_main([str(tmp_path / "results.json")]) == 0
+    assert "| weak perception | \u2212 |" in capsys.readouterr().out

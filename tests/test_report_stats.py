@@ -165,3 +165,106 @@ def test_a_verdict_needs_six_units_that_changed_not_only_six_read(fixed, expecte
     stats = paired_bootstrap(base, mitigated, acc, n_resamples=1000, seed=0)
     assert stats["low"] > 0 and stats["support"] == 100 and stats["changed"] == min(fixed, 6)
     assert verdict(stats["low"], stats["high"], True, min(stats["support"], stats["changed"])) == expected
+
+
+# -- a unit drawn several times is that many units ------------------------------------------
+
+def _cpr_pair(pid: str, right: dict) -> list[dict]:
+    """A Causal-HalBench pair's records: one original and one counterfactual answer per
+    question (contextual, two absent); ``right[(image_type, question)]`` says which are right."""
+    rows = []
+    for image in ("original", "counterfactual"):
+        for qtype, question in (("contextual", "cup?"), ("absent", "fork?"), ("absent", "bird?")):
+            rows.append({"id": f"{pid}-{image}-{question}", "pair_id": pid, "image_type": image,
+                         "question_type": qtype, "question": question,
+                         "correct": right.get((image, question), True)})
+    return rows
+
+
+def test_a_unit_drawn_three_times_weighs_three_units():
+    """CPR pairs every original answer with every counterfactual one of a pair_id: a pair
+    drawn 3 times, its records concatenated unchanged, gave 9 times its answer pairs. A
+    resample must score exactly like the data with that pair repeated under new ids."""
+    from evaluators.benchmarks.causal_halbench.metrics import cpr
+    from evaluators.report.stats import resampled
+
+    groups = [_cpr_pair("p0", {("counterfactual", "cup?"): False}),
+              _cpr_pair("p1", {}),
+              _cpr_pair("p2", {("original", "fork?"): False, ("counterfactual", "bird?"): False})]
+    drawn = resampled(groups, [0, 0, 0, 1, 2])
+    by_hand = groups[0] + [{**r, "pair_id": f"{r['pair_id']}-{c}", "id": f"{r['id']}-{c}"}
+                           for c in ("b", "c") for r in groups[0]] + groups[1] + groups[2]
+    assert cpr(drawn) == cpr(by_hand)
+    assert cpr(drawn)["cpr_pairs"] == 5 * 3  # 5 pairs drawn, 3 answer pairs each (not 3 * 3 * 3 + 3 + 3)
+    assert cpr(drawn)["cpr"] == pytest.approx(100 * (3 * 2 + 3 + 1) / 15)
+    assert resampled(groups, [2, 1, 0]) == groups[2] + groups[1] + groups[0]  # drawn once: records as they are
+
+
+def test_cpr_interval_is_the_by_hand_bootstrap_of_pairs():
+    """The paired interval of CPR on 8 pairs equals the one computed by hand from each
+    pair's answer-pair counts, each draw of a pair counted once (k draws: k times its
+    counts); the old k-squared weighting gives another interval on the same draws."""
+    import numpy as np
+
+    from evaluators.benchmarks.causal_halbench.metrics import cpr_pooled
+    from evaluators.report.attribution import UNITS
+
+    wrong = [{}, {("counterfactual", "cup?"): False}, {("original", "fork?"): False}, {},
+             {("counterfactual", "bird?"): False, ("original", "cup?"): False}, {}, {("original", "bird?"): False}, {}]
+    fixed = [{}, {}, {}, {}, {("original", "cup?"): False}, {}, {}, {("counterfactual", "cup?"): False}]
+    base = [r for i, w in enumerate(wrong) for r in _cpr_pair(f"p{i}", w)]
+    mitigated = [r for i, w in enumerate(fixed) for r in _cpr_pair(f"p{i}", w)]
+    stats = paired_bootstrap(base, mitigated, cpr_pooled, unit=UNITS["causal_halbench"], n_resamples=400, seed=3)
+    assert stats["baseline"] == cpr_pooled(base) and stats["mitigated"] == cpr_pooled(mitigated)
+
+    def both_right(rows, pid):  # of the pair's 3 answer pairs
+        ok = {(r["image_type"], r["question"]): r["correct"] for r in rows if r["pair_id"] == pid}
+        return sum(ok["original", q] and ok["counterfactual", q] for q in ("cup?", "fork?", "bird?"))
+
+    units = [f"p{i}" for i in range(8)]  # sorted as the bootstrap sorts them
+    hits_a = np.array([both_right(base, u) for u in units])
+    hits_b = np.array([both_right(mitigated, u) for u in units])
+    rng = np.random.default_rng(3)
+    deltas, squared = [], []
+    for _ in range(400):
+        k = np.bincount(rng.integers(0, 8, size=8), minlength=8)  # draws of each pair
+        deltas.append(100 * (k @ hits_b - k @ hits_a) / (3 * k.sum()))
+        squared.append(100 * ((k * k) @ hits_b - (k * k) @ hits_a) / (3 * (k * k).sum()))
+    low, high = np.percentile(deltas, [2.5, 97.5])
+    assert (stats["low"], stats["high"]) == (pytest.approx(low), pytest.approx(high))
+    assert (stats["low"], stats["high"]) != tuple(pytest.approx(v) for v in np.percentile(squared, [2.5, 97.5]))
+
+
+def test_too_few_resamples_give_no_comparison():
+    """One resample made a "95% interval" of one delta, and a verdict of it."""
+    from evaluators.report.attribution import compare
+    from evaluators.report.stats import MIN_RESAMPLES
+
+    rows = {"dobench": [{"id": i, "scene_id": i, "series": "A", "level": 0, "correct": True} for i in range(8)]}
+    with pytest.raises(ValueError, match=f"at least {MIN_RESAMPLES}"):
+        compare(rows, rows, n_resamples=MIN_RESAMPLES - 1)
+    assert compare(rows, rows, n_resamples=MIN_RESAMPLES)
+
+
+@pytest.mark.parametrize("bench", ["dobench", "mioh", "causal_halbench", "hallusegbench", "reactbench"])
+def test_the_report_resamples_the_samples_limit_keeps_whole(bench):
+    """--limit's sample (evaluators.query.unit_of) is the report's bootstrap unit: every
+    metric record made of one sample's answers falls in that sample's unit. ReactBench's
+    records carried no unit field, so --limit 30 kept 2 of an item's 7 questions."""
+    from evaluators.benchmarks.suites import build_queries, build_suite
+    from evaluators.query import first_units, to_record, unit_of
+    from evaluators.report.attribution import UNITS
+    from evaluators.runner import metric_records
+
+    queries = build_queries([bench], 0, "small")
+    samples: dict[str, list] = {}
+    for q in queries:
+        samples.setdefault(unit_of(q), []).append(q)
+        assert UNITS[bench]({**q.record, "id": q.id}) == unit_of(q)
+    for sample, members in samples.items():
+        records = metric_records(bench, [to_record(q, "yes") for q in members])
+        assert records and {UNITS[bench](r) for r in records} == {sample}
+    if bench == "reactbench":
+        kept = first_units(build_suite(bench, 0, "full"), 30)
+        items = {UNITS[bench]({"id": q.id}) for q in kept}
+        assert [q for q in build_suite(bench, 0, "full") if UNITS[bench]({"id": q.id}) in items] == kept

@@ -557,3 +557,121 @@ def test_the_console_line_says_how_many_inputs_were_invalid(queries, tmp_path):
     payload = run(three, CallableModel(lambda i, p: "yes"), tmp_path / "none", progress=False)
     line = summary_line("dobench", payload)
     assert line.startswith("dobench: ") and line.endswith("(n=3, invalid answers 0.0%)")
+
+
+# -- what a run resumes on ------------------------------------------------------------------
+
+def _say_yes(images, prompt):
+    return "yes"
+
+
+def _say_no(images, prompt):
+    return "no"
+
+
+def _detector_maker():
+    def detector(image, name):
+        return (0, 0, image.width // 2, image.height // 2)
+    return detector
+
+
+def _other_detector(image, name):
+    return (0, 0, image.width, image.height)
+
+
+def test_a_localizer_function_resumes_in_another_process(tmp_path):
+    """CropVerify's ``localizer`` printed with its memory address ('<function f at 0x7f..>'),
+    so the run identity differed in every process and no such run could resume. A new
+    process's function is a new object at a new address: two closures stand in for it."""
+    import torch
+
+    from evaluators.model import HFModel
+    from evaluators.runner import RunMismatch
+    from mitigate import CropVerify
+
+    class Tiny(torch.nn.Module):
+        config = type("Config", (), {"_name_or_path": "tiny"})()
+
+    class Answering(HFModel):
+        def __call__(self, queries):
+            return ["yes"] * len(queries)
+
+    def model(localizer):
+        return Answering(Tiny(), None, mitigations=[CropVerify(object(), localizer=localizer)])
+
+    first, second = _detector_maker(), _detector_maker()
+    assert repr(first) != repr(second)  # the addresses differ
+    described = model(first).describe()["mitigations"][0]
+    assert "0x" not in described and f"localizer=<function {__name__}._detector_maker.<locals>.detector>" in described
+    queries = build(n_scenes=1, seed=5)[:3]
+    run(queries, model(first), tmp_path, progress=False)
+    run(queries, model(second), tmp_path, progress=False)  # the same function: resumes
+    with pytest.raises(RunMismatch, match="model.mitigations"):
+        run(queries, model(_other_detector), tmp_path, progress=False)
+
+
+def test_another_callable_model_does_not_resume_its_answers(tmp_path):
+    """CallableModel's identity was {"model": "callable"} for every function: a run with
+    another function resumed into the first one's answers without a word."""
+    from evaluators.runner import RunMismatch
+
+    queries = build(n_scenes=1, seed=5)[:4]
+    run(queries, CallableModel(_say_yes), tmp_path, progress=False)
+    with pytest.raises(RunMismatch, match="model.fn"):
+        run(queries, CallableModel(_say_no), tmp_path, progress=False)
+    assert run(queries, CallableModel(_say_yes), tmp_path, progress=False)["results"]["dobench"]["yes_rate"] == 100.0
+    assert CallableModel(_say_yes).describe()["fn"] == f"{__name__}._say_yes"
+    # closures of one function look alike; a name tells them apart
+    assert CallableModel(_detector_maker()).describe() == CallableModel(_detector_maker()).describe()
+    assert CallableModel(_say_yes, name="a").describe() != CallableModel(_say_yes, name="b").describe()
+
+
+def _user_dobench(folder):
+    import json
+
+    from PIL import Image
+
+    rows = []
+    for s in "AB":
+        for lv in range(4):
+            Image.new("RGB", (24, 24), (50 * lv, 90, 10)).save(folder / f"{s}{lv}.png")
+            rows.append({"id": f"{s}{lv}", "scene_id": "s", "image": f"{s}{lv}.png", "series": s, "level": lv,
+                         "view": "Full", "object": "cat", "answer": "yes" if s == "A" else "no",
+                         "question": "is there a cat in the image ? answer yes or no ."})
+    (folder / "do.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return folder / "do.jsonl"
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_a_restored_image_is_asked_on_the_rerun(tmp_path, world):
+    """A missing image is an invalid input; once the user restores it, a rerun asks it and
+    the answer replaces the invalid input's record -- in one process, and when the rerun
+    runs on two (the answer then comes from a rank file, the old record from samples.jsonl)."""
+    from evaluators.benchmarks.protocols import dobench
+    from evaluators.distributed import Ranks
+
+    data = _user_dobench(tmp_path)
+    image = tmp_path / "A2.png"
+    saved = image.read_bytes()
+    image.unlink()
+    asked = []
+
+    def model(images, prompt):
+        asked.append(prompt)
+        return "yes"
+
+    out = tmp_path / "run"
+    first = run(dobench(data), CallableModel(model), out, progress=False, ranks=Ranks())
+    assert first["invalid"]["dobench"]["invalid_inputs"] == 1 and len(asked) == 7
+    again = run(dobench(data), CallableModel(model), out, progress=False, ranks=Ranks())  # still missing
+    assert again["invalid"]["dobench"]["invalid_inputs"] == 1 and len(asked) == 7
+    assert [r["id"] for r in read_samples(out / SAMPLES)].count("do-A2") == 1
+    image.write_bytes(saved)  # restored
+    queries = dobench(data)
+    for rank in reversed(range(world)):  # the main rank last: it merges
+        payload = run(queries, CallableModel(model), out, progress=False, ranks=Ranks(rank, world))
+    assert len(asked) == 8  # the restored one, and only it
+    assert payload["invalid"]["dobench"]["invalid_inputs"] == 0
+    records = [r for r in read_samples(out / SAMPLES) if r["id"] == "do-A2"]
+    assert len(records) == 1 and records[0]["answer"] == "yes" and not records[0].get("invalid_input")
+    assert not list(out.glob("samples.rank*.jsonl"))

@@ -61,7 +61,7 @@ def test_vlm_report_on_a_gemma3_checkpoint(checkpoints, tmp_path):
     from evaluators.report.main import main
 
     out = tmp_path / "report"
-    assert main(["--model", checkpoints["gemma3"], "--tasks", "dobench,mioh", "--resamples", "20",
+    assert main(["--model", checkpoints["gemma3"], "--tasks", "dobench,mioh", "--resamples", "100",
                  "--no_progress", "--batch_size", "8", "--output_path", str(out)]) == 0
     result = json.loads((out / "results.json").read_text())
     assert set(result["scores"]) == {a.name for a in default_arms()}

@@ -101,7 +101,7 @@ def test_vlm_report_on_user_data(tmp_path):
     (tmp_path / "do.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     out = tmp_path / "report"
     assert main(["--tasks", "", "--data", f"dobench={tmp_path / 'do.jsonl'}", "--arms", "VCD (greedy)",
-                 "--resamples", "20", "--no_progress", "--output_path", str(out)]) == 0
+                 "--resamples", "100", "--no_progress", "--output_path", str(out)]) == 0
     result = json.loads((out / "results.json").read_text())
     assert result["data"] == {"dobench": str(tmp_path / "do.jsonl")}
     assert len(read_samples(out / "vcd-greedy" / "samples.jsonl")) == len(rows)

@@ -18,37 +18,27 @@ plausibility-only arm matches (their paired interval includes 0) is flagged as
 
 from __future__ import annotations
 
+import functools
 import math
-import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from ..metrics import MECHANISMS, metrics_for
-from .stats import UnpairedSamples, mcnemar_exact, paired_bootstrap, verdict
+from ..query import unit_key
+from .stats import MIN_RESAMPLES, UnpairedSamples, mcnemar_exact, paired_bootstrap, verdict
 
 SAMPLING = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
 
-# the unit a benchmark's records are resampled by (its scored groups stay together)
+# the unit a benchmark's records are resampled by (its scored groups stay together): the
+# sample --limit keeps whole (evaluators.query.unit_key, where each benchmark's rule is
+# given): a DO-Bench scene, a Causal-HalBench pair, a HalluSegBench image pair (its
+# referring and reasoning queries), a ReactBench item, a MIOH image set
 UNITS: dict[str, Callable[[dict], Any]] = {
-    "dobench": lambda r: r["scene_id"] if "scene_id" in r else r["id"],
-    "causal_halbench": lambda r: r["pair_id"] if "pair_id" in r else r["id"],
-    # one factual/counterfactual image pair: the built-in suite asks its referring and
-    # reasoning queries over the same images (ids "hsb-S-K" and "hsb-S-K-reasoning")
-    "hallusegbench": lambda r: re.sub(r"-reasoning$", "", str(r["id"])),
-    # one item of the built-in suite (its image or pair): its YN / SA / MC questions and
-    # their inducing, hint and chain-of-thought variants ("react-S-re-K-..."); a user's own
-    # questions stay single units
-    "reactbench": lambda r: _react_item(str(r["id"])),
-    # one image set: its selective and comprehensive questions and their decompositions
-    "mioh": lambda r: re.sub(r"(-comprehensive)?(-decomposed)?$", "", str(r["id"])),
+    bench: functools.partial(unit_key, bench)
+    for bench in ("dobench", "causal_halbench", "hallusegbench", "reactbench", "mioh")
 }
 YES_NO_BENCHMARKS = ("dobench", "causal_halbench")
-
-
-def _react_item(qid: str) -> str:
-    match = re.match(r"react-\d+-[a-z]+-\d+(?=-|$)", qid)
-    return match.group(0) if match else qid
 
 
 @dataclass
@@ -121,11 +111,15 @@ def optional_arms() -> list[Arm]:
 
 
 def _unit(bench: str) -> Callable[[dict], Any]:
-    return UNITS.get(bench, lambda r: r["id"])
+    return UNITS.get(bench) or functools.partial(unit_key, bench)
 
 
 def compare(base: dict[str, list], arm: dict[str, list], *, n_resamples: int = 1000, seed: int = 0) -> list[dict]:
-    """Per benchmark and mechanism-tagged metric: the paired delta, interval and verdict."""
+    """Per benchmark and mechanism-tagged metric: the paired delta, interval and verdict;
+    a ``ValueError`` for fewer than :data:`~evaluators.report.stats.MIN_RESAMPLES` resamples
+    (no 95% interval, yet verdicts)."""
+    if n_resamples < MIN_RESAMPLES:
+        raise ValueError(f"n_resamples must be at least {MIN_RESAMPLES} for a 95% interval, got {n_resamples}")
     rows = []
     for bench in sorted(set(base) & set(arm)):
         for spec in metrics_for(bench):

@@ -48,8 +48,13 @@ def _lines_svg(series: dict[str, list[float]], xlabels: list[str], title: str, y
     return "".join(out) + "</svg>"
 
 
+def _finite(value) -> bool:
+    """A number to draw (not None: results.json stores NaN as null; not NaN)."""
+    return isinstance(value, (int, float)) and not math.isnan(value)
+
+
 def _bars_svg(rows: list[dict], title: str) -> str:
-    rows = [r for r in rows if "delta" in r and not math.isnan(r["low"]) and r.get("mechanism")]
+    rows = [r for r in rows if r.get("mechanism") and all(_finite(r.get(k)) for k in ("delta", "low", "high"))]
     if not rows:
         return ""
     span = max(1.0, *(max(abs(r["low"]), abs(r["high"])) for r in rows))
@@ -74,6 +79,19 @@ def _bars_svg(rows: list[dict], title: str) -> str:
     return "".join(out) + "</svg>"
 
 
+def _example_image(query):
+    """The query's first image to draw on, or None when it cannot be read (a user's file
+    that is missing or corrupt: the runner recorded the query as an invalid input, and the
+    report is written all the same)."""
+    if query.problem or not query.images:
+        return None
+    first = query.images[0]
+    try:
+        return first.open() if hasattr(first, "path") else first.copy()
+    except (OSError, ValueError, SyntaxError):  # restored, moved or cut short since the run began
+        return None
+
+
 def _examples(queries, records, arms) -> str:
     answers = {a: {r["id"]: r for rs in records[a].values() for r in rs} for a in arms}
     picks = [q for q in queries if q.record.get("series") == "A" and q.record.get("level") == 3][:3]
@@ -84,7 +102,9 @@ def _examples(queries, records, arms) -> str:
     from ..answers import parse_box
 
     for q in picks:
-        image = q.images[0].copy() if hasattr(q.images[0], "copy") else q.images[0].open()
+        image = _example_image(q)
+        if image is None:  # a missing or corrupt file (an invalid input): the example is left out
+            continue
         rows = []
         for k, a in enumerate(arms):
             ans = answers[a].get(q.id, {}).get("answer")

@@ -101,12 +101,19 @@ def main(argv: list[str] | None = None) -> int:
                              "scale's answers are not the ones this run would draw)")
     parser.add_argument("--batch_size", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--resamples", type=int, default=1000)
+    parser.add_argument("--resamples", type=int, default=1000,
+                        help="paired-bootstrap resamples behind each 95%% interval (default 1000; at least "
+                             "100, evaluators/report/stats.py MIN_RESAMPLES)")
     parser.add_argument("--no_progress", action="store_true")
     args = parser.parse_args(argv)
     from ..cli import check_model, check_positive, load_model, output_path_wording, parse_kv
 
     check_positive(parser, batch_size=args.batch_size, seed=args.seed, resamples=args.resamples)
+    from .stats import MIN_RESAMPLES
+
+    if args.resamples < MIN_RESAMPLES:  # fewer give no 95% interval, yet decided verdicts ("[+19.4, +19.4]")
+        parser.error(f"--resamples must be at least {MIN_RESAMPLES} for a 95% interval, got {args.resamples} "
+                     "(the default is 1000)")
 
     import torch
 
@@ -144,7 +151,11 @@ def main(argv: list[str] | None = None) -> int:
     # Warm-up, untimed and unrecorded: the first generate() pays one-off costs (lazy
     # initialisation, allocator growth) that would otherwise inflate the first arm's wall
     # clock -- the baseline of every ratio in the cost column (measured: 15 s vs 6 s).
-    HFModel(model, processor, max_new_tokens=8)(queries[: args.batch_size])
+    # Only queries that can be asked: one whose image is missing or corrupt (``problem``) is
+    # recorded as an invalid input by the runner, never given to the model.
+    askable = [q for q in queries if not q.problem][: args.batch_size]
+    if askable:
+        HFModel(model, processor, max_new_tokens=8)(askable)
     by_id = {q.id: q for q in queries}  # this run's queries, the same for every arm
     wanted = set(by_id)
     for arm in arms:

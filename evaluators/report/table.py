@@ -26,13 +26,25 @@ def headline(rows: list[dict], mechanism: str) -> str:
     decomposition gap) heads a cell only when the mechanism has no other: its delta says
     nothing about better or worse (first seen as "- -31.2 [-54.1, -7.3]" under VCD).
     """
-    cands = [r for r in rows if r.get("mechanism") == mechanism and "delta" in r and r["delta"] == r["delta"]]
+    cands = [r for r in rows if r.get("mechanism") == mechanism and not math.isnan(number(r.get("delta")))]
     cands = [r for r in cands if r.get("higher_is_better") is not None] or cands
     if not cands:
         return ""
     decided = [r for r in cands if r.get("verdict") in ("fixes", "breaks")]
-    best = max(decided or cands, key=lambda r: abs(r["delta"]))
-    return f"{best['delta']:+.1f} [{best['low']:+.1f},{best['high']:+.1f}]"
+    best = max(decided or cands, key=lambda r: abs(number(r["delta"])))
+    return f"{_signed(best['delta'])} [{_signed(best.get('low'))},{_signed(best.get('high'))}]"
+
+
+def number(value) -> float:
+    """A delta or interval end as a float: NaN for None (results.json stores NaN as null,
+    so a table made from the file meets None where ``vlm-report`` met NaN) or a missing one."""
+    return math.nan if value is None else float(value)
+
+
+def _signed(value) -> str:
+    """'+1.2' / '-0.4'; 'nan' for an undefined value (None or NaN alike)."""
+    value = number(value)
+    return "nan" if math.isnan(value) else f"{value:+.1f}"
 
 
 def ratio_text(value: float | None) -> str:
