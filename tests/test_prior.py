@@ -15,6 +15,8 @@ from hooks.testing import TINY_MODEL_TYPES, WordIds, build_tiny_model, tiny_inpu
 from mitigate import VCD, PriorSuppression, attach, find_prior_spans
 from mitigate.vcd import allowed, plausibility_mask
 
+from _chunked import generate_scores, skip_unless_chunking_is_exact
+
 # decoders with softmax attention in every layer: a position shift can make a masked span
 # read as deleted; a hybrid decoder's recurrent layers step through it (compact_positions refused)
 ATTENTION_ONLY = [t for t in TINY_MODEL_TYPES if get_adapter(t).linear_attention is None]
@@ -875,27 +877,12 @@ def test_context_mode_under_a_chunked_prefill_equals_one_forward(model_type):
     keys, strings = _span_rows(inputs, resolve(model), pick=lambda row, starts: starts[0])
     chunk = int(keys[0].nonzero().max()) + 1
 
-    def scores(mitigation, **kw):
-        with torch.no_grad():
-            if mitigation is None:
-                out = model.generate(**inputs, max_new_tokens=3, do_sample=False, output_scores=True,
-                                     return_dict_in_generate=True, pad_token_id=0, **kw)
-            else:
-                with attach(model, mitigation):
-                    out = model.generate(**inputs, max_new_tokens=3, do_sample=False, output_scores=True,
-                                         return_dict_in_generate=True, pad_token_id=0, **kw)
-        return torch.stack(out.scores).nan_to_num(0.0, 0.0, 0.0)
-
     if chunk >= inputs["input_ids"].shape[1]:
         pytest.skip("the span ends the prompt: nothing left for a second chunk")
-    try:
-        plain = scores(None, prefill_chunk_size=chunk)
-    except Exception as error:  # noqa: BLE001 -- the family's own refusal, without us
-        pytest.skip(f"{model_type}: no chunked prefill in transformers ({type(error).__name__})")
-    if not torch.allclose(plain, scores(None), rtol=0, atol=1e-4):
-        pytest.skip(f"{model_type}: transformers' chunked prefill changes the plain model's scores")
+    skip_unless_chunking_is_exact(model_type, model, inputs, chunk, max_new_tokens=3)
     suppression = PriorSuppression(WordIds(), spans=strings)
-    torch.testing.assert_close(scores(suppression, prefill_chunk_size=chunk), scores(suppression), rtol=0, atol=1e-4)
+    torch.testing.assert_close(generate_scores(model, inputs, suppression, prefill_chunk_size=chunk, max_new_tokens=3),
+                               generate_scores(model, inputs, suppression, max_new_tokens=3), rtol=0, atol=1e-4)
 
 
 @pytest.mark.parametrize("spans, row", [

@@ -11,6 +11,8 @@ from hooks.testing import TINY_MODEL_TYPES, build_tiny_model, tiny_inputs
 from mitigate import VCD, Plausibility, PriorSuppression, attach
 from mitigate.vcd import allowed, plausibility_mask
 
+from _chunked import generate_scores, skip_unless_chunking_is_exact
+
 NEW = 5
 
 
@@ -672,22 +674,10 @@ def test_image_free_branch_under_a_chunked_prefill(model_type):
     first_image = int(resolve(model).image_token_mask(inputs["input_ids"]).any(0).nonzero()[0])
     chunk = max(8, first_image + 1)
 
-    def scores(mitigation, **kw):
-        if mitigation is None:
-            out = _gen(model, inputs, do_sample=False, output_scores=True, return_dict_in_generate=True, **kw)
-        else:
-            with attach(model, mitigation):
-                out = _gen(model, inputs, do_sample=False, output_scores=True, return_dict_in_generate=True, **kw)
-        return torch.stack(out.scores).nan_to_num(0.0, 0.0, 0.0)
-
-    try:
-        plain = scores(None, prefill_chunk_size=chunk)
-    except Exception as error:  # noqa: BLE001 -- the family's own refusal, without us
-        pytest.skip(f"{model_type}: no chunked prefill in transformers ({type(error).__name__})")
-    if not torch.allclose(plain, scores(None), rtol=0, atol=1e-4):
-        pytest.skip(f"{model_type}: transformers' chunked prefill changes the plain model's scores")
+    skip_unless_chunking_is_exact(model_type, model, inputs, chunk, max_new_tokens=NEW)
     for mitigation in (VCD(distortion="no_image"), PriorSuppression(mode="output")):
-        torch.testing.assert_close(scores(mitigation, prefill_chunk_size=chunk), scores(mitigation), rtol=0, atol=1e-4)
+        torch.testing.assert_close(generate_scores(model, inputs, mitigation, prefill_chunk_size=chunk, max_new_tokens=NEW),
+                                   generate_scores(model, inputs, mitigation, max_new_tokens=NEW), rtol=0, atol=1e-4)
 
 
 @pytest.mark.parametrize("model_type", TINY_MODEL_TYPES)
