@@ -498,22 +498,30 @@ def test_each_gated_row_is_judged_by_its_own_question(organism):
 
 
 def test_pixel_fingerprints_match_a_cast_exactly_but_not_another_image_or_order():
-    from mitigate.crop_verify_generate import _CASTS, _fingerprint
+    from mitigate.crop_verify_generate import _CASTS, _fingerprint, _matches, _probe
 
     torch.manual_seed(0)
     pixels = torch.randn(8, 3, 64, 64)
     recorded = _fingerprint(pixels, _CASTS)
+    assert len(recorded) == 3  # float32 and its two rounding casts; float64 is found by casting back
     for cast in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
-        assert _fingerprint(pixels.to(cast)) <= recorded
-        assert all(_fingerprint(row.to(cast)) <= _fingerprint(row, _CASTS) for row in pixels)
+        assert _matches(_probe(pixels.to(cast)), recorded)
+        assert all(_matches(_probe(row.to(cast)), _fingerprint(row, _CASTS)) for row in pixels)
     nudged = pixels[0].clone()
     nudged[0, 5, 7] += 1e-3  # one value of one image, far below any tolerance a sum could have
-    assert not _fingerprint(nudged) <= _fingerprint(pixels[0], _CASTS)
-    assert not _fingerprint(pixels.flip(0)) <= recorded  # the same images, reordered
+    assert not _matches(_probe(nudged), _fingerprint(pixels[0], _CASTS))
+    assert not _matches(_probe(pixels.flip(0)), recorded)  # the same images, reordered
+    wide = pixels[0].double()
+    wide[1, 2, 3] += 1e-12  # float64 detail float32 cannot hold: casting back would round it away
+    assert wide.float().equal(pixels[0])
+    assert not _matches(_probe(wide), _fingerprint(pixels[0], _CASTS))
+    half = pixels[0].half()  # recorded in a narrow dtype, received widened or narrowed again
+    for cast in (torch.float32, torch.float64, torch.bfloat16):
+        assert _matches(_probe(half.to(cast)), _fingerprint(half, _CASTS))
     flat = torch.ones(3, 336, 336)  # a white image with one grey square, normalised as CLIP does
     flat[:, 100:150, 100:150] = 0.5
     flat = (flat - 0.48) / 0.27
-    assert all(_fingerprint(flat.to(cast)) <= _fingerprint(flat, _CASTS) for cast in (torch.bfloat16, torch.float16))
+    assert all(_matches(_probe(flat.to(cast)), _fingerprint(flat, _CASTS)) for cast in (torch.bfloat16, torch.float16))
 
 
 def test_each_row_gets_its_own_original_even_when_the_pixels_nearly_agree():

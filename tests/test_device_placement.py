@@ -81,7 +81,7 @@ HOST_SIDE = {  # (file, function): why a host tensor is right there
     ("mitigate/localize.py", "object_token_mask"): "host masks from decoded offsets, moved to the input's device",
     ("mitigate/vcd.py", "_distort"): "pixels hashed on the host to seed the distortion",
     ("mitigate/crop_verify_generate.py", "_fingerprint"): "pixels fingerprinted on the host",
-    ("mitigate/crop_verify_generate.py", "_signed_sums"): "the host copy's hashed-sign sums, accumulated on the host",
+    ("mitigate/crop_verify_generate.py", "_probe"): "a generate() call's pixels fingerprinted on the host",
     ("mitigate/localize.py", "region_heat"): "the heat canvas lives on the host, where best_window searches it",
     ("hooks/layout.py", "indices"): "geometry: small index tensors, moved to the maps' device where they index",
     ("hooks/layout.py", "_anyres"): "an empty shape probe for transformers' unpad_image (geometry only)",
