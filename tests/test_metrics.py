@@ -129,6 +129,16 @@ def test_prediction_resized_to_ground_truth():
     assert hsb.cms(np.array([[0, 0], [0, 1]]), box(0, 2, 0, 2)) == pytest.approx(4 / 12)  # N = 4, C = 0
 
 
+def test_iou_visual_is_scored_on_the_counterfactual_images_grid():
+    """A pinned choice (module notes, "Grid of IoU_visual"): M'_{c'} and M^'_c stay on I''s
+    grid. The authors' get_consistency.py resizes both to the factual mask's shape first: on a
+    2x2 I that gives 1/2 here."""
+    gt_cf = np.zeros((3, 3)); gt_cf[0, 0] = gt_cf[1, 1] = 1
+    pred_visual = np.zeros((3, 3)); pred_visual[1, 1] = pred_visual[2, 2] = 1
+    s = hsb.sample_scores(box(0, 1, 0, 1, shape=(2, 2)), gt_cf, None, None, pred_visual)
+    assert s["iou_visual"] == pytest.approx(1 / 3)
+
+
 def test_empty_masks():
     empty = np.zeros((4, 4))
     assert hsb.iou(empty, empty) == 0.0                  # both empty: 0.0, as the authors' script
@@ -292,7 +302,37 @@ def test_cpr_pairs_only_the_same_question_where_records_name_it():
     out = chb.cpr(rs)
     assert out["cpr_pairs"] == 2 and out["cpr_absent"] == 50.0  # (fork: T, T) and (spoon: F, F)
     unnamed = chb.cpr([{k: v for k, v in r.items() if k != "question"} for r in rs])
-    assert unnamed["cpr_pairs"] == 4 and unnamed["cpr_absent"] == 25.0  # records without questions pair by type
+    # records without questions pair by type: each counterfactual answer (2) with the mean of
+    # the original's absent answers (1/2): (1/2 * 1 + 1/2 * 0) / 2 = 25
+    assert unnamed["cpr_pairs"] == 2 and unnamed["cpr_absent"] == 25.0
+
+
+def test_cpr_one_pair_per_counterfactual_answer_when_the_original_repeats_a_question():
+    """Table 1 asks the original image its questions once per counterfactual of it (4161 =
+    3 x 1387 on 757 images), so two counterfactuals sharing o_c put "cup?" twice on the
+    original. Each counterfactual answer is one pair; the repeated original answers are
+    averaged. Crossing them had made A's 2 counterfactual images 4 pairs: 60% over 5 pairs."""
+    def asked(image, correct, pair, question):
+        return {**qa(image, "contextual", correct, pair), "question": question}
+
+    rs = [asked("original", True, "A.jpg", "Is there a cup?"), asked("original", True, "A.jpg", "Is there a cup?"),
+          asked("counterfactual", True, "A.jpg", "Is there a cup?"),    # A_001
+          asked("counterfactual", False, "A.jpg", "Is there a cup?"),   # A_002
+          asked("original", True, "B.jpg", "Is there a dog?"),
+          asked("counterfactual", True, "B.jpg", "Is there a dog?")]
+    out = chb.cpr(rs)
+    assert out["cpr_pairs"] == 3 and out["cpr_contextual"] == pytest.approx(200 / 3)  # A_001, B_001 of 3
+    # repeated original answers that disagree (sampling): each counterfactual pairs with their mean
+    rs[1] = {**rs[1], "correct": False}
+    assert chb.cpr(rs)["cpr_contextual"] == pytest.approx(100 * (0.5 + 1) / 3)
+
+
+def test_causal_scores_n_and_invalid_rate_count_the_yes_no_answers_only():
+    """A caption record (CHAIR) is no yes/no answer: an empty caption is not an invalid one."""
+    rs = [qa("original", "contextual", True, "p"), qa("counterfactual", "contextual", True, "p"),
+          {"image_type": "original", "caption": "", "objects": ["dog"], "invalid": True}]
+    out = chb.causal_scores(rs)
+    assert out["n"] == 2 and out["invalid_rate"] == 0.0 and out["accuracy"] == 100.0   # was n 3, invalid 33.3
 
 
 def test_causal_empty_and_invalid_inputs():

@@ -28,9 +28,10 @@ Choices:
   Table 1's counts (e.g. Gemini1.5-pro: pooling gives 83.5, the table says 86.1), so there
   is no published number to match more closely.
 * **CPR pairing.** Records sharing ``pair_id``, ``question_type`` and, where records carry
-  it, the ``question`` text (case and spacing aside) form pairs: every original-image record
-  with every counterfactual-image record of the group (the authors pair a base image with
-  each of its numbered counterfactual images, asking the same question; with the paper's
+  it, the ``question`` text (case and spacing aside) form a group, whose
+  counterfactual-image records are paired with its original-image record(s) (next note;
+  the authors pair a base image with each of its numbered counterfactual images, asking
+  the same question; with the paper's
   two absent questions per target, pairing by type alone would also pair "fork?" on the
   original with "spoon?" on the counterfactual). The user-data protocol stores the
   question, and so do the built-in suite's records (it asks two absent questions per image,
@@ -38,6 +39,25 @@ Choices:
   side are skipped, as in the authors' code, and counted in ``cpr_unpaired``. We report
   ``cpr_contextual`` and ``cpr_absent`` (the authors' ``cpr_target`` / ``cpr_absent``) and,
   as our addition, ``cpr`` pooled over both.
+* **CPR unit: one counterfactual-image answer.** Each counterfactual record of a group is
+  one pair (``cpr_pairs`` counts them), "both right" when it is right and the original
+  image's answer to that question is. The original image is asked its questions once per
+  counterfactual derived from it (§4.2 / Table 1: 4161 original-image questions, 3 per
+  counterfactual image, on only 757 images), so where two counterfactuals of one image
+  share ``o_c`` (or an ``o_a``) the original holds the same question twice, under two ids.
+  Those repeated original answers are averaged (identical under greedy decoding); pairing
+  each of them with each counterfactual answer had counted ``d x m`` pairs for ``m``
+  counterfactual images and weighted such a group ``d``-fold in the pooled rate. The
+  authors' ``calculate_cpr`` also counts one pair per counterfactual image (it takes the
+  first question of each type only). Records naming no question
+  pair by type: the original side is then the mean over that type's original answers.
+* **Unreadable answers are wrong on every question type.** The paper does not say how an
+  answer is read. The authors' inference scripts map any answer containing "yes" to yes
+  and *everything else* to no, so an answer that says neither counts as right on every
+  absent question (``Q_a``, GT no) and wrong on ``Q_c`` / ``Q_cf``. We read answers with
+  :func:`evaluators.answers.parse_yes_no` and count one that says neither (``invalid``) as
+  wrong whatever the ground truth, so a model (or a mitigation) that stops answering gains
+  no ``Acc(Q_a)`` (nor overall Acc) from it; ``invalid_rate`` reports how many.
 * **Empty selections** give NaN (the authors' code returns 0, which would read as a real
   accuracy); a NaN propagates into CAC/AAC/CHR.
 """
@@ -123,10 +143,11 @@ def cpr(records: Iterable[Mapping[str, Any]]) -> dict[str, float]:
         if not sides["original"] or not sides["counterfactual"]:
             unpaired += 1
             continue
-        for o in sides["original"]:
-            for c in sides["counterfactual"]:
-                total[question] += 1
-                both[question] += o and c
+        # one pair per counterfactual answer; a question the original image was asked several
+        # times (once per counterfactual of it, Table 1) counts by the mean of its answers
+        original_right = sum(sides["original"]) / len(sides["original"])
+        total[question] += len(sides["counterfactual"])
+        both[question] += original_right * sum(sides["counterfactual"])
     return {
         "cpr_contextual": _pct(both["contextual"], total["contextual"]),
         "cpr_absent": _pct(both["absent"], total["absent"]),
@@ -137,8 +158,14 @@ def cpr(records: Iterable[Mapping[str, Any]]) -> dict[str, float]:
 
 
 def causal_scores(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-    """Every Table 2 number plus CPR and the invalid rate (all in %)."""
+    """Every Table 2 number plus CPR and the invalid rate (all in %).
+
+    ``n`` and ``invalid_rate`` are over the question-answer records, the ones every other
+    number here reads: caption records (CHAIR, Sec. 5.2) are left out of them as
+    :func:`accuracy` leaves them out (an empty caption had counted as an invalid yes/no
+    answer, and each caption in ``n``)."""
     records = list(records)
+    qa_records = _qa(records)
     acc_x_c = accuracy(records, "original", "contextual")
     acc_x_a = accuracy(records, "original", "absent")
     acc_cf_c = accuracy(records, "counterfactual", "contextual")
@@ -154,8 +181,8 @@ def causal_scores(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
         "aac": acc_cf_a - acc_x_a,
         "chr": 100.0 - acc_cf_cf,
         "accuracy": accuracy(records),
-        "invalid_rate": _pct(sum(bool(r.get("invalid", False)) for r in records), len(records)),
-        "n": len(records),
+        "invalid_rate": _pct(sum(bool(r.get("invalid", False)) for r in qa_records), len(qa_records)),
+        "n": len(qa_records),
     }
     out.update(cpr(records))
     return out

@@ -53,6 +53,18 @@ Choices (the paper is silent or inconsistent):
   ``floor(i * in / out)`` (exact integer arithmetic), the OpenCV ``INTER_NEAREST`` and
   PyTorch ``mode="nearest"`` convention (not PIL's half-pixel-centred rule). Masks are
   binarised with ``> 0`` (the scripts read masks with ``cv2.imread(...) > 0``).
+* **Grid of IoU_visual.** Each score is computed on the grid of its own ground truth:
+  IoU_visual and CMS_counterfact on ``M'_{c'}``'s, i.e. the counterfactual image ``I'``'s.
+  The authors' ``get_hallucination.py`` does the same for CMS, but ``get_consistency.py``
+  resizes ``M'_{c'}`` *and* ``M̂'_c`` to the factual mask's shape (``image_shape =
+  gt1.shape``) before IoU_visual. Eq. 1 is a ratio of pixel sets and says nothing of a
+  grid; resampling the ground truth to another image's size (and aspect ratio, where the
+  edit changed it) changes the sets, so we keep ``I'``'s. The two agree whenever ``I`` and
+  ``I'`` have one size (the built-in suite always; a release whose edits keep the size);
+  where they do not, IoU_visual can differ (a 3x3 ``I'`` with ``M'_{c'}`` on the diagonal's
+  first two pixels and ``M̂'_c`` on its last two: 1/3 here, 1/2 on a 2x2 ``I`` grid).
+* **No rounding.** Per-sample CMS is averaged unrounded (``get_hallucination.py`` rounds
+  each sample to 4 decimals before its mean: at most 5e-5 apart).
 * **Aggregation.** Per-sample scores averaged over samples (a mean IoU, not a cumulative
   cIoU/gIoU): App. B describes the metrics as instance-level and Table 3 / Fig. 8 report
   per-sample means, distributions and 95% CIs; the scripts take ``np.mean`` over samples.
