@@ -83,6 +83,25 @@ def test_causal_halbench_pairs_the_releases_underscore_names(tmp_path):
     assert [(a.id, b.id) for a, b in causal_halbench.pairs(loaded)] == [("1", "2"), ("3", "4")]
 
 
+def test_causal_halbench_ids_need_be_unique_only_within_a_base_images_group(tmp_path):
+    """The authors' metric.py keys an item by (base image, id): ids restarting per base image
+    loaded nowhere (every repeat was refused); now they are qualified by their base image,
+    and a repeat inside one group, which the authors' key would silently collapse, is refused."""
+    def item(name, tag, i):
+        return {"image_name": name, "q": "Is there a fork?", "type": "target", "tag": tag, "id": i, "answer": "yes"}
+
+    items = [item("a.jpg", "origin", 0), item("a_001.jpg", "inpainted", 1),
+             item("b.jpg", "origin", 0), item("b_001.jpg", "inpainted", 1)]
+    (tmp_path / "qa.json").write_text(json.dumps(items))
+    loaded = causal_halbench.load(tmp_path)
+    assert [it.id for it in loaded] == ["a.jpg/0", "a.jpg/1", "b.jpg/0", "b.jpg/1"]
+    assert [(a.id, b.id) for a, b in causal_halbench.pairs(loaded)] == [("a.jpg/0", "a.jpg/1"), ("b.jpg/0", "b.jpg/1")]
+    (tmp_path / "qa.json").write_text(json.dumps(items[:2] + [item("a_002.jpg", "inpainted", 1)]))
+    with pytest.raises(DataError, match=r"line 3, field 'id': '1' already used by item 2 \(both in the group of base "
+                       r"image 'a.jpg'\)"):
+        causal_halbench.load(tmp_path)
+
+
 @pytest.mark.parametrize("bad, fieldname", [
     ({"tag": "edited"}, "tag"), ({"answer": "maybe"}, "answer"), ({"type": "other"}, "type"), ({"q": 3}, "q"),
     ({"tag": "inpainted", "image_name": "x.jpg"}, "image_name"),

@@ -7,6 +7,13 @@ CPR and the paired metrics). The authors' release writes the suffix after an und
 (``COCO_val2014_000000580294.jpg`` -> ``COCO_val2014_000000580294_001.jpg``); the bare form
 (``000123.jpg`` -> ``000123001.jpg``) is read too. Where both readings are possible, the one
 naming an origin image of the file wins.
+
+Ids: the authors' ``metric.py`` keys an item by (base image, ``id``), so an ``id`` need be
+unique only among the items of one base image and its counterfactuals. Where every ``id``
+of the file is unique we keep it as the item's id; where one repeats under two base
+images, every item's id becomes ``<base image>/<id>`` (stable for a given file, so a run
+resumes by it). An ``id`` repeated within one base image's group is a :class:`DataError`,
+as the authors' key would silently keep only the last of them.
 """
 
 from __future__ import annotations
@@ -70,25 +77,31 @@ def load(path: str | Path, image_dir: str | Path | None = None) -> list[QAItem]:
         tag = field(raw, "tag", str, path, i, choices=TAGS)
         rows.append((i, raw, name, tag, _base_candidates(name, path, i) if tag == "inpainted" else [name]))
     origins = {name for _, _, name, tag, _ in rows if tag == "origin"}
-    items = []
-    first_item: dict[str, int] = {}
+    keyed = []  # (line, raw, name, tag, base, id)
+    first_item: dict[tuple[str, str], int] = {}
     for i, raw, name, tag, bases in rows:
+        base = next((b for b in bases if b in origins), bases[0])
         item_id = str(field(raw, "id", (str, int), path, i))
-        if item_id in first_item:  # a run resumes by id: the second would be taken as answered
-            raise DataError(path, i, "id", f"{item_id!r} already used by item {first_item[item_id]}")
-        first_item[item_id] = i
+        if (base, item_id) in first_item:  # a run resumes by id: the second would be taken as answered
+            raise DataError(path, i, "id", f"{item_id!r} already used by item {first_item[base, item_id]} "
+                            f"(both in the group of base image {base!r})")
+        first_item[base, item_id] = i
+        keyed.append((i, raw, name, tag, base, item_id))
+    qualified = len({item_id for *_, item_id in keyed}) < len(keyed)  # an id repeats across base images
+    items = []
+    for i, raw, name, tag, base, item_id in keyed:
         kind = field(raw, "type", str, path, i, choices=TYPES)
         if kind == "inpaint" and tag == "origin":  # the metrics refused it at scoring time (Sec. 4.3)
             raise DataError(path, i, "type", "an 'inpaint' question (Q_cf, about the object put into the "
                             "counterfactual image) is asked only of an inpainted image, not of an origin one")
         items.append(QAItem(
-            id=item_id,
+            id=f"{base}/{item_id}" if qualified else item_id,
             image=ImageRef(image_dir / name),
             question=field(raw, "q", str, path, i),
             type=kind,
             tag=tag,
             answer=field(raw, "answer", str, path, i, choices=("yes", "no")),
-            base_name=next((b for b in bases if b in origins), bases[0]),
+            base_name=base,
         ))
     return items
 
