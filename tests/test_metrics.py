@@ -492,6 +492,20 @@ def test_dobench_missing_level_and_bad_records():
         do.classification([{"series": "A", "level": 4, "pred_yes": True}])
 
 
+def test_dobench_f1_of_a_model_that_never_says_yes_is_zero():
+    """§3.3's "standard" F1 is 2 TP / (2 TP + FP + FN): a model answering "no" to every
+    query has TP = 0 and a false negative per A-query, so F1 = 0 (the harmonic mean of P
+    and R had given NaN, Precision being undefined with no "yes")."""
+    rs = [{**r, "pred_yes": False} for r in records_do() if r["pred_yes"] is not None]
+    out = do.classification(rs)
+    assert isnan(out["precision"]) and out["recall"] == 0.0
+    assert out["f1"] == 0.0 and do.f1(rs) == 0.0
+    # where P and R exist it is their harmonic mean, as before: TP 1, FP 1, FN 1 -> 2 / 4
+    one_each = answers("A", 0, "Full", 1, 1) + answers("B", 0, "Full", 1, 0)
+    assert do.f1(one_each) == pytest.approx(50.0)
+    assert isnan(do.f1(answers("B", 0, "Full", 0, 3)))   # nothing present, nothing said yes
+
+
 # -- ReactBench -------------------------------------------------------------------------------
 def block(task, mode, qtype, right, total, **extra):
     return [dict(task=task, mode=mode, qtype=qtype, correct=i < right, **extra) for i in range(total)]
@@ -553,6 +567,37 @@ def test_reactbench_breakdowns_and_edge_cases():
     assert rb.accuracy([dict(task="re", mode="cot", qtype="MC", correct=True, invalid=True)]) == 0.0
     with pytest.raises(ValueError, match="unknown value"):
         rb.accuracy(rs, task="counting_dense")
+
+
+def test_reactbench_records_without_a_mode_are_standard():
+    """The schema's ``mode`` defaults to standard; records that leave it out were in no mode,
+    so S_t and React-Score were NaN while ``n`` and the breakdowns counted them."""
+    named = std_block("relational_erasure") + std_block("alteration_tracing")
+    unnamed = [{k: v for k, v in r.items() if k != "mode"} for r in named]
+    assert rb.task_score(unnamed, "relational_erasure") == pytest.approx(68.75)
+    assert rb.task_score(unnamed, "relational_erasure") == rb.task_score(named, "relational_erasure")
+    assert rb.reactbench_scores(unnamed)["modes_used"]["alteration_tracing"] == ["standard"]
+    assert rb.accuracy(unnamed, task="at", mode="standard") == pytest.approx(100 * 9 / 12)
+    # a mix: the unnamed records join the standard ones, not a mode of their own
+    mixed = unnamed[:6] + named[6:] + cot_block("relational_erasure")
+    assert rb.task_score(mixed, "relational_erasure") == pytest.approx((68.75 + 50) / 2)
+
+
+def test_reactbench_exact_count_answered_with_a_range_is_wrong():
+    """An exact count answered with a range was read by its first number: "between 3 and 5"
+    was right for 3 (the runner), where count_correct's exact rule says wrong."""
+    import dataclasses
+
+    from evaluators.query import Query, to_record
+
+    q = Query("react-x-dc-0-SA", "reactbench", [], "how many cup are there ?", "number", 3,
+              {"task": "dense_counting", "qtype": "SA", "mode": "standard", "count_setting": "exact"})
+    assert rb.count_correct((3, 5), 3, "exact") is False       # the metrics' rule
+    for stated in ("between 3 and 5", "3 to 5", "3-5", "from three to five"):
+        record = to_record(q, stated)
+        assert record["correct"] is False and record["invalid"] is False  # the runner's reading: wrong, not unreadable
+    assert to_record(q, "there are 3 .")["correct"] and to_record(q, "twenty-one")["parsed"] == 21
+    assert to_record(dataclasses.replace(q, truth=0), "none")["correct"]
 
 
 @pytest.mark.parametrize("pred, setting, interval, expected", [

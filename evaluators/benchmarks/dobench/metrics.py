@@ -13,7 +13,8 @@ Formulas (all values in %, as in Table 2)::
     PerceptionAbility = 100 - 1/2 (FN(A0, Cluster) + FN(A0, Crop))                 (Eq. 2)
     X_AUC = trapz(rate_0..rate_3 as fractions, x = 0, 1, 2, 3) / 3,  X in {A (FN), B (FP)}
     PriorRobust = 100 (1 - 1/2 (A_AUC + B_AUC))                                    (Eq. 3)
-    Acc, Precision, Recall, F1, Yes-rate with "yes" as the positive class.
+    Acc, Precision, Recall, F1, Yes-rate with "yes" as the positive class;
+    F1 = 2 TP / (2 TP + FP + FN)  (the harmonic mean of Precision and Recall where both exist)
 
 Eq. 3 checked against Table 2: with 124 scenes, ``(100 - PriorRobust) * 3 * 124 * 2 / 100``
 must be a half-integer (trapezoid weights 1/2, 1, 1, 1/2 times counts). Within rounding it
@@ -43,6 +44,26 @@ Choices:
   margin (in ``details``).
 * **A level or view with no samples** gives NaN there, and NaN propagates into
   PriorRobust / PerceptionAbility; Precision is NaN when nothing is answered "yes".
+* **F1 of a model that never says "yes"** is 0, not NaN. §3.3 reports "standard
+  classification metrics (Accuracy, Precision, Recall, F1)" without formulas; the standard
+  F1 is 2 TP / (2 TP + FP + FN), defined whenever there is a present object or a "yes"
+  (it equals the harmonic mean of Precision and Recall wherever those two exist). A model
+  that answers "no" to every query has TP = 0 and 744 false negatives on the paper's 124
+  scenes, so F1 = 0 although Precision (TP / "yes" answers) is undefined; until this audit
+  F1 was the harmonic mean of Precision and Recall and came out NaN there. NaN only when
+  there is nothing to score (no A-query and no "yes").
+* **Reading the answers.** The paper's normalisation rules are in an appendix we do not
+  have (§3.3, §4.1). The runner reads yes/no as :func:`evaluators.answers.parse_yes_no`
+  does (VLMEvalKit's rule: "yes" without "no" is yes, "no" or a leading "not" without "yes"
+  is no, both: the first word decides), so a sentence that denies without the word "no"
+  ("There isn't a cup in the image.", "I do not see a cup.") is unreadable, and on a
+  B-query it then counts as a false affirmation (the first choice above). Read
+  ``invalid_rate`` beside FP and PriorRobust for models that answer in sentences.
+* **Repeated runs.** For API models the paper repeats inference three times "and report[s]
+  averaged results" (§3.3, §4.1): score each run's records on their own and average the
+  metrics. Passing the three runs' records together pools them, which averages the
+  rate-type metrics (Accuracy, Recall, Yes-rate, FN/FP, PerceptionAbility, PriorRobust:
+  every run has the same counts) but not Precision or F1, whose denominators differ by run.
 * Table 2's closed models imply a positive share of 2/3 rather than the protocol's 0.6
   (Prec·Yes-rate/Rec = 0.667 for GPT-5.2), so their global metrics were computed over some
   other subset; 10 of the 14 open models fit 0.6 (LLaVA-v1.5-7B: 0.4761·0.4726/0.375 =
@@ -169,10 +190,9 @@ def classification(records: Iterable[Mapping[str, Any]]) -> dict[str, float]:
     said_yes = tp + fp
     precision = _pct(tp, said_yes)
     recall = _pct(tp, pos)
-    if math.isnan(precision) or math.isnan(recall):
-        f1 = math.nan
-    else:
-        f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    # F1 = 2 TP / (2 TP + FP + FN), FN = present objects not answered "yes" (module notes):
+    # 0 for a model that never says "yes", where the harmonic mean of P and R had been NaN
+    f1 = _pct(2 * tp, 2 * tp + fp + (pos - tp))
     return {
         "accuracy": _pct(tp + tn, n),
         "precision": precision,

@@ -14,7 +14,8 @@ not Counterfactual attribute)::
     React-Score  = 0.3 S_r + 0.2 S_a + 0.2 S_d + 0.3 S_c               (Eq. 3)
 
 Record fields: ``task``, ``qtype`` ("MC" | "SA" | "YN"), ``mode`` ("standard" | "cot";
-aliases "std", "normal"), ``correct``, optional ``invalid`` (counted wrong, reported in
+aliases "std", "normal"; a record without one is standard, as the schema's ``mode`` defaults),
+``correct``, optional ``invalid`` (counted wrong, reported in
 ``invalid_rate``), and the task's breakdown field: ``dimension`` ("direct" |
 "commonsense" | "premise" | "absurd") for relational_erasure / counterfactual_attribute,
 ``hint`` ("none" | "location" | "operation") for alteration_tracing, ``count_setting``
@@ -25,10 +26,22 @@ Choices:
 * **Table 3's per-task Std/CoT columns are pooled accuracies**, not ``S_t^m`` (Qwen3.5-27B:
   the weighted sums of its columns give 60.8, its React-Score is 59.5), and its "Average"
   is the unweighted mean of the four task accuracies (48.0, 56.3, 79.9, 69.3 -> 63.4). We
-  report both. The evidence is mixed: for the two models run only with CoT, Eq. 3 over
-  their columns gives their React-Scores (65.25 for 65.3, Qwen3VL-32B-Thinking; 57.53 for
-  57.5, MiMO-VL-7B), as it would if the columns were S_t; for models run in both modes it
-  does not, so we read the columns as pooled accuracies.
+  report both. App. C.2 supports this reading: each column is 100 minus the unweighted
+  mean of that model's per-question hallucination rates in Tables 11-14 (Qwen3.5-27B,
+  Normal: its 13 Relational Erasure rates average 52.04, Table 3 gives 48.0; within 0.15 in
+  93 of the 96 model x mode x task cells, all 96 checked in this audit), an accuracy in
+  which each question counts once whatever its type (Eq. 1's 0.5 / 0.25 / 0.25 only if
+  half of a task's questions were short answers, which the React-Scores of the models run
+  in both modes rule out). That mean equals our pooled accuracy when every question is asked
+  of every image (12, 12, 12 and 8 per image by Table 2's counts; the built-in suite asks
+  every item of a task the same questions). Table 11 averages Relational Erasure over 13
+  columns although "Q1a and Q1b are viewed as one question" (19,140 QA = 1,595 images x
+  12): where Q1a and Q1b are asked of different numbers of images, the paper's column
+  weights them as two questions and our pooled accuracy by their counts; records carry no
+  question-template id, so we pool. Only the two models run with CoT alone fit Eq. 3 over
+  their columns (65.25 for 65.3, Qwen3VL-32B-Thinking; 57.53 for 57.5, MiMO-VL-7B), as if
+  the authors' React-Score had used the column in place of ``S_t`` where a mode is missing;
+  we apply Eq. 1 in every case.
 * **One mode only.** Eq. 2 averages both modes, yet Table 3 gives React-Scores for models
   run only with CoT (Qwen3VL-32B-Thinking, MiMO-VL-7B). ``S_t`` is therefore the mean over
   the modes present for that task; ``modes_used`` says which.
@@ -42,9 +55,13 @@ Choices:
   "exact-count queries and interval-based queries", §3.1; Table 4); the interval is part of
   the question. :func:`count_correct` scores an exact query by equality and an interval
   query by whether the answer lies in the question's ground-truth interval, inclusive at
-  both ends (an answered interval must equal it). The runner applies this rule
-  (:func:`evaluators.query.to_record`), reading "between 3 and 5" / "3 to 5" / "3-5" as an
-  answered interval (:func:`evaluators.answers.parse_count`).
+  both ends (an answered interval must equal it). The runner applies this rule to interval
+  queries (:func:`evaluators.query.to_record`, answer kind "interval"), reading "between 3
+  and 5" / "3 to 5" / "3-5" as an answered interval (:func:`evaluators.answers.parse_count`).
+  An exact query (answer kind "number": the built-in suite's and users' short-answer
+  counts) reads a stated range as that range, so "between 3 and 5" is wrong for a ground
+  truth of 3, as ``count_correct(..., "exact")`` has it (the paper asks for "the exact
+  quantity", §3.1); until session 36 the runner took its first number, and it was right.
 * **Short answers (SA) are scored by keywords, not by the paper's LLM judge** (App. C.1,
   Fig. 24): no judge model runs here. An answer is right when it says every word of the
   ground truth or of one of its ``synonyms``, each word counted only where neither of the
@@ -60,6 +77,12 @@ Choices:
   MC; "location" / "operation" SA only; dimension "absurd" MC only; the paper does not say
   which types each of Table 4's columns holds), so compare a breakdown cell between arms,
   not across cells; ``by_qtype`` gives the per-type accuracies.
+* **Multiple-choice and yes/no answers are read by rule**, not judged: App. C.1 grades
+  "across all question types" with an LLM judge (Fig. 24); the runner reads an option
+  letter or a unique option text (:func:`evaluators.answers.parse_option`) and yes/no as
+  :func:`evaluators.answers.parse_yes_no` does ("yes" without "no" and vice versa). An answer
+  these rules cannot read ("There isn't a fork.") is invalid, and so wrong, where a judge
+  would read it; ``invalid_rate`` says how many.
 * **Chain-of-thought answers** are read from what follows their closing "answer is" /
   "final answer:" when that part is readable (:func:`evaluators.answers.answer_tail`).
 """
@@ -126,11 +149,23 @@ def _is_correct(r: Mapping[str, Any]) -> bool:
     return bool(r["correct"]) and not r.get("invalid", False)
 
 
+#: A record field's value where the record has none: a question without ``mode`` was asked
+#: in the standard mode (the schema's default, :mod:`.schema`). Until this audit such
+#: records were in no mode, so S_t, React-Score and the per-mode accuracies left them out
+#: while ``n`` and the breakdowns counted them (a file without modes scored NaN).
+_DEFAULTS = {"mode": "standard"}
+
+
+def _value(r: Mapping[str, Any], field: str) -> Any:
+    return r.get(field, _DEFAULTS.get(field))
+
+
 def _matches(r: Mapping[str, Any], filters: Mapping[str, Any]) -> bool:
     for field, wanted in filters.items():
         if wanted is None:
             continue
-        if field not in r or _norm(field, r[field]) != _norm(field, wanted):
+        value = _value(r, field)
+        if value is None or _norm(field, value) != _norm(field, wanted):
             return False
     return True
 
@@ -173,7 +208,7 @@ def task_mode_score(records: Sequence[Mapping[str, Any]], task: str, mode: str) 
 
 
 def _modes_present(records: Sequence[Mapping[str, Any]], task: str) -> list[str]:
-    present = {_norm("mode", r["mode"]) for r in records if "mode" in r and _matches(r, {"task": task})}
+    present = {_norm("mode", _value(r, "mode")) for r in records if _matches(r, {"task": task})}
     return [m for m in MODES if m in present]
 
 

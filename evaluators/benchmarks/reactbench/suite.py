@@ -49,8 +49,12 @@ how it copes with unfamiliar phrasing as much as the inducing cue -- read them p
 dimension (``results.json`` ``details.breakdown``), and on real models. Only the standard
 mode is built by default; ``modes=("standard", "cot")`` adds chain-of-thought prompts
 (the question followed by "think step by step , then give the final answer ."), for
-models that can reason. Records: ``task``, ``qtype``, ``mode`` and the task's breakdown
-field.
+models that can reason. That instruction is ours, in the suite's lowercase style: the
+paper *prepends* a longer one to the question (App. B.4: "You are an expert visual
+reasoning assistant ... Conclude your response by explicitly stating the final answer in a
+standalone sentence."), so a chain-of-thought run of this suite is not the paper's prompt;
+users' files carry their own question text. Records: ``task``, ``qtype``, ``mode`` and the
+task's breakdown field.
 """
 
 from __future__ import annotations
