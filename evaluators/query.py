@@ -146,8 +146,11 @@ def _parse(query: Query, text: str) -> Any:
         return parse_yes_no(text)
     if query.kind == "option":
         return parse_option(text, query.options or [])
-    if query.kind == "number":  # a count: "there are no forks" is 0
-        return count_value(text)
+    if query.kind == "number":  # a count: "there are no forks" is 0; a stated range ("between 3
+        # and 5") is read as the range, so it is wrong, not its first number (ReactBench Sec. 3.1
+        # asks for "the exact quantity"; reactbench.metrics.count_correct's exact rule)
+        stated = parse_count(text)
+        return stated if isinstance(stated, tuple) else count_value(text)
     if query.kind == "interval":  # a count, or the range the answer states
         return parse_count(text)
     if query.kind == "choice":
