@@ -59,6 +59,65 @@ from hooks.cache import PromptCache, cache_of
 GENERATE_ENCODER = "_prepare_multimodal_encoder_kwargs_for_generation"
 _MARK = "_contrast_branches"  # instance attribute marking a model with branches attached
 
+_GUIDANCE_CODES: frozenset | None = None  # code objects of transformers' classifier-free guidance processor
+
+
+def called_by_guidance(depth: int = 12) -> bool:
+    """Whether the forward being hooked was called by ``generate()``'s classifier-free
+    guidance (``guidance_scale != 1``): its logits processor runs the model a second time,
+    on an unconditional prompt (the last token, or ``negative_prompt_ids``), from inside
+    the decoding loop. Found by the processor's code objects among the few frames above
+    the hook (every method of the class, so a renamed method is still found)."""
+    global _GUIDANCE_CODES
+    if _GUIDANCE_CODES is None:
+        try:
+            from transformers.generation.logits_process import UnbatchedClassifierFreeGuidanceLogitsProcessor as cls
+        except ImportError:  # a transformers without it: nothing can call the model this way
+            _GUIDANCE_CODES = frozenset()
+        else:
+            _GUIDANCE_CODES = frozenset(v.__code__ for v in vars(cls).values() if inspect.isfunction(v))
+    if not _GUIDANCE_CODES:
+        return False
+    frame = sys._getframe(1)
+    for _ in range(depth):
+        if frame is None:
+            return False
+        if frame.f_code in _GUIDANCE_CODES:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def refuse_guidance(what: str, why: str) -> None:
+    """A clear error for a forward of classifier-free guidance (:func:`called_by_guidance`)."""
+    if called_by_guidance():
+        raise ValueError(
+            f"guidance_scale: generate()'s classifier-free guidance runs the model a second time, on an "
+            f"unconditional prompt, from inside its logits processor, and {what} acts on every forward of the "
+            f"model, so it would act on that one too: {why}. Attached mitigations do not support it; leave "
+            "guidance_scale unset (or 1) and negative_prompt_ids out while they are attached")
+
+
+def verifies_drafts(kwargs: dict) -> bool:
+    """Whether a forward scores several drafted tokens (assisted or prompt-lookup decoding:
+    ``generate()`` asks for the logits of each, ``logits_to_keep`` > 1) -- generated tokens,
+    never part of the prompt -- rather than bringing more prompt."""
+    keep = kwargs.get("logits_to_keep")
+    return isinstance(keep, torch.Tensor) or (isinstance(keep, int) and keep > 1)
+
+
+def refuse_paged_cache(cache: Any, what: str) -> None:
+    """A clear error for continuous batching (``cache_implementation="paged"``, ``generate_batch``):
+    its cache has no per-row sequence length (``get_seq_length``) to tell a prompt from a
+    decoding step, and every request of the batch is packed into one row."""
+    if cache is not None and not callable(getattr(cache, "get_seq_length", None)):
+        raise ValueError(
+            f"cache_implementation='paged' (continuous batching, generate_batch()): {what} needs each sample in "
+            f"rows of its own and a cache that tells a prompt from a decoding step, and a "
+            f"{type(cache).__name__} packs every request into one row; use the default dynamic cache or "
+            "cache_implementation='static'")
+
+
 # per-row inputs of a VLM forward; position ids are (B, S) or (3|4, B, S) for M-RoPE
 ROW_INPUTS = ("input_ids", "inputs_embeds", "attention_mask", "token_type_ids", "mm_token_type_ids", "position_ids")
 Combine = Callable[[torch.Tensor, Sequence[torch.Tensor]], torch.Tensor]
@@ -316,6 +375,9 @@ class ContrastBranches:
         return {"image": _concat_outputs(outputs)}
 
     def _pre_forward(self, module: nn.Module, args: tuple, kwargs: dict):
+        refuse_guidance("a contrast branch", "the unconditional prompt has no image for the branch to distort or "
+                        "hide, and its forward would start over the state of the generation it runs inside")
+        refuse_paged_cache(cache_of(kwargs), "a contrast branch")
         if args:
             raise ValueError("contrast branches need keyword inputs: call model(**inputs) / model.generate(**inputs)")
         if kwargs.get("labels") is not None:
@@ -352,7 +414,14 @@ class ContrastBranches:
                         f"{first.keys.shape[0]} before the first forward (generate() does so for a static cache "
                         "with prefill_chunk_size): use one of the two, or a dynamic cache")
                 self._extend_reorder(cache)
-        elif self.state is None or self.state.rows != rows:
+        elif self.state is None:
+            # a cache filled before attach() (a cached prompt prefix), or under another handle: it
+            # holds no branch rows, and nothing here knows the image positions or the padding
+            raise ValueError(
+                "contrast branches: this forward continues a cache that no prefill filled while they were attached "
+                "(a prompt cached before attach(), or by another handle), so it holds no rows for the branches: "
+                "attach before the prompt runs, or run the whole prompt in generate()")
+        elif self.state.rows != rows:
             raise RuntimeError("contrast branches lost track of the batch: decoding step without a prefill")
         elif not self.state.cache.continues(cache):
             raise ValueError(
@@ -366,12 +435,18 @@ class ContrastBranches:
             if ids is not None and ids.shape[1] > 1 and image is not None:
                 # several new tokens over a filled cache: a later chunk of a chunked prefill
                 # (prefill_chunk_size) or a prompt continued over the cache -- its image
-                # tokens join those the image-free rows do not see, at their positions
+                # tokens join those the image-free rows do not see, at their positions --
+                # or drafted tokens to verify (assisted / prompt-lookup decoding): generated,
+                # never image, even a draft that repeats the image token's id (as a decoding
+                # step one token at a time leaves it in view)
                 past = int(cache.get_seq_length())
                 image = image[:, :past]
                 if image.shape[1] < past:
                     image = torch.nn.functional.pad(image, (0, past - image.shape[1]), value=False)
-                new_image = self.points.image_token_mask(ids, include_video=True).to(image.device)
+                if verifies_drafts(kwargs):
+                    new_image = torch.zeros(ids.shape, dtype=torch.bool, device=image.device)
+                else:
+                    new_image = self.points.image_token_mask(ids, include_video=True).to(image.device)
                 self.state.prompt_image_mask = torch.cat([image, new_image], dim=1)
 
         if prefill and kwargs.get("position_ids") is None and any(b.hide_image for b in self.branches):

@@ -52,6 +52,7 @@ Attribute) measure:
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -61,7 +62,7 @@ from hooks import BiasContext, HookGroup, ModelPoints, add_attention_bias
 from hooks.cache import PromptCache, cache_of
 
 from .base import Mitigation, register
-from .branches import Branch
+from .branches import Branch, refuse_guidance, refuse_paged_cache, verifies_drafts
 from .spans import Span, decode_with_offsets, find_prior_spans_between, spans_to_mask, user_spans
 from .vcd import _check_beta, cut_implausible
 
@@ -234,12 +235,36 @@ class PriorSuppression(Mitigation):
                     f"sentence at token {past}): use a larger prefill_chunk_size, or none")
             new_prompt(keys_now, whole)
 
+        def generated_without_cache(ids: torch.Tensor | None, kwargs: dict) -> bool:
+            """Whether this forward is ``generate(use_cache=False)``'s next step: the last
+            prompt again, with the tokens generated so far after it, one more than at the last
+            forward. Those tokens are never part of a span (as over a cache); finding the spans
+            anew in the whole sequence had suppressed a belief the model itself wrote, in
+            every step after it."""
+            prompt = state.get("ids")
+            if kwargs.get("use_cache") is not False or not state.get("without_cache") or ids is None or prompt is None:
+                return False
+            length = state.get("length", prompt.shape[1])
+            return (ids.shape[0] == prompt.shape[0] and ids.shape[1] == length + 1
+                    and torch.equal(ids[:, : prompt.shape[1]].to(prompt.device), prompt))
+
         def capture(module, args, kwargs):
+            refuse_guidance("prior suppression (context mode)", "that prompt's spans would replace the generated "
+                            "prompt's, so every later decoding step would run unsuppressed")
             ids = kwargs.get("input_ids")
             cache = cache_of(kwargs)
+            refuse_paged_cache(cache, "prior suppression (context mode)")
             if cache is None or cache.get_seq_length() == 0:  # a new prompt
-                # embeddings alone carry no text to find spans in: nothing to suppress
-                new_prompt(None if ids is None else self.span_mask(points, ids), ids)
+                if generated_without_cache(ids, kwargs):  # the same prompt, one more generated token
+                    state["length"] = ids.shape[1]
+                else:
+                    # embeddings alone carry no text to find spans in: nothing to suppress, said
+                    if ids is None:
+                        warnings.warn("prior suppression (context mode): this prompt came as inputs_embeds, with no "
+                                      "token ids to find belief / assertion spans in, so it runs unsuppressed; pass "
+                                      "input_ids to suppress its spans", stacklevel=2)
+                    new_prompt(None if ids is None else self.span_mask(points, ids), ids)
+                    state["without_cache"] = kwargs.get("use_cache") is False
                 state["prompt_forward"] = True
                 prompt_cache.filled(cache)
             else:  # a decoding step, or more prompt after a cached part (chunked prefill, a continued chat)
@@ -248,7 +273,15 @@ class PriorSuppression(Mitigation):
                         "prior suppression: this forward continues a cache that is not the one the last prompt "
                         "filled (a conversation continued after another call while attached); the spans found "
                         "belong to that call: continue a cache right after the call that made it")
-                prompt = "keys" in state and ids is not None and ids.shape[1] > 1 and not _verifies_drafts(kwargs)
+                if not prompt_cache.continues(cache):
+                    # no prompt forward filled it while attached (a prompt cached before attach(), or
+                    # under another handle): its spans were never looked for, let alone suppressed
+                    raise ValueError(
+                        "prior suppression (context mode): this forward continues a cache that no prompt forward "
+                        "filled while it was attached (a prompt cached before attach(), or by another handle), so "
+                        "the prompt's spans were neither found nor suppressed: attach before the prompt runs, or "
+                        "run the whole prompt in generate()")
+                prompt = "keys" in state and ids is not None and ids.shape[1] > 1 and not verifies_drafts(kwargs)
                 if prompt:
                     more_prompt(ids, int(cache.get_seq_length()))
                 state["prompt_forward"] = prompt
@@ -370,14 +403,19 @@ class PriorSuppression(Mitigation):
             hidden = kwargs.get("hidden_states", args[0] if args else None)
             if keys is None or hidden is None or hidden.shape[1] == 1:
                 return None
-            if not state.get("prompt_forward") or hidden.shape[1] != keys.shape[1]:
+            # the prompt's positions, and under generate(use_cache=False) the tokens generated after them
+            generated = hidden.shape[1] - keys.shape[1]
+            if not state.get("prompt_forward") or generated < 0 or (generated and hidden.shape[1] != state.get("length")):
                 # the span mask was found on the first forward's tokens; a later multi-token
                 # forward (prefill_chunk_size, a chat continued over its cache) is not those tokens
                 raise ValueError(f"prior suppression: a linear-attention layer got {hidden.shape[1]} positions that "
                                  f"are not the prompt whose spans were found ({keys.shape[1]} tokens): on a hybrid "
                                  "decoder context mode needs the whole prompt in one forward (no prefill_chunk_size, "
                                  "no continuation of a cached prompt)")
-            hidden = hidden * linear_keep(hidden.shape[0], hidden.dtype, hidden.device)
+            keep = linear_keep(hidden.shape[0], hidden.dtype, hidden.device)
+            if generated:
+                keep = torch.nn.functional.pad(keep, (0, 0, 0, generated), value=1.0)
+            hidden = hidden * keep
             if "hidden_states" in kwargs:
                 return args, {**kwargs, "hidden_states": hidden}
             return (hidden, *args[1:]), kwargs
@@ -420,14 +458,6 @@ def _check_spans(spans: Any) -> None:
                 isinstance(v, int) and not isinstance(v, bool) for v in item)
             if not (isinstance(item, str) or offsets):
                 raise ValueError(f"{shape}; row {row} holds {item!r:.100}")
-
-
-def _verifies_drafts(kwargs: dict) -> bool:
-    """Whether a forward scores several drafted tokens (assisted or prompt-lookup decoding:
-    ``generate()`` asks for the logits of each, ``logits_to_keep`` > 1) -- generated tokens,
-    never part of a span -- rather than bringing more prompt."""
-    keep = kwargs.get("logits_to_keep")
-    return isinstance(keep, torch.Tensor) or (isinstance(keep, int) and keep > 1)
 
 
 def _runs(mask: torch.Tensor) -> list[tuple[int, int]]:

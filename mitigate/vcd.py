@@ -47,7 +47,7 @@ import torch
 from hooks import HookGroup, ModelPoints
 
 from .base import Mitigation, register
-from .branches import Branch
+from .branches import Branch, refuse_guidance
 from .distortions import DISTORTIONS
 
 DISTORTION_NAMES = (*DISTORTIONS, "no_image")
@@ -179,6 +179,9 @@ class Plausibility(Mitigation):
         beta = self.beta
 
         def cut(module, args, kwargs, output):
+            refuse_guidance("the plausibility cut", "it would cut the unconditional logits too, and the guidance, "
+                            "which adds guidance_scale - 1 times their difference, would then lift every token "
+                            "plausible in one forward and not in the other by about (guidance_scale - 1) * 1e4")
             output.logits = cut_implausible(output.logits, output.logits, beta)
             return output
 

@@ -648,7 +648,7 @@ def test_output_mode_is_logit_minus_gamma_prior_on_the_plausible_set(model_type)
 @pytest.mark.parametrize("compact", [False, True])
 def test_a_prefill_from_embeddings_forgets_the_previous_prompts_spans(compact):
     """A new prompt given as embeddings (no ids to find spans in) is run unmitigated, not
-    with the spans of the prompt before it."""
+    with the spans of the prompt before it, and a warning says so (it had been silent)."""
     model = build_tiny_model("llava")
     inputs = tiny_inputs(model, batch_size=1, text_lengths=[7], seed=3)
     _, strings = _span_rows(inputs, resolve(model))
@@ -657,7 +657,8 @@ def test_a_prefill_from_embeddings_forgets_the_previous_prompts_spans(compact):
         plain = model(inputs_embeds=embeds).logits
         with attach(model, PriorSuppression(WordIds(), spans=strings, compact_positions=compact)):
             model(**inputs)  # finds its span
-            after = model(inputs_embeds=embeds).logits
+            with pytest.warns(UserWarning, match="inputs_embeds.*runs unsuppressed"):
+                after = model(inputs_embeds=embeds).logits
     torch.testing.assert_close(after, plain, rtol=0, atol=0)
 
 
@@ -895,3 +896,66 @@ def test_spans_of_the_wrong_shape_are_a_clear_error(spans, row):
     with pytest.raises(ValueError, match=f"one list per row.*{row}"):
         PriorSuppression(WordIds(), spans=spans)
     PriorSuppression(WordIds(), spans=[["I am certain."], [(0, 4)], []])  # each row's own form
+
+
+def test_context_mode_refuses_a_cache_filled_before_attach():
+    """A prompt cached before ``attach()`` (prefix caching: its belief ran unsuppressed)
+    and continued by ``generate()`` while attached: context mode found no spans and ran
+    every step unsuppressed, silently -- the logits were the plain model's. A clear error
+    now; the same prompt generated whole while attached still runs."""
+    from transformers import DynamicCache
+
+    model = build_tiny_model("llava")
+    inputs = tiny_inputs(model, batch_size=1, text_lengths=[7], seed=3)
+    spans = WordIds.middle_pair(model, inputs)
+    ids, mask, cut = inputs["input_ids"], inputs["attention_mask"], inputs["input_ids"].shape[1] - 2
+    cache = DynamicCache(config=model.config.get_text_config())
+    with torch.no_grad():
+        model(input_ids=ids[:, :cut], attention_mask=mask[:, :cut], pixel_values=inputs["pixel_values"], cache=cache,
+              use_cache=True)
+    with attach(model, PriorSuppression(WordIds(), spans=spans)), torch.no_grad():
+        with pytest.raises(ValueError, match="no prompt forward filled while it was attached"):
+            model.generate(input_ids=ids, attention_mask=mask, cache=cache, max_new_tokens=3, do_sample=False)
+        model.generate(**inputs, max_new_tokens=3, do_sample=False)
+
+
+def test_context_mode_without_a_cache_never_finds_spans_in_generated_tokens():
+    """``generate(use_cache=False)`` runs the prompt again at every step, with the tokens
+    generated so far after it. Context mode found the spans anew in that whole sequence, so a
+    belief the model itself wrote was suppressed in every later step -- which generate() over
+    its cache never does (generated tokens are never in a span): the two disagreed from the
+    step after it. On the organism, with a belief in the prompt (suppressed in both) and the
+    same belief forced into the answer, the logits are now those of the cached run at every
+    step, and the spans found are the prompt's alone."""
+    from evaluators.organism import ORGANISM_DIR, load_organism
+    from evaluators.organism.package import format_prompt
+    from evaluators.world import BIASED, World
+
+    if not (ORGANISM_DIR / "config.json").exists():
+        pytest.skip("organism checkpoint missing")
+    model, processor = load_organism()
+    tok = processor.tokenizer
+    inputs = processor(text=[format_prompt("i am sure there is no dog . describe the image .")],
+                       images=[World(BIASED).scene(10**9 + 58).render()], return_tensors="pt")
+    n = inputs["input_ids"].shape[1]
+    forced = tok(" i am sure there is no dog .", add_special_tokens=False).input_ids
+    everything = list(range(model.config.get_text_config().vocab_size))
+
+    def allow(row, ids):  # the answer starts with the belief, then the model goes on freely
+        return [forced[ids.shape[0] - n]] if ids.shape[0] - n < len(forced) else everything
+
+    options = dict(max_new_tokens=len(forced) + 4, min_new_tokens=len(forced) + 4, do_sample=False,
+                   prefix_allowed_tokens_fn=allow, output_logits=True, return_dict_in_generate=True)
+    mitigation = PriorSuppression(tok)
+    with attach(model, mitigation), torch.no_grad():
+        cached = model.generate(**inputs, **options)
+        prompt_spans = [list(row) for row in mitigation.found]
+        fresh = model.generate(**inputs, use_cache=False, **options)
+        assert mitigation.found == prompt_spans and len(prompt_spans[0]) == 1
+    with torch.no_grad():
+        plain = model.generate(**inputs, **options)
+    assert tok.decode(cached.sequences[0, n : n + len(forced)]).strip() == "i am sure there is no dog."
+    assert torch.equal(fresh.sequences, cached.sequences)
+    for step_cached, step_fresh in zip(cached.logits, fresh.logits):
+        torch.testing.assert_close(step_fresh, step_cached, rtol=0, atol=1e-4)
+    assert not torch.allclose(cached.logits[-1], plain.logits[-1], atol=1e-3)  # the prompt's belief is suppressed

@@ -773,3 +773,78 @@ def test_a_processor_that_forbids_the_whole_plausible_set_leaves_the_models_best
     assert int(allowed(free.logits[1][0]).sum()) == 1 and int(free.sequences[0, n + 1]) == eos  # only </s> allowed
     assert pad not in held[0, n:].tolist() and pad not in sampled[0, n : n + 4].tolist()
     assert int(held[0, n]) == int(free.sequences[0, n])  # before the constraint bites: VCD's token
+
+
+def test_classifier_free_guidance_is_a_clear_error_for_every_mitigation(llava):
+    """``generate(guidance_scale=...)`` runs the model a second time per step, on an
+    unconditional prompt, from inside its logits processor, and every mitigation's hooks
+    acted on that forward too: the contrast branches failed with "need keyword inputs" (the
+    caller did pass keywords), the plausibility cut also cut the unconditional logits (the
+    guidance then lifted tokens by ~(guidance_scale - 1) * 1e4), and prior suppression's
+    context mode took the unconditional prompt for a new one and dropped the generated
+    prompt's spans from the second step on. Each is now an error naming guidance_scale;
+    the handle stays usable, and a plain positional call outside the guidance still runs."""
+    from hooks.testing import WordIds
+
+    inputs = tiny_inputs(llava, batch_size=1, text_lengths=[7], seed=3)
+    spans = WordIds.middle_pair(llava, inputs)
+    plain = _gen(llava, inputs, do_sample=False)
+    for mitigation in (VCD(), VCD(distortion="no_image"), Plausibility(), PriorSuppression(mode="output"),
+                       PriorSuppression(WordIds(), spans=spans)):
+        with attach(llava, mitigation):
+            with pytest.raises(ValueError, match="guidance_scale"):
+                _gen(llava, inputs, do_sample=False, guidance_scale=1.5)
+            assert _gen(llava, inputs, do_sample=False).shape == plain.shape  # still usable
+    with attach(llava, Plausibility()), torch.no_grad():
+        llava(inputs["input_ids"][:, -3:])  # a positional text-only call of one's own is not guidance
+
+
+def test_a_cache_filled_before_attach_is_a_clear_error(llava):
+    """A prompt cached before ``attach()`` (prefix caching) and continued by ``generate()``
+    while attached has no branch rows: a clear error naming the cause, where it was a
+    RuntimeError that the hooks "lost track of the batch"."""
+    from transformers import DynamicCache
+
+    inputs = tiny_inputs(llava, batch_size=1, text_lengths=[7], seed=3)
+    ids, mask, cut = inputs["input_ids"], inputs["attention_mask"], inputs["input_ids"].shape[1] - 2
+    for mitigation in (VCD(), PriorSuppression(mode="output")):
+        cache = DynamicCache(config=llava.config.get_text_config())
+        with torch.no_grad():
+            llava(input_ids=ids[:, :cut], attention_mask=mask[:, :cut], pixel_values=inputs["pixel_values"],
+                  cache=cache, use_cache=True)
+        with attach(llava, mitigation), pytest.raises(ValueError, match="no prefill filled while they were attached"):
+            _gen(llava, {"input_ids": ids, "attention_mask": mask}, do_sample=False, cache=cache)
+
+
+def test_continuous_batching_is_a_clear_error(llava):
+    """``cache_implementation="paged"`` (continuous batching) packs every request into one
+    row of a ``PagedAttentionCache``, which has no ``get_seq_length``: the contrast branches
+    and context mode failed with an AttributeError from inside the hook (which transformers'
+    batching thread logs, returning no tokens); now a ValueError naming the option.
+    Plausibility, row-wise on each position's logits, needs neither and runs there."""
+    from hooks.testing import WordIds
+    from transformers.generation.continuous_batching.cache import PagedAttentionCache
+
+    paged = object.__new__(PagedAttentionCache)  # the real class; the hooks refuse it before the model reads it
+    inputs = tiny_inputs(llava, batch_size=1, text_lengths=[7], seed=3)
+    spans = WordIds.middle_pair(llava, inputs)
+    for mitigation in (VCD(), PriorSuppression(mode="output"), PriorSuppression(WordIds(), spans=spans)):
+        with attach(llava, mitigation), torch.no_grad(), pytest.raises(ValueError, match="cache_implementation='paged'"):
+            llava(**inputs, cache=paged)
+
+
+def test_drafts_that_repeat_the_image_token_stay_in_view_of_the_image_free_branch():
+    """Prompt-lookup (and assisted) decoding verifies several drafted tokens in one forward,
+    which the branches took for more prompt: a draft repeating the image token's id (copied
+    from the prompt; the tiny Gemma 3 generates it) was hidden from the image-free rows,
+    where a decoding step one token at a time leaves it in view -- the tokens differed from
+    plain greedy VCD. Drafts are generated tokens, never image: the same tokens now."""
+    model = build_tiny_model("gemma3")
+    inputs = tiny_inputs(model, batch_size=1, seed=2)
+    image_id, n = resolve(model).image_token_id, inputs["input_ids"].shape[1]
+    options = dict(max_new_tokens=10, min_new_tokens=10, do_sample=False, pad_token_id=0)
+    with attach(model, VCD(distortion="no_image")), torch.no_grad():
+        stepwise = model.generate(**inputs, **options)
+        drafted = model.generate(**inputs, prompt_lookup_num_tokens=3, **options)
+    assert image_id in stepwise[0, n:].tolist()  # the case: a generated token with the image token's id
+    assert torch.equal(drafted, stepwise)
