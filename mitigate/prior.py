@@ -268,12 +268,12 @@ class PriorSuppression(Mitigation):
                 state["prompt_forward"] = True
                 prompt_cache.filled(cache)
             else:  # a decoding step, or more prompt after a cached part (chunked prefill, a continued chat)
-                if "keys" in state and not prompt_cache.continues(cache):
-                    raise ValueError(
-                        "prior suppression: this forward continues a cache that is not the one the last prompt "
-                        "filled (a conversation continued after another call while attached); the spans found "
-                        "belong to that call: continue a cache right after the call that made it")
                 if not prompt_cache.continues(cache):
+                    if "keys" in state:
+                        raise ValueError(
+                            "prior suppression: this forward continues a cache that is not the one the last prompt "
+                            "filled (a conversation continued after another call while attached); the spans found "
+                            "belong to that call: continue a cache right after the call that made it")
                     # no prompt forward filled it while attached (a prompt cached before attach(), or
                     # under another handle): its spans were never looked for, let alone suppressed
                     raise ValueError(
