@@ -73,6 +73,54 @@ class PromptCache:
         """Whether ``cache`` is the one the last prompt forward filled."""
         return self._ref is not None and self._ref() is cache
 
+    def current(self) -> Any:
+        """That cache, while anything else still holds it; else ``None``."""
+        return None if self._ref is None else self._ref()
+
+
+def keep_first_rows(cache: Any, rows: int, total: int) -> bool:
+    """Cut ``cache`` in place to its first ``rows`` batch rows where its layers hold
+    ``total``; True when it was cut.
+
+    Contrast branches append their rows after the original ones, so a cache they filled
+    holds ``total = rows * (K + 1)``; cut back, it is the cache the unmitigated model
+    would hold after the same tokens (every row is computed independently), and plain
+    decoding can continue it. Done for dynamic caches -- full-attention, sliding-window
+    and indexed layers through transformers' own ``batch_select_indices``, the recurrent
+    and convolution states of linear-attention layers; shared-KV placeholders hold nothing. Not for static caches
+    (preallocated for ``total`` rows, and reused by the next ``generate()`` as they are),
+    quantized or offloaded ones, nor for a cache whose layers do not all hold ``total``
+    rows: those are left untouched (False)."""
+    import torch
+    from transformers.cache_utils import (BaseQuantizedLayer, DummyLayer, DynamicLayer, LinearAttentionCacheLayerMixin,
+                                          StaticLayer)
+
+    layers = getattr(cache, "layers", None)
+    if not layers or getattr(cache, "offloading", False) or rows <= 0 or total <= rows:
+        return False
+    cuts = []  # (layer, key/value tensors to cut?, linear-attention state dicts)
+    for layer in layers:
+        if isinstance(layer, DummyLayer):
+            continue  # a layer that reads another's keys and values (Gemma 4's shared KV) holds none
+        linear = isinstance(layer, LinearAttentionCacheLayerMixin)
+        if isinstance(layer, (BaseQuantizedLayer, StaticLayer)) or not (isinstance(layer, DynamicLayer) or linear):
+            return False  # static, quantized or unknown layers: not ours to reshape
+        kv = isinstance(layer, DynamicLayer) and layer.get_seq_length() > 0
+        if kv and layer.keys.shape[0] != total:
+            return False
+        states = [layer.conv_states, layer.recurrent_states] if linear else []
+        if any(t is not None and t.shape[0] != total for d in states for t in d.values()):
+            return False
+        cuts.append((layer, kv, states))
+    for layer, kv, states in cuts:
+        if kv:
+            layer.batch_select_indices(torch.arange(rows, device=layer.keys.device))
+        for d in states:
+            for key, t in d.items():
+                if t is not None:
+                    d[key] = t[:rows].clone()
+    return True
+
 
 def _weak(cache: Any) -> Callable[[], Any] | None:
     if cache is None:

@@ -76,7 +76,7 @@ class HookGroup:
 
     def __init__(self, name: str = "hooks") -> None:
         self.name = name
-        self._handles: list[Any] = []  # RemovableHandle | AttributePatch | NoAutoCompile
+        self._handles: list[Any] = []  # RemovableHandle | AttributePatch | NoAutoCompile | RemovalCallback
         self._closed = False  # its with-block has ended
 
     def _own(self, handle: Any) -> Any:
@@ -138,6 +138,13 @@ class HookGroup:
         if not NoAutoCompile.applies_to(model):
             return None
         return self._own(NoAutoCompile(model))
+
+    def on_remove(self, fn: Callable[[], None]) -> "RemovalCallback":
+        """Call ``fn()`` once when the group is removed, in reverse order of registration
+        like the hooks -- for state a hook leaves behind outside the model (contrast
+        branches cut the rows they added to the last call's KV cache)."""
+        self._check_open()
+        return self._own(RemovalCallback(fn))
 
     # -- removal ----------------------------------------------------------------------
     def remove(self) -> None:
@@ -207,6 +214,20 @@ def groups_on(model: nn.Module) -> list[HookGroup]:
                 found.append(group)
                 break
     return found
+
+
+class RemovalCallback:
+    """An owned callback run once by :meth:`HookGroup.remove`."""
+
+    def __init__(self, fn: Callable[[], None]) -> None:
+        self.fn = fn
+        self._removed = False
+
+    def remove(self) -> None:
+        if self._removed:
+            return
+        self.fn()
+        self._removed = True
 
 
 class AttributePatch:

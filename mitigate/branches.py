@@ -53,7 +53,7 @@ import torch
 from torch import nn
 
 from hooks import HookGroup, ModelPoints
-from hooks.cache import PromptCache, cache_of
+from hooks.cache import PromptCache, cache_of, keep_first_rows
 
 # generate()'s function that calls get_image_features before decoding (transformers >= 5.2)
 GENERATE_ENCODER = "_prepare_multimodal_encoder_kwargs_for_generation"
@@ -184,6 +184,7 @@ class ContrastBranches:
         # first of the model's forward hooks, whenever attached: any other (a plausibility cut
         # from another attach()) must only ever see the combined original rows
         group.add_forward_hook(model, self._post_forward, always_call=True, prepend=True)
+        group.on_remove(self._release)  # the last call's cache, handed back without the branch rows
         owner = model.base_model
         if any(b.needs_pixels for b in self.branches) and callable(getattr(owner, "get_image_features", None)):
             group.patch_attribute(owner, "get_image_features", self._wrap_encoder(owner.get_image_features))
@@ -393,6 +394,8 @@ class ContrastBranches:
             image = self.points.image_token_mask(ids, include_video=True) if ids is not None else None
             if any(b.hide_image for b in self.branches) and ids is None:
                 raise ValueError("an image-free branch needs input_ids to find the image tokens")
+            if self.state is not None and not self.state.cache.continues(cache):
+                self._release()  # the previous call's cache can no longer be continued here
             self.state = _CallState(rows, image)
             self.state.cache.filled(cache)
             has_pixels = bool(self.points.pixel_kwargs(kwargs)) or bool(kwargs.get("mm_encoder_outputs"))
@@ -484,6 +487,19 @@ class ContrastBranches:
             new["mm_encoder_outputs"] = self._expand_encoded(encoded, ids)
         self.forward_calls += 1
         return args, new
+
+    def _release(self) -> None:
+        """Forget the last call: its KV cache (if anything still holds it -- the
+        ``past_key_values`` of a ``generate()`` output) is cut back to the original rows
+        (:func:`hooks.cache.keep_first_rows`), so that after ``detach()`` plain decoding
+        continues it as the unmitigated model's cache of the same tokens -- a chat's next
+        turn, say. Under the hooks a continuation of it is refused as before (no prefill
+        filled it while they were attached); static, quantized and offloaded caches keep
+        their branch rows."""
+        state, self.state = self.state, None
+        cache = None if state is None else state.cache.current()
+        if cache is not None:
+            keep_first_rows(cache, state.rows, state.rows * (self.k + 1))
 
     def _positions_of_the_original(self, kwargs: dict) -> torch.Tensor | None:
         """M-RoPE positions of the original rows, for a forward that came without them.

@@ -735,3 +735,26 @@ def test_a_group_whose_block_has_ended_refuses_new_hooks():
     points.add_hook(explicit, "projector.output", lambda m, a, k, out: None)
     explicit.remove()
     assert hook_state(model) == before
+
+
+def test_removal_callbacks_run_once_in_reverse_order_and_a_failing_one_is_retried():
+    """``HookGroup.on_remove``: state a hook leaves outside the model is released with the
+    hooks -- once, in reverse order of registration; one that raises stays owned and the
+    next ``remove()`` retries it, as a hook that could not be removed does."""
+    calls, fail = [], [True]
+    group = HookGroup("callbacks")
+    group.on_remove(lambda: calls.append("first"))
+
+    def second():
+        if fail[0]:
+            raise OSError("not yet")
+        calls.append("second")
+
+    group.on_remove(second)
+    with pytest.raises(RuntimeError, match="1 hook"):
+        group.remove()
+    assert calls == ["first"] and group.active
+    fail[0] = False
+    group.remove()
+    group.remove()
+    assert calls == ["first", "second"] and not group.active

@@ -748,6 +748,90 @@ def test_a_cache_from_another_call_is_refused_and_a_manual_loop_runs(llava):
                   cache=first.cache, use_cache=True)
 
 
+def _continued(model, inputs, seq, cache=None, **kw):
+    """Plain greedy continuation of ``seq`` (the prompt of ``inputs`` and tokens after it):
+    over ``cache`` (which holds all of ``seq`` but its last token), or from scratch with the
+    prompt's image inputs, its per-token ones extended over the generated tokens (PaliGemma's
+    token types: 1, the suffix)."""
+    grow = seq.shape[1] - inputs["input_ids"].shape[1]
+    mask = torch.nn.functional.pad(inputs["attention_mask"], (0, grow), value=1)
+    extra = {}
+    if cache is None:
+        for name, value in inputs.items():
+            if name in ("input_ids", "attention_mask"):
+                continue
+            if value.dim() == 2 and value.shape == inputs["input_ids"].shape:
+                value = torch.nn.functional.pad(value, (0, grow), value=int(name == "token_type_ids"
+                                                                            and model.config.model_type == "paligemma"))
+            extra[name] = value
+    else:
+        extra["cache"] = cache
+    with torch.no_grad():
+        return model.generate(input_ids=seq, attention_mask=mask, max_new_tokens=3, do_sample=False, pad_token_id=0,
+                              output_scores=True, return_dict_in_generate=True, **extra, **kw)
+
+
+@pytest.mark.parametrize("model_type", TINY_MODEL_TYPES)
+def test_the_returned_cache_continues_plainly_after_detach(model_type):
+    """The KV cache a mitigated ``generate()`` returns held the branch rows after ``detach()``,
+    so continuing it (a chat's next turn) was a shape error from inside the model. Detaching
+    cuts it back to the caller's rows: plain decoding over it gives the tokens and scores of
+    the unmitigated model over the whole conversation without a cache -- on every family:
+    sliding-window layers (Gemma 3), shared-KV placeholders (Gemma 4), linear-attention
+    states (Qwen3.5), M-RoPE."""
+    model = build_tiny_model(model_type)
+    inputs = tiny_inputs(model, batch_size=2, text_lengths=[7, 5], seed=3)
+    with attach(model, VCD(distortion="no_image")), torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=3, do_sample=False, pad_token_id=0, return_dict_in_generate=True)
+        held = {layer.keys.shape[0] for layer in out.past_key_values.layers if getattr(layer, "keys", None) is not None
+                and layer.keys.dim() > 0}
+        assert held == {4}  # while attached: the caller's two rows and the branch's two
+    kept = _continued(model, inputs, out.sequences, cache=out.past_key_values)
+    fresh = _continued(model, inputs, out.sequences)
+    assert torch.equal(kept.sequences, fresh.sequences)
+    for a, b in zip(kept.scores, fresh.scores):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-4)
+
+
+def test_an_earlier_calls_cache_is_cut_when_the_next_prompt_runs(llava):
+    """Only the last call's cache can be continued under the hooks; an earlier one is cut
+    back as soon as another prompt runs (beam search's rows: batch x beams), is still
+    refused while attached, and continues plainly after detach."""
+    inputs = tiny_inputs(llava, batch_size=2, text_lengths=[7, 5], seed=3)
+    other = tiny_inputs(llava, batch_size=2, text_lengths=[4, 6], seed=4)
+    with attach(llava, VCD()), torch.no_grad():
+        beams = llava.generate(**inputs, max_new_tokens=3, num_beams=3, do_sample=False, pad_token_id=0,
+                               return_dict_in_generate=True).past_key_values
+        assert beams.layers[0].keys.shape[0] == 12  # 2 rows x 3 beams, twice
+        first = llava.generate(**inputs, max_new_tokens=3, do_sample=False, pad_token_id=0,
+                               return_dict_in_generate=True)
+        assert beams.layers[0].keys.shape[0] == 6
+        llava.generate(**other, max_new_tokens=2, do_sample=False, pad_token_id=0)
+        cache = first.past_key_values
+        assert cache.layers[0].keys.shape[0] == 2
+        mask = torch.nn.functional.pad(inputs["attention_mask"], (0, 3), value=1)
+        with pytest.raises(ValueError, match="continues a cache that is not"):
+            llava(input_ids=first.sequences[:, -1:], attention_mask=mask, cache=cache, use_cache=True)
+    kept = _continued(llava, inputs, first.sequences, cache=cache)
+    assert torch.equal(kept.sequences, _continued(llava, inputs, first.sequences).sequences)
+
+
+def test_a_static_cache_keeps_its_branch_rows():
+    """A static cache is allocated for the rows the first forward brings (the branches'
+    too) and reused as it is by the next ``generate()``: detaching leaves it untouched
+    (documented) rather than reshaping a cache transformers may hand back."""
+    from hooks.cache import keep_first_rows
+    from transformers import StaticCache
+
+    model = build_tiny_model("llava")
+    cache = StaticCache(config=model.config.get_text_config(), max_cache_len=8)
+    with torch.no_grad():
+        model.model.language_model(inputs_embeds=torch.zeros(4, 3, model.config.text_config.hidden_size),
+                                   cache=cache, use_cache=True)
+    assert not keep_first_rows(cache, 2, 4)
+    assert cache.layers[0].keys.shape[0] == 4
+
+
 def test_a_processor_that_forbids_the_whole_plausible_set_leaves_the_models_best_allowed_token():
     """On the organism a question whose plausible set is only the end token: under
     ``min_new_tokens`` an -inf cut left all -inf rows (greedy emitted <pad>, sampling
