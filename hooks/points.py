@@ -298,7 +298,8 @@ def _warn_guessed(adapter: Adapter, model: nn.Module) -> None:
 
     warnings.warn(
         f"model_type {adapter.model_type!r} ({type(model).__name__}) has no adapter in hooks/adapters: its modules "
-        f"were found by introspection, and its facts are guesses -- image inputs {list(adapter.image_inputs)}, video "
+        f"were found by introspection, and its facts are guesses -- pixel inputs {list(adapter.pixel_inputs)}, image "
+        f"inputs {list(adapter.image_inputs)}, video "
         f"token {adapter.video_token_id or 'none'}, multimodal RoPE {adapter.multimodal_rope}, pixel layout "
         f"{adapter.pixel_layout!r}; where its image tokens lie in the image is not known (localisation refuses). "
         "Add hooks/adapters/<model_type>.json (or hooks.register_adapter) to state them.", UserWarning, stacklevel=3)

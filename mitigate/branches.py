@@ -311,11 +311,11 @@ class ContrastBranches:
         return out
 
     def _wrap_encoder(self, original: Callable) -> Callable:
-        pixel_name = self.points.pixel_inputs[0]
-
         @functools.wraps(original)  # generate() reads the signature to pick the arguments
         def get_image_features(*args: Any, **kwargs: Any) -> Any:
             out = original(*args, **kwargs)
+            # the adapter's first pixel input this call has (Video-LLaVA's encoder takes pixel_values_images)
+            pixel_name = next((n for n in self.points.pixel_inputs if n in kwargs), None)
             # only generate()'s pre-encoding needs the branches' images: a forward's own
             # encoding sees pixels already expanded, and other callers (feature extraction,
             # get_video_features) get the plain output. Should transformers rename the
@@ -324,7 +324,7 @@ class ContrastBranches:
             # set by the pre-hook stayed set after a KeyboardInterrupt, which skips even
             # always_call hooks, so the next generate() lost its distorted images.)
             caller = sys._getframe(1).f_code.co_name
-            if caller != GENERATE_ENCODER or args or pixel_name not in kwargs:
+            if caller != GENERATE_ENCODER or args or pixel_name is None:
                 return out
             branches = []
             for branch in self.branches:

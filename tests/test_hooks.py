@@ -758,3 +758,77 @@ def test_removal_callbacks_run_once_in_reverse_order_and_a_failing_one_is_retrie
     group.remove()
     group.remove()
     assert calls == ["first", "second"] and not group.active
+
+
+def _unregistered(model_type: str, **config):
+    """A tiny random model of a family transformers ships and the adapter table does not
+    have (so resolve() introspects it)."""
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    torch.manual_seed(0)
+    return AutoModelForImageTextToText.from_config(AutoConfig.for_model(model_type, **config)).float().eval()
+
+
+_LLAMA = dict(model_type="llama", vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, pad_token_id=0,
+              bos_token_id=1, eos_token_id=2)
+
+
+def test_an_encoder_decoder_model_is_refused_by_name():
+    """Florence-2 (a BART language model): introspection took the encoder's layers for the
+    decoder's, with only the generic warning, and every contrast branch then failed with
+    "need input_ids or inputs_embeds" (generate() hands the forward decoder ids only). Now a
+    HookPointError that says encoder-decoder models are not supported."""
+    bart = dict(model_type="bart", vocab_size=256, d_model=32, encoder_layers=1, decoder_layers=1,
+                encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+                max_position_embeddings=256, pad_token_id=1, bos_token_id=0, eos_token_id=2)
+    vision = dict(depths=[1, 1], patch_size=[7, 3], patch_stride=[4, 2], patch_padding=[3, 1],
+                  patch_prenorm=[False, True], embed_dim=[16, 32], num_heads=[1, 2], num_groups=[1, 2], window_size=2,
+                  projection_dim=32, max_temporal_embeddings=4, max_position_embeddings=16)
+    model = _unregistered("florence2", text_config=bart, vision_config=vision, image_token_id=250)
+    with pytest.raises(HookPointError, match="encoder-decoder"):
+        resolve(model)
+
+
+def test_introspection_reads_the_pixel_and_per_image_inputs_from_the_forward(monkeypatch):
+    """Video-LLaVA's images come as ``pixel_values_images`` and Aria's with a ``pixel_mask``:
+    introspection had guessed ``pixel_values`` and no per-image input, so a contrast branch
+    left them at the caller's batch size (a raw shape error inside the vision tower, or a
+    distorted branch that never encoded its pixels). Now both are read from the forward's
+    parameters (and named in the warning); VCD at alpha 0 gives the plain logits and
+    tokens, and the distorted branch runs under generate()."""
+    import hooks.points as points_module
+    from mitigate import VCD, attach
+
+    monkeypatch.setattr(points_module, "_WARNED", set())
+    clip = dict(model_type="clip_vision_model", hidden_size=32, intermediate_size=64, projection_dim=32,
+                num_hidden_layers=2, num_attention_heads=4, image_size=32, patch_size=8)
+    video = _unregistered("video_llava", text_config=_LLAMA, vision_config=clip, image_token_index=250,
+                          video_token_index=251, image_seq_length=16, vision_feature_layer=-2)
+    ids = torch.tensor([[1, 5, 6] + [250] * 16 + [7, 8]] * 2)
+    video_inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids),
+                    "pixel_values_images": torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))}
+    aria = _unregistered(
+        "aria", image_token_index=250, projector_patch_to_query_dict={16: 4}, max_value_projector_patch_to_query_dict=16,
+        text_config=dict(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=8, moe_num_experts=2, moe_topk=1, moe_num_shared_experts=1,
+                         max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2),
+        vision_config=dict(model_type="idefics3_vision", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=4, image_size=32, patch_size=8))
+    ids = torch.tensor([[1, 5, 6] + [250] * 4 + [7, 8]] * 2)
+    aria_inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "pixel_values": torch.randn(2, 3, 32, 32),
+                   "pixel_mask": torch.ones(2, 32, 32, dtype=torch.bool)}
+    for model, inputs, pixels, per_image in ((video, video_inputs, "pixel_values_images", None),
+                                             (aria, aria_inputs, "pixel_values", "pixel_mask")):
+        with pytest.warns(UserWarning, match=rf"pixel inputs \[.*'{pixels}'"):
+            points = resolve(model)
+        assert pixels in points.pixel_inputs and (per_image is None or per_image in points.adapter.image_inputs)
+        with torch.no_grad():
+            plain = model(**inputs).logits
+            tokens = model.generate(**inputs, max_new_tokens=3, do_sample=False, pad_token_id=0)
+        for distortion in ("no_image", "diffusion_noise"):
+            with attach(model, VCD(alpha=0, distortion=distortion)), torch.no_grad():
+                torch.testing.assert_close(model(**inputs).logits, plain, rtol=0, atol=1e-5)
+                assert torch.equal(model.generate(**inputs, max_new_tokens=3, do_sample=False, pad_token_id=0), tokens)
+        with attach(model, VCD()), torch.no_grad():
+            model.generate(**inputs, max_new_tokens=3, do_sample=False, pad_token_id=0)

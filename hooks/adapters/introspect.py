@@ -16,8 +16,10 @@ from . import Adapter
 # inner ``model`` (the usual HF split into ``XModel`` + ``XForConditionalGeneration``).
 VISION_NAMES = ("vision_tower", "visual", "vision_model", "vision_encoder", "image_encoder", "vision", "image_tower")
 #: per-image inputs a model's forward may take beside its pixels
-IMAGE_INPUT_NAMES = ("image_sizes", "image_grid_thw", "pixel_attention_mask", "image_position_ids", "num_crops",
-                     "aspect_ratio_ids", "aspect_ratio_mask", "image_flags")
+IMAGE_INPUT_NAMES = ("image_sizes", "image_grid_thw", "pixel_attention_mask", "pixel_mask", "image_position_ids",
+                     "num_crops", "aspect_ratio_ids", "aspect_ratio_mask", "image_flags")
+#: a forward's pixel inputs are named so (``pixel_values``; Video-LLaVA's ``pixel_values_images``)
+PIXEL_INPUT_PREFIX = "pixel_values"
 PROJECTOR_NAMES = ("multi_modal_projector", "connector", "mm_projector", "merger", "projector", "mlp1",
                    "embed_vision")
 LANGUAGE_NAMES = ("language_model", "text_model", "llm", "decoder")
@@ -69,6 +71,16 @@ def introspect_adapter(model: nn.Module) -> Adapter:
     """Build an :class:`Adapter` for ``model`` by introspection, or raise :class:`HookPointError`."""
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", type(model).__name__)
+    text_config = getattr(config, "text_config", None)
+    if getattr(config, "is_encoder_decoder", False) or getattr(text_config, "is_encoder_decoder", False):
+        # generate() runs the encoder before the decoding loop and each forward then brings only
+        # decoder_input_ids: the mitigations act on a decoder-only language model's forward (the
+        # image tokens among the prompt ids), and a search for "the decoder's layers" finds the
+        # encoder's first (Florence-2's BART)
+        raise HookPointError(
+            f"model_type {model_type!r} ({type(model).__name__}) is an encoder-decoder model; the hooks and "
+            "mitigations support decoder-only language models, whose forward sees the prompt and its image "
+            "tokens at every step")
     roots = ("", "model") if isinstance(getattr(model, "model", None), nn.Module) else ("",)
 
     found: dict[str, str | None] = {}
@@ -119,11 +131,15 @@ def introspect_adapter(model: nn.Module) -> Adapter:
         )
     import inspect
 
-    accepted = set(inspect.signature(model.forward).parameters)
+    parameters = list(inspect.signature(model.forward).parameters)
+    accepted = set(parameters)
     video = tuple(n for n in ("video_token_id", "video_token_index") if getattr(config, n, None) is not None)
+    # the pixel inputs the forward takes, by name (a guess, said in resolve()'s warning):
+    # a pixel input the branches do not know would reach the model unexpanded
+    pixels = tuple(n for n in parameters if n.startswith(PIXEL_INPUT_PREFIX)) or ("pixel_values",)
     return Adapter(model_type=model_type, source="introspection", linear_attention=linear, token_layout="unknown",
                    video_token_id=video, image_inputs=tuple(n for n in IMAGE_INPUT_NAMES if n in accepted),
-                   **found)  # type: ignore[arg-type]
+                   pixel_inputs=pixels, **found)  # type: ignore[arg-type]
 
 
 def _accessor(model: nn.Module, name: str) -> nn.Module | None:
