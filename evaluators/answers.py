@@ -74,29 +74,62 @@ def tail_first(text: str, read: Callable[[str], Any], *, yes_no: bool = False) -
     return value if value not in (None, []) else read(text)
 
 
-#: Option letters in order: MIOH's selective questions list up to ten images plus "none of
-#: the above" (Sec. 3), so five letters (a-e) are not enough.
+#: Option letters in order: MIOH's image sets reach ten images (its NI condition), and a
+#: user's selective question may list each of them plus "none of the above", so five
+#: letters (a-e) are not enough (the built-in suite lists four images of an 8- or 10-image
+#: set, :mod:`evaluators.benchmarks.mioh.suite`).
 OPTION_LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 
+#: Markdown around an answer ("**B**", "`b`", "_image 2_"): read as the plain text.
+_DECORATION = re.compile(r"[*_`]+")
+#: Answers that say "in none of them" without the option's words: "None.", "None of them",
+#: "Neither", "No image contains a cup", "In none of the images".
+_SAYS_NONE = re.compile(r"^(?:none\b|neither\b|no\s+images?\b|in\s+none\b|not\s+in\s+any\b)")
+
+
 def parse_option(text: str, options: Sequence[str], letters: Sequence[str] = OPTION_LETTERS) -> str | None:
-    """The chosen option letter: a lone letter token ("b", "b)", "(B)"), else a unique option text."""
+    """The chosen option letter: a lone letter token ("b", "b)", "(B)", "[B]", "**B**"), an
+    "option B" lead or a closing "the answer is (option) B" / "the correct option is B" /
+    "... is B", else a unique option text. An answer that names no option and says "none"
+    ("None.", "Neither", "No image contains a cup") is the option that starts with "none"
+    ("none of the above"), when exactly one does; one that starts with "no" is the one
+    option starting with "no" ("No, in none of them"), when there is exactly one.
+
+    The papers give no parsing rule (MIOH Sec. 5: temperature 0, nothing on reading the
+    options); these are the forms VLMEvalKit's option matching also accepts (DESIGN.md §4),
+    kept strict: a letter that could be an article or a pronoun (a, i) is read only where
+    it stands alone or in brackets, and an answer naming two options is unreadable."""
     if len(options) > len(letters):
         raise ValueError(f"options: {len(options)} options but only {len(letters)} letters to name them")
-    lowered = text.lower().strip()
+    lowered = _DECORATION.sub("", text).lower().strip()
     valid = [l.lower() for l in letters[: len(options)]]
-    # a letter leads the answer ("b", "b)", "(b) a fork", "b. a fork", "b\n<reasons>", "b the
-    # fork"; but "a fork" starts with an article and "i think" with a pronoun, not the letters
-    # a and i), or closes it ("the answer is (b).", "answer: b")
-    letter = (re.match(r"^\(([a-z])\)", lowered) or re.match(r"^([a-z])(?:[.):,]|\s*$|[ \t]*\n|\s*[-\u2013\u2014])", lowered)
+    # a letter leads the answer ("b", "b)", "(b) a fork", "[b]", "b. a fork", "b\n<reasons>",
+    # "b the fork", "option b: image 2"; but "a fork" starts with an article and "i think"
+    # with a pronoun, not the letters a and i), or closes it ("the answer is (b).", "answer:
+    # b", "the correct option is b.", "i think it's b")
+    letter = (re.match(r"^[(\[]([a-z])[)\]]", lowered)
+              or re.match(r"^([a-z])(?:[.):,]|\s*$|[ \t]*\n|\s*[-\u2013\u2014])", lowered)
               or re.match(r"^([b-hj-z])\s", lowered)
-              or re.search(r"\banswer(?:\s+is)?\s*:?\s*\(?([a-z])\)?\s*[.!]?\s*$", lowered))
-    if letter and letter.group(1) in valid:
-        return letter.group(1)
+              or re.match(r"^(?:option|choice)\s*[(\[]?([a-z])(?![a-z])", lowered)
+              or re.search(r"\b(?:answer|option|choice)(?:\s+is)?\s*:?\s*[(\[]?([a-z])[)\]]?\s*[.!]?\s*$", lowered)
+              or re.search(r"\b(?:is|it['\u2019]?s)\s+(?:[(\[]([a-z])[)\]]|([b-hj-z]))\s*[.!]?\s*$", lowered))
+    chosen = letter and next(g for g in letter.groups() if g)
+    if chosen in valid:
+        return chosen
     # whole words only: "image 1" is not said by "image 10"
     hits = [valid[i] for i, opt in enumerate(options)
             if opt and re.search(rf"(?<!\w){re.escape(opt.lower())}(?!\w)", lowered)]
-    return hits[0] if len(hits) == 1 else None
+    if len(hits) == 1:
+        return hits[0]
+    if hits:
+        return None
+    first = words(lowered)[:1]
+    starts = [valid[i] for i, opt in enumerate(options) if opt and words(opt)[:1] == ["none"]]
+    if _SAYS_NONE.match(lowered) and len(starts) == 1:
+        return starts[0]
+    starts = [valid[i] for i, opt in enumerate(options) if opt and words(opt)[:1] == ["no"]]
+    return starts[0] if first == ["no"] and len(starts) == 1 else None
 
 
 def _count_words(text: str) -> list[str]:

@@ -82,6 +82,25 @@ def test_option_letters_are_not_articles(text, expected):
     assert parse_option(text, ["neither", "a knife reading a book", "a fork"]) == expected
 
 
+@pytest.mark.parametrize("text, expected", [
+    # forms that had been unreadable, so scored wrong (MIOH audit, session 37)
+    ("**B**", "b"), ("`b`", "b"), ("[B]", "b"), ("Option B", "b"), ("option (c): image 3", "c"),
+    ("The correct option is B.", "b"), ("The answer is option B.", "b"), ("I think it's B", "b"), ("It is (a).", "a"),
+    ("None.", "d"), ("None of them.", "d"), ("Neither", "d"), ("No image contains a cup.", "d"),
+    ("In none of the images.", "d"),
+    # still unreadable: two options named, a sentence cut off at an article, a number inside another
+    ("Neither image 1 nor image 2", None), ("the cup is a", None), ("it is in image 10", None), ("No.", None),
+])
+def test_option_forms_models_write(text, expected):
+    assert parse_option(text, ["image 1", "image 2", "image 3", "none of the above"]) == expected
+
+
+def test_a_bare_no_is_the_one_option_that_starts_with_no():
+    options = ["Yes, in image 1", "Yes, in image 2", "No, in none of them"]
+    assert parse_option("No", options) == "c" and parse_option("No.", options) == "c"
+    assert parse_option("No", ["no dog", "no cat"]) is None  # two such options: unreadable
+
+
 def test_choice_skips_denied_mentions_and_contractions_negate():
     from evaluators.answers import keywords_found
 

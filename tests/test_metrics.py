@@ -638,7 +638,9 @@ def test_mioh_table():
     out = mioh.mioh_table(records_mioh())
     ex, ct = out["by_task"]["existence"], out["by_task"]["counting"]
     assert ex["easy"] == 75.0 and ex["HN"] == 50.0 and ex["NI"] == 0.0 and isnan(ex["LC-S"])  # NI: NI(8)
-    assert ex["avg"] == pytest.approx(60.0)            # pooled 6/10, not the column mean 58.3
+    # Avg pools Table 1's questions (NI at 8 images): 4/8, not the column mean 41.7; every
+    # NI question pooled is avg_all (6/10), which Avg was until session 37
+    assert ex["avg"] == pytest.approx(50.0) and ex["avg_all"] == pytest.approx(60.0)
     assert ct["avg"] == pytest.approx(100 * 2 / 12)
     by_qtype = out["by_qtype"]["existence"]      # easy 3/4 + HN 1/2 comprehensive; NI 2/4 selective
     assert by_qtype["comprehensive"] == pytest.approx(100 * 4 / 6) and by_qtype["selective"] == 50.0
@@ -649,8 +651,9 @@ def test_mioh_table():
     assert out["conditions"]["HN"]["macro"] == pytest.approx(25.0)    # (50 + 0) / 2
     assert isnan(out["conditions"]["LC-I"]["pooled"]) and isnan(out["conditions"]["LC-I"]["macro"])
     assert out["ni_by_count"][2] == 100.0 and out["ni_by_count"][8] == 0.0 and isnan(out["ni_by_count"][10])
-    assert out["overall"] == pytest.approx(100 * 8 / 22)
-    assert out["overall_macro"] == pytest.approx((60 + 100 * 2 / 12) / 2)
+    assert out["overall"] == pytest.approx(100 * 6 / 20) and out["overall_all"] == pytest.approx(100 * 8 / 22)
+    assert get_metric("mioh.overall").fn(records_mioh()) == pytest.approx(30.0)
+    assert out["overall_macro"] == pytest.approx((50 + 100 * 2 / 12) / 2)
     assert out["invalid_rate"] == pytest.approx(100 / 22)
     assert get_metric("mioh.hn").fn(records_mioh()) == pytest.approx(10.0)
     # Table 1's NI column is NI(8) (Sec. 5.3's 24.2 = the mean of its Overall NI cells);
@@ -701,6 +704,8 @@ def test_mioh_decomposition_compares_with_the_direct_questions_of_the_decomposed
           row("existence", True, decomposed=True)]
     out = mioh.decomposition_by_qtype(rs)["selective"]
     assert out["direct"] == 50.0 and out["decomposed"] == 100.0 and out["gap"] == 50.0
+    # the registered gap has the same baseline (it had pooled the counting questions too: 75)
+    assert get_metric("mioh.decomposition_gap").fn(rs) == 50.0
 
 
 def test_causal_halbench_chair_on_counterfactual_images_apart():

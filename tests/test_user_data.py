@@ -251,6 +251,24 @@ def test_mioh_questions_with_ten_images_are_scored(tmp_path):
     assert to_record(q, "k")["parsed"] == "k"
 
 
+def test_mioh_per_image_answers_are_said_to_go_unasked(tmp_path):
+    """``per_image_answers`` was documented "for the decomposed single-image ablation" and
+    read by nothing: mioh.ni_decomposed came out empty without a word. The loader now warns."""
+    _png(tmp_path / "s.png")
+    record = {"id": 1, "task": "existence", "question_type": "selective", "condition": "NI",
+              "images": ["s.png", "s.png"], "question": "In which image is there a dog?",
+              "options": ["Image 1", "Image 2", "None of the above"], "answer": "a"}
+    (tmp_path / "plain.jsonl").write_text(json.dumps(record))
+    (tmp_path / "mioh.jsonl").write_text(json.dumps({**record, "per_image_answers": [True, False]}))
+    with pytest.warns(UserWarning, match="per_image_answers.*decomposed_accuracy"):
+        assert len(PROTOCOLS["mioh"](tmp_path / "mioh.jsonl")) == 1
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        PROTOCOLS["mioh"](tmp_path / "plain.jsonl")
+
+
 def test_vlm_eval_reads_the_data_before_loading_the_model(tmp_path, monkeypatch, capsys):
     """A bad --data (a missing file, a benchmark given twice) is a usage message at once, not
     after minutes of loading a model."""

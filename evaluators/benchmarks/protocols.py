@@ -11,6 +11,7 @@ Prompt wording for HalluSegBench boxes/masks is configurable (``SEGMENT_PROMPT``
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 from typing import Callable
 
@@ -136,10 +137,18 @@ def _keywords(answer, r: dict, path) -> list[str]:
 def mioh(path: str | Path) -> list[Query]:
     from .mioh import load
 
+    records = load(path)
+    given = sum(r.get("per_image_answers") is not None for r in records)
+    if given:
+        warnings.warn(f"{path}: {given} MIOH record(s) carry per_image_answers, which the runner does not ask "
+                      "(the §5.5 decomposed questions need each question's object; the built-in suite asks them): "
+                      "mioh.ni_decomposed and mioh.decomposition_gap stay empty for this data; score your own "
+                      "per-image answers with evaluators.benchmarks.mioh.metrics.decomposed_accuracy",
+                      UserWarning, stacklevel=2)
     return [Query(f"mioh-{r['id']}", "mioh", list(r["images"]), r["question"], "option", _letter(r, path),
                   {"task": r["task"], "qtype": r["question_type"], "condition": r["condition"],
                    "n_images": len(r["images"])}, options=r["options"], problem=r["_problem"])
-            for r in load(path)]
+            for r in records]
 
 
 def _yes_no(r: dict, path) -> str:

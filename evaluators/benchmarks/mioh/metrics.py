@@ -19,6 +19,11 @@ Choices:
 
 * **Task "Avg" is question-weighted** (pooled over the task's questions): Table 1's Avg is
   not the plain mean of its six condition columns (GPT-5 existence: mean 73.0, Avg 73.5).
+  It pools **Table 1's questions**, NI at 8 images only, as its NI column is: the paper does
+  not say which NI questions its Avg pools, and our suite's NI(2), NI(4) and NI(10) sets
+  (Fig. 3's sweep) had made NI about 44% of every Avg and of ``overall``. The same with
+  every NI question is ``avg_all`` / ``overall_all`` (session 37; before it, ``avg`` and
+  ``mioh.overall`` were these).
 * **Condition scores across tasks** (§5.3: "on Hard Positives ... 40.9%") are pooled over
   all questions of the condition (``pooled``); the macro mean over the four tasks is given
   beside it (``macro``). The paper's per-model figures are not the macro mean of its task
@@ -41,7 +46,12 @@ Choices:
   least one but not all, because the options are mutually exclusive. If any per-image
   answer is unreadable the combination is unreadable (wrong, invalid): the paper never
   lets decomposition answer "I don't know". The "Which of the following objects appears
-  in all of these images?" form combines per option (:func:`combine_which_in_all`).
+  in all of these images?" form combines per option (:func:`combine_which_in_all`). That
+  exact-option rule is for records a user scores with :func:`decomposed_accuracy` (Fig. I's
+  four options); the built-in suite asks the comprehensive question as yes / no ("is there
+  ... in any of these images?") and combines by presence, "yes" when any image says yes
+  (:func:`evaluators.benchmarks.mioh.suite.assemble`, §5.5's "combining the answers to
+  determine overall presence").
 """
 
 from __future__ import annotations
@@ -97,8 +107,9 @@ def _parse(r: Mapping[str, Any]) -> tuple[str, str, str, int | None, bool, bool]
 
 
 def accuracy(records: Iterable[Mapping[str, Any]], task: str | None = None, qtype: str | None = None,
-             condition: str | None = None, n_images: int | None = None) -> float:
-    """Pooled accuracy (%) of the records matching every given filter; NaN if none match."""
+             condition: str | None = None, n_images: int | None = None, table: bool = False) -> float:
+    """Pooled accuracy (%) of the records matching every given filter; NaN if none match.
+    ``table``: Table 1's questions only, NI at :data:`PAPER_NI_IMAGES` images (module docstring)."""
     condition = normalise_condition(condition) if condition is not None else None
     hits = n = 0
     records = [r for r in records if not r.get("decomposed")]  # the §5.5 ablation is scored apart
@@ -106,6 +117,8 @@ def accuracy(records: Iterable[Mapping[str, Any]], task: str | None = None, qtyp
         if task not in (None, t) or qtype not in (None, q) or condition not in (None, c):
             continue
         if n_images is not None and k != n_images:
+            continue
+        if table and c == "NI" and k != PAPER_NI_IMAGES:
             continue
         n += 1
         hits += ok
@@ -115,8 +128,7 @@ def accuracy(records: Iterable[Mapping[str, Any]], task: str | None = None, qtyp
 def table_accuracy(records: Iterable[Mapping[str, Any]], task: str | None = None, qtype: str | None = None,
                    condition: str | None = None) -> float:
     """:func:`accuracy` as Table 1's columns read: the NI column is NI(8) (module docstring)."""
-    ni = condition is not None and normalise_condition(condition) == "NI"
-    return accuracy(records, task, qtype, condition, PAPER_NI_IMAGES if ni else None)
+    return accuracy(records, task, qtype, condition, table=True)
 
 
 def condition_score(records: Sequence[Mapping[str, Any]], condition: str) -> dict[str, float]:
@@ -132,14 +144,17 @@ def condition_score(records: Sequence[Mapping[str, Any]], condition: str) -> dic
 def mioh_table(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Table 1 and Fig. 3 for one model.
 
-    ``by_task[task][condition]`` plus ``["avg"]`` (pooled over the task); ``by_qtype[task][qtype]``;
+    ``by_task[task][condition]`` plus ``["avg"]`` (pooled over the task's Table 1 questions)
+    and ``["avg_all"]`` (every NI question too); ``by_qtype[task][qtype]`` (every question);
     ``by_task_qtype_condition[task][qtype][condition]``; ``conditions[condition]`` (pooled and
-    macro across tasks); ``ni_by_count[k]``; ``overall`` (pooled) and ``overall_macro`` (mean of
-    task averages); ``invalid_rate``; ``n``."""
+    macro across tasks); ``ni_by_count[k]``; ``overall`` (pooled over Table 1's questions),
+    ``overall_all`` and ``overall_macro`` (mean of task averages); ``invalid_rate`` and ``n``
+    over every question."""
     records = [r for r in records if not r.get("decomposed")]
     by_task = {t: {c: table_accuracy(records, task=t, condition=c) for c in CONDITIONS} for t in TASKS}
     for t in TASKS:
-        by_task[t]["avg"] = accuracy(records, task=t)
+        by_task[t]["avg"] = table_accuracy(records, task=t)
+        by_task[t]["avg_all"] = accuracy(records, task=t)
     task_avgs = [by_task[t]["avg"] for t in TASKS if not math.isnan(by_task[t]["avg"])]
     parsed = [_parse(r) for r in records]
     return {
@@ -150,7 +165,8 @@ def mioh_table(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "conditions": {c: condition_score(records, c) for c in CONDITIONS},
         "ni_by_count": {k: accuracy(records, condition="NI", n_images=k) for k in N_IMAGES},
         "ni_all": accuracy(records, condition="NI"),
-        "overall": accuracy(records),
+        "overall": table_accuracy(records),
+        "overall_all": accuracy(records),
         "overall_macro": sum(task_avgs) / len(task_avgs) if task_avgs else math.nan,
         "invalid_rate": _pct(sum(p[5] for p in parsed), len(parsed)),
         "n": len(parsed),
@@ -164,7 +180,7 @@ def details(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     (:func:`decomposition_by_qtype`)."""
     table = mioh_table(records)
     out = {k: table[k] for k in ("by_task", "by_qtype", "by_task_qtype_condition", "ni_by_count", "ni_all",
-                                 "overall_macro")}
+                                 "overall_all", "overall_macro")}
     out["decomposition"] = decomposition_by_qtype(records)
     return out
 
@@ -276,8 +292,9 @@ def instructional_override(records) -> float:
 
 @metric("mioh.overall", "mioh", None, True, "pooled")
 def overall(records) -> float:
-    """Accuracy (%) over all questions."""
-    return accuracy(list(records))
+    """Accuracy (%) over Table 1's questions (NI at 8 images; every question is
+    ``details["overall_all"]``)."""
+    return table_accuracy(list(records))
 
 
 __all__ = [
@@ -330,7 +347,8 @@ def ni_decomposed(records) -> float:
     """Accuracy (%) of the decomposed NI sets (each image asked alone; records with
     ``decomposed=True``), the §5.5 ablation beside :func:`number_of_images`: the per-image
     answers combined into the *selective* answer, right exactly when every per-image answer
-    of the set is right. One unit per set: the comprehensive combination of the same answers
+    about the images the question lists is right (an 8- or 10-image set's question lists 4 of
+    them, :mod:`evaluators.benchmarks.mioh.suite`; answers about the others do not count). One unit per set: the comprehensive combination of the same answers
     ("yes" when any image says yes, §5.5's own) is lenient and would count each answer
     twice, so it is reported apart (``details["decomposition"]``)."""
     rows = _decomposed_ni(list(records), "selective")
@@ -348,4 +366,7 @@ def decomposition_gap_ni(records) -> float:
     better (VCD on the organism narrows it by breaking the per-image answers). Whether the
     multi-image mechanism is fixed is read from ``mioh.ni`` and ``mioh.ni_decomposed``."""
     records = list(records)
-    return ni_decomposed(records) - accuracy(records, qtype="selective", condition="NI")
+    # the direct baseline of details["decomposition"]["selective"]: the decomposed tasks only
+    tasks = {_parse(r)[0] for r in _decomposed_ni(records, "selective")}
+    direct = accuracy([r for r in records if _parse(r)[0] in tasks], qtype="selective", condition="NI")
+    return ni_decomposed(records) - direct

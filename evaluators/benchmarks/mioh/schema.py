@@ -15,7 +15,9 @@ SCHEMA = (
     Field("options", list, doc="option texts, in letter order (the last is often 'None of the above')"),
     Field("answer", str, doc="the correct option letter"),
     Field("per_image_answers", list, optional=True,
-          doc="ground truth per image, for the decomposed single-image ablation"),
+          doc="ground truth per image, kept for your own §5.5 analysis (decomposed_accuracy): the "
+              "runner asks no decomposed questions of user data (it would need each question's object), "
+              "and says so when the field is given"),
 )
 
 
