@@ -265,6 +265,21 @@ def test_mioh_decomposition_reads_only_the_images_the_selective_question_lists()
     assert comprehensive["combined"] in ("some", "all")  # the comprehensive question asks about every image
 
 
+def test_mioh_a_set_with_an_unreadable_image_is_left_out_of_both_forms():
+    """A direct question whose image cannot be read leaves the denominator; its decomposed
+    form had counted the same image's missing answer as wrong, biasing §5.5's gap."""
+    from evaluators.benchmarks.mioh.suite import assemble
+    from evaluators.benchmarks.mioh.suite import build as mioh
+
+    queries = mioh(n_per_condition=1, seed=0)
+    per_image = [q for q in queries if "decomposed_of" in q.record and q.record["n_images"] == 4]
+    of = per_image[0].record["decomposed_of"]
+    rows = [{**q.record, "benchmark": "mioh", "pred_yes": False} for q in per_image if q.record["decomposed_of"] == of]
+    assert len(rows) == 4 and sum(r["id"].startswith(of) for r in assemble(rows)) == 2  # both forms scored
+    rows[1] = {**rows[1], "invalid_input": True, "pred_yes": None}
+    assert not [r for r in assemble(rows) if r.get("decomposed")]
+
+
 def test_mioh_selective_only_suite_pairs_decomposition_with_the_selective_questions(tmp_path):
     """Without the comprehensive questions the suite's selective questions are the same, and
     the decomposed comprehensive records have no direct question to be compared with: the

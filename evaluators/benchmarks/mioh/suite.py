@@ -164,7 +164,9 @@ def assemble(rows: list[dict]) -> list[dict]:
         parts.sort(key=lambda r: r["image_index"])
         if len(parts) != parts[0]["n_images"]:
             continue  # scored once every image of the question is answered
-        answers = [None if p.get("invalid_input") else p.get("pred_yes") for p in parts]
+        if any(p.get("invalid_input") for p in parts):
+            continue  # an image that could not be read: left out, as the direct question over it is
+        answers = [p.get("pred_yes") for p in parts]
         # the selective question lists four of 8 or 10 images: its decomposition combines the
         # answers of those images only, so both forms ask the same question (§5.5: "identical
         # visual content"); the comprehensive one asks about every image
