@@ -832,3 +832,26 @@ def test_introspection_reads_the_pixel_and_per_image_inputs_from_the_forward(mon
                 assert torch.equal(model.generate(**inputs, max_new_tokens=3, do_sample=False, pad_token_id=0), tokens)
         with attach(model, VCD()), torch.no_grad():
             model.generate(**inputs, max_new_tokens=3, do_sample=False, pad_token_id=0)
+
+
+def test_introspection_says_what_it_found_instead_of_what_it_missed(monkeypatch):
+    """A refusal names what was there: Mllama's cross-attention layers and LFM2-VL's
+    convolution layers were refused as "could not find: self_attention", BLIP-2's Q-Former
+    as "could not find: projector", with nothing to go on."""
+    import hooks.points as points_module
+
+    monkeypatch.setattr(points_module, "adapter_for_class", lambda m: None)
+    model = build_tiny_model("llava")
+    model.config.model_type = "mystery_vlm"
+    layer = model.model.language_model.layers[1]
+    layer.mixer = layer.self_attn
+    del layer.self_attn
+    with pytest.raises(HookPointError, match=r"decoder layer 1 \(LlamaDecoderLayer\) has none of .*its modules: "
+                                             r"[^)]*mixer.*1 of 2 layers"):
+        resolve(model)
+    model = build_tiny_model("llava")
+    model.config.model_type = "mystery_vlm"
+    model.model.qformer = model.model.multi_modal_projector
+    del model.model.multi_modal_projector
+    with pytest.raises(HookPointError, match=r"could not find: projector\. Found: .*top-level modules: .*qformer"):
+        resolve(model)

@@ -104,6 +104,7 @@ def introspect_adapter(model: nn.Module) -> Adapter:
     found["lm_head"] = _path_of(model, head) if head is not None else None
 
     attention = linear = None
+    why: list[str] = []  # what was there instead, for the error
     if found["decoder_layers"] is not None:
         layers = list(model.get_submodule(found["decoder_layers"]))
         # the first name some layer has; the layers without it must all have a linear mixer
@@ -115,7 +116,18 @@ def introspect_adapter(model: nn.Module) -> Adapter:
                            if all(isinstance(getattr(layer, n, None), nn.Module) for layer in others)), None)
             if linear is None:
                 attention = None  # some layers have neither: report it rather than guess
+        if attention is None:
+            odd = [i for i, layer in enumerate(layers)
+                   if not any(isinstance(getattr(layer, n, None), nn.Module) for n in ATTENTION_NAMES)]
+            sample = layers[odd[0]] if odd else layers[0]
+            why.append(f"decoder layer {odd[0] if odd else 0} ({type(sample).__name__}) has none of "
+                       f"{'/'.join(ATTENTION_NAMES)} (its modules: {', '.join(_children(sample))}; "
+                       f"{len(odd)} of {len(layers)} layers are like it): cross-attention or convolution layers "
+                       "are not supported")
     found["self_attention"] = attention
+    if found["projector"] is None:
+        why.append(f"no module named {'/'.join(PROJECTOR_NAMES)} (top-level modules: "
+                   f"{', '.join(_children(model.get_submodule(roots[-1]) if roots[-1] else model))})")
 
     missing = sorted(k for k, v in found.items() if v is None)
     if missing:
@@ -127,6 +139,7 @@ def introspect_adapter(model: nn.Module) -> Adapter:
                 if "vision_encoder" in missing
                 else ""
             )
+            + ("".join(f"Found: {w}. " for w in why))
             + "Add an adapter with hooks.register_adapter({...}) naming these module paths."
         )
     import inspect
@@ -140,6 +153,10 @@ def introspect_adapter(model: nn.Module) -> Adapter:
     return Adapter(model_type=model_type, source="introspection", linear_attention=linear, token_layout="unknown",
                    video_token_id=video, image_inputs=tuple(n for n in IMAGE_INPUT_NAMES if n in accepted),
                    pixel_inputs=pixels, **found)  # type: ignore[arg-type]
+
+
+def _children(module: nn.Module) -> list[str]:
+    return [name for name, _ in module.named_children()]
 
 
 def _accessor(model: nn.Module, name: str) -> nn.Module | None:
