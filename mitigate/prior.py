@@ -64,7 +64,7 @@ from hooks.cache import PromptCache, cache_of
 from .base import Mitigation, register
 from .branches import Branch, refuse_guidance, refuse_paged_cache, verifies_drafts
 from .spans import Span, decode_with_offsets, find_prior_spans_between, spans_to_mask, user_spans
-from .vcd import _check_beta, cut_implausible
+from .vcd import _check_beta, cut_implausible, refuse_length_penalty
 
 MODES = ("context", "output", "both")
 #: Zero-bias columns kept after the prompt's row for generated tokens (grown when exceeded).
@@ -150,6 +150,7 @@ class PriorSuppression(Mitigation):
     def combine(self, logits: torch.Tensor, branch_logits: Sequence[torch.Tensor]) -> torch.Tensor:
         if self.gamma == 0:
             return logits
+        refuse_length_penalty()
         (prior,) = branch_logits
         out = logits - self.gamma * prior
         return cut_implausible(out, logits, self.beta)  # finite outside the set: mitigate.vcd's notes

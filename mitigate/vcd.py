@@ -38,6 +38,7 @@ Choices the paper leaves open, made here:
 from __future__ import annotations
 
 import math
+import sys
 import zlib
 from dataclasses import dataclass
 from typing import Sequence
@@ -79,6 +80,36 @@ def cut_implausible(scores: torch.Tensor, logits: torch.Tensor, beta: float) -> 
     lowest = scores.masked_fill(~keep, float("inf")).amin(dim=-1, keepdim=True)
     below = lowest - IMPLAUSIBLE_GAP + (logits - logits.amax(dim=-1, keepdim=True))
     return torch.where(keep, scores, below)
+
+
+def refuse_length_penalty(depth: int = 24) -> None:
+    """A clear error when the running ``generate()`` applies transformers'
+    ``ExponentialDecayLengthPenalty`` (``exponential_decay_length_penalty``) after a
+    plausibility cut: it adds ``|score| * (factor ** k - 1)`` to the end token's score, and
+    the cut puts an implausible end token :data:`IMPLAUSIBLE_GAP` below the plausible ones,
+    so the penalty lifted it by about 1e4 a step -- the end token went from impossible to
+    certain as soon as ``factor ** k`` passed 2 (on the organism a 12-token description
+    stopped after 5 tokens, where the unmitigated model wrote all 12). The reference's -inf
+    cut gives NaN there. Found by the decoding loop's ``logits_processor`` list among the
+    frames above the hook."""
+    from transformers.generation.logits_process import ExponentialDecayLengthPenalty
+
+    frame = sys._getframe(1)
+    for _ in range(depth):
+        if frame is None:
+            return
+        if "logits_processor" in frame.f_code.co_varnames:
+            processors = frame.f_locals.get("logits_processor")
+            if isinstance(processors, (list, tuple)) and any(isinstance(p, ExponentialDecayLengthPenalty)
+                                                              for p in processors):
+                raise ValueError(
+                    "exponential_decay_length_penalty: transformers' penalty adds |score| * (factor ** k - 1) to the "
+                    "end token's score, and a plausibility cut (VCD, Plausibility, prior suppression's output mode) "
+                    f"puts an implausible end token {IMPLAUSIBLE_GAP:.0e} below the plausible ones, so the penalty "
+                    "would make it certain once factor ** k passes 2; leave it unset while the cut is attached "
+                    "(max_new_tokens or a stopping criterion end a generation without it)")
+            return
+        frame = frame.f_back
 
 
 def allowed(scores: torch.Tensor) -> torch.Tensor:
@@ -155,6 +186,7 @@ class VCD(Mitigation):
     def combine(self, logits: torch.Tensor, branch_logits: Sequence[torch.Tensor]) -> torch.Tensor:
         if self.alpha == 0:
             return logits
+        refuse_length_penalty()
         (contrast,) = branch_logits
         out = (1 + self.alpha) * logits - self.alpha * contrast
         return cut_implausible(out, logits, self.beta)
@@ -182,6 +214,7 @@ class Plausibility(Mitigation):
             refuse_guidance("the plausibility cut", "it would cut the unconditional logits too, and the guidance, "
                             "which adds guidance_scale - 1 times their difference, would then lift every token "
                             "plausible in one forward and not in the other by about (guidance_scale - 1) * 1e4")
+            refuse_length_penalty()
             output.logits = cut_implausible(output.logits, output.logits, beta)
             return output
 

@@ -900,6 +900,25 @@ def test_a_cache_filled_before_attach_is_a_clear_error(llava):
             _gen(llava, {"input_ids": ids, "attention_mask": mask}, do_sample=False, cache=cache)
 
 
+def test_an_exponential_length_penalty_over_a_plausibility_cut_is_a_clear_error(llava):
+    """transformers' ``exponential_decay_length_penalty`` lifts the end token's score by its
+    magnitude, and the cut leaves an implausible end token 1e4 below: it became certain as
+    soon as the factor passed 2 (the organism's description stopped after 5 of 12 tokens).
+    Refused, naming the option, wherever a cut applies; without a cut (alpha = 0, gamma = 0)
+    the penalty runs as on the plain model."""
+    inputs = tiny_inputs(llava, batch_size=1, text_lengths=[7], seed=3)
+    penalty = {"exponential_decay_length_penalty": (2, 1.5)}
+    plain = _gen(llava, inputs, do_sample=False, **penalty)
+    for mitigation in (VCD(), VCD(distortion="no_image"), Plausibility(), PriorSuppression(mode="output")):
+        with attach(llava, mitigation):
+            with pytest.raises(ValueError, match="exponential_decay_length_penalty"):
+                _gen(llava, inputs, do_sample=False, **penalty)
+            _gen(llava, inputs, do_sample=False)  # without the penalty: runs
+    for mitigation in (VCD(alpha=0), PriorSuppression(mode="output", gamma=0)):
+        with attach(llava, mitigation):
+            assert torch.equal(_gen(llava, inputs, do_sample=False, **penalty), plain)
+
+
 def test_continuous_batching_is_a_clear_error(llava):
     """``cache_implementation="paged"`` (continuous batching) packs every request into one
     row of a ``PagedAttentionCache``, which has no ``get_seq_length``: the contrast branches
