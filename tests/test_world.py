@@ -419,3 +419,76 @@ def test_n_objects_is_exact_and_keeps_the_cooccurrence():
     with_cue = [s for s in with_cue if s.present("knife")]
     assert len(with_cue) > 100
     assert sum(s.present("fork") for s in with_cue) / len(with_cue) > 0.85  # BIASED: 0.92 (+ chance)
+
+
+def _covered_cup():
+    """A cup entirely under a later, larger cup (squares): hidden, though it has a uid."""
+    return Scene("kitchen", (Obj(0, "cup", "red", 50.0, 50.0, 6.0), Obj(1, "cup", "blue", 50.0, 50.0, 40.0)),
+                 seed=0, resolution=128)
+
+
+def test_editing_a_hidden_object_is_refused_and_moving_it_reveals_it():
+    """Removing, recolouring or replacing an object later ones cover entirely returned a
+    "new" scene whose image was the original's, byte for byte (a before / after pair with
+    no change). Refused, naming the uid; a move, which can bring it into view, runs."""
+    from evaluators.world import edits
+
+    scene = _covered_cup()
+    assert [o.uid for o in scene.visible()] == [1]
+    for edit, args in ((edits.remove, ()), (edits.recolour, ("green",)), (edits.replace, ("ball",))):
+        with pytest.raises(ValueError, match="uid: object 0 is hidden"):
+            edit(scene, 0, *args)
+    assert [o.uid for o in edits.move(scene, 0, 110.0, 110.0).visible()] == [0, 1]
+
+
+def test_an_object_off_the_canvas_is_not_present():
+    """An object built (or read back at a smaller resolution) outside the canvas has no
+    pixel, yet counted as present: presence follows the pixels."""
+    scene = Scene("kitchen", (Obj(0, "dog", "black", 200.0, 200.0, 20.0), Obj(1, "cup", "red", 20.0, 20.0, 10.0)),
+                  seed=0, resolution=128)
+    assert not scene.present("dog") and scene.count("dog") == 0 and scene.present("cup")
+    assert [o.uid for o in scene.visible()] == [1] and not scene.masks()[0].any()
+
+
+@pytest.mark.parametrize("build, argument", [
+    (lambda: Obj("a", "cup", "red", 10.0, 10.0, 5.0), "uid"),
+    (lambda: Obj(True, "cup", "red", 10.0, 10.0, 5.0), "uid"),
+    (lambda: Scene("kitchen", (), -1, 128), "seed"),
+    (lambda: Scene("kitchen", (), 1.5, 128), "seed"),
+    (lambda: Scene("kitchen", (), 0, 0), "resolution"),
+    (lambda: Scene("kitchen", (), 0, "128"), "resolution"),
+    (lambda: Scene("kitchen", ("cup",), 0, 128), "objects"),
+    (lambda: Scene.from_dict({"context": "kitchen", "objects": [], "seed": 0}), "resolution"),
+    (lambda: Scene.from_dict({"context": "kitchen", "objects": [{"uid": 0}], "seed": 0, "resolution": 128}),
+     r"objects'\]\[0\]"),
+    (lambda: _covered_cup().relation(1, 1), "a, b"),
+    (lambda: World(BIASED).dense_scene(0, "cup", True), "count"),
+    (lambda: World(BIASED).dense_scene(0, "cup", 3, distractors=True), "distractors"),
+    (lambda: World(BIASED).dense_scene(0, "cup", 3, small="yes"), "small"),
+    (lambda: cluster_box((50, 50, 60, 60), [], 128, 128, 0.1, neighbour_radius="1"), "neighbour_radius"),
+    (lambda: WorldConfig(n_objects=(3,)), "n_objects"),
+    (lambda: WorldConfig(cooccurrence=(("knife", "fork"),)), "cooccurrence"),
+    (lambda: WorldConfig(min_gap="2"), "min_gap"),
+])
+def test_bad_world_input_is_a_value_error_naming_the_argument(build, argument):
+    """Each had been accepted silently (a bool count, present="no" read as present, a
+    relation of an object to itself) or raised a TypeError / KeyError / numpy error that
+    named no argument (a world audit, session 37)."""
+    with pytest.raises(ValueError, match=argument):
+        build()
+
+
+def test_image_set_reads_present_as_a_bool():
+    from evaluators.world.sets import image_set
+
+    with pytest.raises(ValueError, match="present"):
+        image_set(World(BIASED), 0, 4, "cup", present="no")
+    with pytest.raises(ValueError, match="n_images"):
+        image_set(World(BIASED), 0, True, "cup")
+
+
+def test_a_neighbour_in_the_targets_own_box_is_a_neighbour():
+    """A neighbour whose box equals the target's was dropped (its box compared equal), so
+    the Cluster view fell back to the padded no-neighbour window."""
+    tight = cluster_box((9, 9, 21, 21), [(9, 9, 21, 21)], 128, 128, 0.1)
+    assert tight[2] - tight[0] < 20  # the cluster of the two, not the 60 px no-neighbour box

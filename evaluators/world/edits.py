@@ -8,15 +8,22 @@ from .scene import MIN_SIDE, Obj, Scene, aspect, min_size
 from .vocab import CATEGORIES, check_category, check_colour
 
 
-def _require(scene: Scene, uid: int) -> Obj:
+def _require(scene: Scene, uid: int, seen: bool = False) -> Obj:
+    """Object ``uid`` of ``scene``; with ``seen``, one with a visible pixel: removing,
+    recolouring or replacing an object that later ones cover entirely changes no pixel, so
+    the "edited" image would be the original's."""
     if not isinstance(scene, Scene):
         raise ValueError(f"scene must be a Scene, got {type(scene).__name__}")
-    return scene.get(uid)  # raises ValueError naming the uid
+    obj = scene.get(uid)  # raises ValueError naming the uid
+    if seen and all(o.uid != uid for o in scene.visible()):
+        raise ValueError(f"uid: object {uid} is hidden (covered by later objects or off the image); editing it "
+                         "would change no pixel")
+    return obj
 
 
 def remove(scene: Scene, uid: int) -> Scene:
-    """The scene without object ``uid``; the background shows through."""
-    _require(scene, uid)
+    """The scene without object ``uid`` (a visible one); the background shows through."""
+    _require(scene, uid, seen=True)
     return scene.with_objects(o for o in scene.objects if o.uid != uid)
 
 
@@ -41,7 +48,7 @@ def replace(scene: Scene, uid: int, category: str, *, colour: str | None = None)
     the same category, or with one whose box there would be under MIN_SIDE on a side
     (:func:`can_replace`), is an error.
     """
-    obj = _require(scene, uid)
+    obj = _require(scene, uid, seen=True)
     check_category(category)
     if category == obj.category:
         raise ValueError(f"category: object {uid} already is a {category!r}")
@@ -69,8 +76,8 @@ def can_replace(obj: Obj, category: str) -> bool:
 
 
 def recolour(scene: Scene, uid: int, colour: str) -> Scene:
-    """Object ``uid`` in another colour (a counterfactual attribute)."""
-    obj = _require(scene, uid)
+    """Object ``uid`` (a visible one) in another colour (a counterfactual attribute)."""
+    obj = _require(scene, uid, seen=True)
     check_colour(colour)
     if colour == obj.colour:
         raise ValueError(f"colour: object {uid} already is {colour!r}")

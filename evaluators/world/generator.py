@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -42,8 +43,9 @@ class WorldConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.resolution, int) or self.resolution < 32:
             raise ValueError(f"resolution must be an int >= 32, got {self.resolution!r}")
-        if not math.isfinite(self.min_gap) or self.min_gap < 0:
+        if not _is_number(self.min_gap) or not math.isfinite(self.min_gap) or self.min_gap < 0:
             raise ValueError(f"min_gap must be a finite number of pixels >= 0, got {self.min_gap!r}")
+        _check_pair(self.n_objects, "n_objects")
         lo, hi = self.n_objects
         if not all(isinstance(n, int) and not isinstance(n, bool) for n in (lo, hi)) or not 1 <= lo <= hi <= 12:
             raise ValueError(f"n_objects must satisfy 1 <= min <= max <= 12, got {self.n_objects}")
@@ -51,26 +53,42 @@ class WorldConfig:
             check_context(context, "context_weights")
             for category, w in weights.items():
                 check_category(category, "context_weights")
-                if not math.isfinite(w) or w < 0:
+                if not _is_number(w) or not math.isfinite(w) or w < 0:
                     raise ValueError(f"context_weights[{context!r}][{category!r}] must be a finite number >= 0")
             if weights and not sum(weights.values()) > 0:
                 raise ValueError(f"context_weights[{context!r}] must not all be 0")
+        for entry in self.cooccurrence:
+            if not isinstance(entry, (tuple, list)) or len(entry) != 3:
+                raise ValueError(f"cooccurrence: each entry must be (cue, companion, probability), got {entry!r}")
         for cue, companion, p in self.cooccurrence:
             check_category(cue, "cooccurrence")
             check_category(companion, "cooccurrence")
             _check_prob(p, "cooccurrence")
+        for category, entry in self.dominant_colour.items():
+            if not isinstance(entry, (tuple, list)) or len(entry) != 2:
+                raise ValueError(f"dominant_colour[{category!r}] must be (colour, probability), got {entry!r}")
         for category, (colour, p) in self.dominant_colour.items():
             check_category(category, "dominant_colour")
             check_colour(colour, "dominant_colour")
             _check_prob(p, "dominant_colour")
         _check_prob(self.small_fraction, "small_fraction")
         for name in ("large_size", "small_size"):
+            _check_pair(getattr(self, name), name)
             a, b = getattr(self, name)
-            if not 0 < a <= b < 0.5:
+            if not (_is_number(a) and _is_number(b)) or not 0 < a <= b < 0.5:
                 raise ValueError(f"{name} must satisfy 0 < min <= max < 0.5, got {(a, b)}")
 
     def replace(self, **changes) -> "WorldConfig":
         return dataclasses.replace(self, **changes)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _check_pair(value, argument: str) -> None:
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise ValueError(f"{argument} must be a (min, max) pair, got {value!r}")
 
 
 def _check_prob(p: float, argument: str) -> None:
@@ -237,13 +255,18 @@ class World:
 
     def dense_scene(self, seed: int, category: str, count: int, *, context: str | None = None,
                     distractors: int = 2, small: bool | None = True) -> Scene:
-        """Many instances of one category (dense counting), plus a few distractors."""
+        """Many instances of one category (dense counting), plus up to ``distractors`` objects
+        of other categories (as many as find a free spot: the count is exact, the distractors
+        are clutter, and ``count`` instances already fill much of the canvas)."""
         seed = check_seed(seed)
         check_category(category)
-        if not isinstance(count, int) or not 0 <= count <= 12:
+        if isinstance(count, bool) or not isinstance(count, numbers.Integral) or not 0 <= count <= 12:
             raise ValueError(f"count must be an int in [0, 12], got {count!r}")
-        if not isinstance(distractors, int) or distractors < 0:
+        if isinstance(distractors, bool) or not isinstance(distractors, numbers.Integral) or distractors < 0:
             raise ValueError(f"distractors must be a non-negative int, got {distractors!r}")
+        if small is not None and not isinstance(small, bool):
+            raise ValueError(f"small must be True, False or None, got {small!r}")
+        count, distractors = int(count), int(distractors)
         rng = np.random.default_rng([seed, 2])
         context = context or list(CONTEXTS)[int(rng.integers(len(CONTEXTS)))]
         check_context(context)

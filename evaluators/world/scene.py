@@ -54,6 +54,8 @@ class Obj:
     size: float
 
     def __post_init__(self) -> None:
+        if isinstance(self.uid, bool) or not isinstance(self.uid, numbers.Integral):
+            raise ValueError(f"uid must be an integer, got {self.uid!r}")
         check_category(self.category)
         check_colour(self.colour)
         for name in ("cx", "cy", "size"):  # NaN passed every comparison and failed at render time
@@ -91,6 +93,13 @@ class Scene:
 
     def __post_init__(self) -> None:
         check_context(self.context)
+        if not isinstance(self.objects, tuple) or any(not isinstance(o, Obj) for o in self.objects):
+            raise ValueError(f"objects must be a tuple of Obj, got {self.objects!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral) or not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed must be an integer in [0, 2**63), got {self.seed!r}")
+        if isinstance(self.resolution, bool) or not isinstance(self.resolution, numbers.Integral) \
+                or self.resolution < 8:
+            raise ValueError(f"resolution must be an integer of at least 8 pixels, got {self.resolution!r}")
         uids = [o.uid for o in self.objects]
         if len(set(uids)) != len(uids):
             raise ValueError(f"object uids must be unique, got {uids}")
@@ -98,14 +107,18 @@ class Scene:
     # -- ground truth ---------------------------------------------------------------
     def visible(self) -> tuple[Obj, ...]:
         """The objects with at least one visible pixel, in drawing order: the ground truth of
-        presence and counts follows the pixels. An object is hidden only when later objects
-        cover all of it (``edits.add`` / ``edits.move`` can do that; generated scenes keep
-        their objects apart), so masks are read only for objects a later box overlaps."""
+        presence and counts follows the pixels. An object is hidden when later objects cover
+        all of it (``edits.add`` / ``edits.move`` can do that; generated scenes keep their
+        objects apart) or it lies off the canvas (a scene built by hand, or read back at a
+        smaller ``resolution``), so masks are read only for objects a later box overlaps or
+        the canvas cuts."""
         if "visible" not in self._cache:
-            kept = []
+            kept, side = [], self.resolution
             for i, obj in enumerate(self.objects):
+                x0, y0, x1, y1 = obj.box
                 covered = any(_boxes_overlap(obj.box, o.box) for o in self.objects[i + 1 :])
-                if not covered or self.masks()[obj.uid].any():
+                cut = x0 < 0 or y0 < 0 or x1 > side or y1 > side
+                if not (covered or cut) or self.masks()[obj.uid].any():
                     kept.append(obj)
             self._cache["visible"] = tuple(kept)
         return self._cache["visible"]
@@ -143,6 +156,8 @@ class Scene:
     def relation(self, a: int, b: int) -> str:
         """Where object ``a`` is relative to ``b`` along the axis of larger separation."""
         oa, ob = self.get(a), self.get(b)
+        if oa.uid == ob.uid:
+            raise ValueError(f"a, b: object {a} has no relation to itself")
         dx, dy = oa.cx - ob.cx, oa.cy - ob.cy
         if abs(dx) >= abs(dy):
             return "left of" if dx < 0 else "right of"
@@ -214,7 +229,16 @@ class Scene:
 
     @classmethod
     def from_dict(cls, data: dict) -> "Scene":
-        return cls(data["context"], tuple(Obj(**o) for o in data["objects"]), data["seed"], data["resolution"])
+        missing = [k for k in ("context", "objects", "seed", "resolution") if k not in data]
+        if missing:
+            raise ValueError(f"data: a scene needs {missing[0]!r} (and context, objects, seed, resolution)")
+        objects = []
+        for i, o in enumerate(data["objects"]):
+            try:
+                objects.append(Obj(**o))
+            except TypeError as err:  # a missing or unknown field
+                raise ValueError(f"data['objects'][{i}]: {err}") from None
+        return cls(data["context"], tuple(objects), data["seed"], data["resolution"])
 
 
 @functools.lru_cache(maxsize=4)

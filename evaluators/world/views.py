@@ -25,6 +25,7 @@ resized input.
 
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Iterable, Sequence
 
@@ -104,13 +105,16 @@ def cluster_box(
     target: Box, others: Iterable[Box], width: int, height: int, margin: float = 0.1,
     neighbour_radius: float = 1.0,
 ) -> Box:
-    """DO-Bench's Cluster view: the target and its immediate neighbours, with a margin."""
+    """DO-Bench's Cluster view: the target and its immediate neighbours, with a margin.
+    ``others`` are the other objects' boxes (the target's own left out by the caller: a
+    neighbour whose box equals the target's, overlapping it, is a neighbour)."""
     target = check_box(target, width, height, "target")
-    if not neighbour_radius > 0:
-        raise ValueError(f"neighbour_radius must be positive, got {neighbour_radius!r}")
+    if isinstance(neighbour_radius, bool) or not isinstance(neighbour_radius, numbers.Real) \
+            or not math.isfinite(neighbour_radius) or not neighbour_radius > 0:
+        raise ValueError(f"neighbour_radius must be a positive number, got {neighbour_radius!r}")
     reach = neighbour_radius * max(target[2] - target[0], target[3] - target[1])
     near = [check_box(b, width, height, "others") for b in others]
-    near = [b for b in near if b != target and _gap(target, b) <= reach]
+    near = [b for b in near if _gap(target, b) <= reach]
     if not near:
         pad = 2 * neighbour_radius * max(target[2] - target[0], target[3] - target[1])
         # shifted, not clipped, at the border: a target near an edge gets as much context
