@@ -492,3 +492,25 @@ def test_a_neighbour_in_the_targets_own_box_is_a_neighbour():
     the Cluster view fell back to the padded no-neighbour window."""
     tight = cluster_box((9, 9, 21, 21), [(9, 9, 21, 21)], 128, 128, 0.1)
     assert tight[2] - tight[0] < 20  # the cluster of the two, not the 60 px no-neighbour box
+
+
+@pytest.mark.parametrize("seed", [95, 7, 123])
+def test_views_map_annotations_by_the_window_they_were_cut_at(seed):
+    """A view is cut at an integer window that can be a pixel wider than its fractional box;
+    the views held only the boxes, so annotations mapped by them were off by a fraction of a
+    pixel. Each view now says its window, and the target's mask cut by it is exactly the
+    mask of the view's own pixels that are the target's."""
+    scene = World(BIASED).scene(seed)
+    uid = scene.visible()[0].uid
+    views = do_views(scene, uid, 0.1)
+    mask = scene.masks()[uid]
+    for name, image in views.as_dict().items():
+        x0, y0, x1, y1 = views.windows[name]
+        assert image.size == (x1 - x0, y1 - y0)
+        cut_mask = views.mask_in(mask, name)
+        assert cut_mask.shape == (image.height, image.width) and cut_mask.sum() == mask.sum()  # the target is inside
+        bx0, by0, bx1, by1 = views.box_in(views.target_box, name)
+        ys, xs = np.nonzero(cut_mask)
+        assert bx0 <= xs.min() and by0 <= ys.min() and xs.max() < bx1 + 1 and ys.max() < by1 + 1
+    with pytest.raises(ValueError, match="view"):
+        views.box_in(views.target_box, "Zoom")

@@ -12,7 +12,7 @@ from PIL import Image
 from . import edits
 from .generator import World, check_seed, derive_seed
 from .scene import Obj, Scene
-from .views import MARGINS, check_margin, cluster_box, crop_box, cut
+from .views import MARGINS, check_margin, cluster_box, crop_box, cut, pixel_bounds
 from .vocab import CATEGORIES, COLOURS, CONTEXT_CATEGORIES, check_category
 
 CHANGE_KINDS = ("move", "add", "remove", "replace")
@@ -22,7 +22,13 @@ MIOH_CONDITIONS = ("easy", "hard_positive", "hard_negative")
 # -- DO-Bench: Full / Cluster / Crop ---------------------------------------------------
 @dataclass(frozen=True)
 class Views:
-    """The three DO-Bench views of one target; boxes are in source pixels."""
+    """The three DO-Bench views of one target; boxes are in source pixels.
+
+    ``cluster_box`` / ``crop_box`` are the views' exact (fractional) boxes; each image is
+    cut at the integer window :func:`~evaluators.world.views.pixel_bounds` gives for its box
+    (``windows``), which may be a pixel wider. Annotations map into a view by that window:
+    :meth:`box_in` for a box, :meth:`mask_in` for a source mask (the target's:
+    ``target_box``, ``scene.masks()[uid]``)."""
 
     full: Image.Image
     cluster: Image.Image
@@ -30,9 +36,35 @@ class Views:
     cluster_box: tuple[float, float, float, float]
     crop_box: tuple[float, float, float, float]
     margin: float
+    target_box: tuple[float, float, float, float] | None = None
 
     def as_dict(self) -> dict[str, Image.Image]:
         return {"Full": self.full, "Cluster": self.cluster, "Crop": self.crop}
+
+    @property
+    def windows(self) -> dict[str, tuple[int, int, int, int]]:
+        """Each view's integer window in the source image, ``(x0, y0, x1, y1)``: the pixels it holds."""
+        w, h = self.full.size
+        return {"Full": (0, 0, w, h), "Cluster": pixel_bounds(self.cluster_box, w, h),
+                "Crop": pixel_bounds(self.crop_box, w, h)}
+
+    def _window(self, view: str) -> tuple[int, int, int, int]:
+        windows = self.windows
+        if view not in windows:
+            raise ValueError(f"view must be one of {list(windows)}, got {view!r}")
+        return windows[view]
+
+    def box_in(self, box, view: str) -> tuple[float, float, float, float]:
+        """A source-pixel box in ``view``'s own pixel coordinates (not clipped to the view)."""
+        x0, y0, _, _ = self._window(view)
+        return (box[0] - x0, box[1] - y0, box[2] - x0, box[3] - y0)
+
+    def mask_in(self, mask: np.ndarray, view: str) -> np.ndarray:
+        """A source-resolution mask cut to ``view``'s pixels (the same shape as its image)."""
+        if mask.shape != (self.full.height, self.full.width):
+            raise ValueError(f"mask: shape {mask.shape} is not the source image's {(self.full.height, self.full.width)}")
+        x0, y0, x1, y1 = self._window(view)
+        return mask[y0:y1, x0:x1]
 
 
 def do_views(scene: Scene, uid: int, margin: float = 0.1) -> Views:
@@ -47,7 +79,7 @@ def do_views(scene: Scene, uid: int, margin: float = 0.1) -> Views:
     target = boxes[uid]
     cbox = cluster_box(target, [b for u, b in boxes.items() if u != uid], r, r, margin)
     kbox = crop_box(target, r, r, margin)
-    return Views(image, cut(image, cbox), cut(image, kbox), cbox, kbox, margin)
+    return Views(image, cut(image, cbox), cut(image, kbox), cbox, kbox, margin, target)
 
 
 # -- HalluSegBench: factual / counterfactual -------------------------------------------
