@@ -107,7 +107,13 @@ def cluster_box(
 ) -> Box:
     """DO-Bench's Cluster view: the target and its immediate neighbours, with a margin.
     ``others`` are the other objects' boxes (the target's own left out by the caller: a
-    neighbour whose box equals the target's, overlapping it, is a neighbour)."""
+    neighbour whose box equals the target's, overlapping it, is a neighbour).
+
+    The margin is taken on the cluster's box, not the target's, so the Cluster view need
+    not contain the Crop view: a target at the cluster's edge can get less margin on that
+    side than its Crop gives it (37 of ~1,600 views in an audit, by 2 px). DO-Bench calls
+    the views hierarchical but states no nesting rule; this is our reading of "the target
+    and its immediate neighbours" with the paper's margin rule."""
     target = check_box(target, width, height, "target")
     if isinstance(neighbour_radius, bool) or not isinstance(neighbour_radius, numbers.Real) \
             or not math.isfinite(neighbour_radius) or not neighbour_radius > 0:
