@@ -514,3 +514,9 @@ def test_views_map_annotations_by_the_window_they_were_cut_at(seed):
         assert bx0 <= xs.min() and by0 <= ys.min() and xs.max() < bx1 + 1 and ys.max() < by1 + 1
     with pytest.raises(ValueError, match="view"):
         views.box_in(views.target_box, "Zoom")
+
+
+def test_a_scene_takes_its_objects_as_a_list_too():
+    objects = [Obj(0, "cup", "red", 20.0, 20.0, 10.0)]
+    scene = Scene("kitchen", objects, 0, 128)
+    assert scene.objects == tuple(objects) and scene.present("cup")

@@ -93,6 +93,8 @@ class Scene:
 
     def __post_init__(self) -> None:
         check_context(self.context)
+        if isinstance(self.objects, list):  # a list is as good: kept as a tuple (the scene is frozen)
+            object.__setattr__(self, "objects", tuple(self.objects))
         if not isinstance(self.objects, tuple) or any(not isinstance(o, Obj) for o in self.objects):
             raise ValueError(f"objects must be a tuple of Obj, got {self.objects!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral) or not 0 <= self.seed < 2**63:
