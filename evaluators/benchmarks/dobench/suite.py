@@ -9,7 +9,17 @@ Per scene group:
   removed by an exact edit (the background shows through);
 * instances A0-A3 and B0-B3 in the Full view (the prior sentence of DO-Bench's templates
   at levels 0-3; for B the positive form, our choice since the paper prints only A), and
-  A0 in the Cluster and Crop views cut from the 4x source with the given margin.
+  A0 in the Cluster and Crop views cut from the 2x source (128 px for the organism's 64 px
+  input) with the given margin.
+
+Our departure (session 37's audit): every instance of a group, A's included, is cut from
+the one scene with A added *and* B removed, so the A- and B-questions are asked of the same
+image and differ only in the object asked about. The paper's A-series is the base scene
+("Base scenes (A-series) ... Absent counterparts (B-series). For each scene, we remove a
+contextually typical B-object", Sec. 3.2), with B still in it; a future suite version may
+cut A0-A3 and its views from the scene before the removal (it would move every DO-Bench
+figure in the README). About 9% of groups have no neighbour of A within one A-size, so
+their Cluster view is :func:`~evaluators.world.views.cluster_box`'s no-neighbour window.
 
 Records carry ``series``, ``level``, ``view`` for :mod:`.metrics`.
 """

@@ -16,9 +16,16 @@ multiple choice (MC), short answer (SA) and yes/no (YN) in the standard mode.
   over four intervals in shuffled order (the interval setting); YN "are there k ...?" (k
   right half the time).
 
-By the tasks' design, Relational Erasure's and Counterfactual Attribute's YN and SA
-questions ask about the edited object, so their answer is always the same ("no", zero,
-the drawn colour), and so do the absurd-contrast choices ("neither"; the drawn colour): a
+Relational Erasure's YN and SA questions ask about the erased object, so their answer is
+always the same ("no", zero) -- the paper's design (Sec. 3.1: "evaluated by questions about
+the existence of the erased object"). Counterfactual Attribute's YN question asks whether
+the object has its *usual* colour, always "no": that is our choice, not the paper's (it
+says only "questions about the counterfactual attribute", and its Table 4 has CA YN
+accuracies of 67%), and it gives a constant "no" about 2.5 React-Score points (session
+37's audit; asking the drawn colour on half the items would remove it, and move every
+ReactBench figure). Its drawn colour cycles with the item's index, not its seed (a
+constant "blue" short answer scored 22% against 14% chance over ten small-scale seeds).
+The absurd-contrast choices' answers are fixed too ("neither"; the drawn colour): a
 policy that never looks at the image and answers "no", "zero" and "a" scores 41.2 and 40.3
 React-Score on ``--scale full`` seeds 0 and 1 (the paper's LLaVA-v1.6-7B: 34.5;
 ``tests/test_suites.py`` asserts it). Read a
