@@ -62,7 +62,8 @@ class Views:
     def mask_in(self, mask: np.ndarray, view: str) -> np.ndarray:
         """A source-resolution mask cut to ``view``'s pixels (the same shape as its image)."""
         if mask.shape != (self.full.height, self.full.width):
-            raise ValueError(f"mask: shape {mask.shape} is not the source image's {(self.full.height, self.full.width)}")
+            source = (self.full.height, self.full.width)
+            raise ValueError(f"mask: shape {mask.shape} is not the source image's {source}")
         x0, y0, x1, y1 = self._window(view)
         return mask[y0:y1, x0:x1]
 
