@@ -855,3 +855,9 @@ def test_introspection_says_what_it_found_instead_of_what_it_missed(monkeypatch)
     del model.model.multi_modal_projector
     with pytest.raises(HookPointError, match=r"could not find: projector\. Found: .*top-level modules: .*qformer"):
         resolve(model)
+    model = build_tiny_model("llava")  # images as VQ tokens: no encoder whose features a projector maps
+    model.config.model_type = "mystery_vlm"
+    model.model.vqmodel = model.model.vision_tower
+    del model.model.vision_tower
+    with pytest.raises(HookPointError, match=r"No vision encoder was found.*VQ tokenizer.*top-level modules: .*vqmodel"):
+        resolve(model)

@@ -127,7 +127,7 @@ def introspect_adapter(model: nn.Module) -> Adapter:
     found["self_attention"] = attention
     if found["projector"] is None:
         why.append(f"no module named {'/'.join(PROJECTOR_NAMES)} (top-level modules: "
-                   f"{', '.join(_children(model.get_submodule(roots[-1]) if roots[-1] else model))})")
+                   f"{', '.join(_children(_top(model, roots)))})")
 
     missing = sorted(k for k, v in found.items() if v is None)
     if missing:
@@ -135,7 +135,9 @@ def introspect_adapter(model: nn.Module) -> Adapter:
             f"model_type {model_type!r} ({type(model).__name__}) has no table adapter and introspection could not "
             f"find: {', '.join(missing)}. "
             + (
-                "It does not look like a vision-language model (no vision encoder). "
+                "No vision encoder was found: a model that is not a vision-language model, or one whose images "
+                "reach the decoder as the tokens of a VQ tokenizer (Chameleon, Emu3: no encoder features for a "
+                f"projector to map), is not supported (top-level modules: {', '.join(_children(_top(model, roots)))}). "
                 if "vision_encoder" in missing
                 else ""
             )
@@ -153,6 +155,11 @@ def introspect_adapter(model: nn.Module) -> Adapter:
     return Adapter(model_type=model_type, source="introspection", linear_attention=linear, token_layout="unknown",
                    video_token_id=video, image_inputs=tuple(n for n in IMAGE_INPUT_NAMES if n in accepted),
                    pixel_inputs=pixels, **found)  # type: ignore[arg-type]
+
+
+def _top(model: nn.Module, roots: tuple[str, ...]) -> nn.Module:
+    """The module holding the parts: the inner ``model`` where there is one."""
+    return model.get_submodule(roots[-1]) if roots[-1] else model
 
 
 def _children(module: nn.Module) -> list[str]:
