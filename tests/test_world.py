@@ -353,9 +353,9 @@ def test_square_views_are_cut_square():
     from evaluators.benchmarks.dobench.suite import scene_groups
 
     world, checked = World(BIASED), 0
-    for _, (_, (scene, uid, _, _)) in zip(range(30), scene_groups(0, world)):
+    for _, (_, group) in zip(range(30), scene_groups(0, world)):
         for margin in (0.1, 0.2):
-            views = do_views(scene, uid, margin)
+            views = do_views(group.base, group.a_uid, margin)
             for image in (views.cluster, views.crop):
                 assert image.width == image.height
                 checked += 1

@@ -63,8 +63,8 @@ def _dobench_targets(n: int, seed: int):
     for ``seed``): what crop-and-verify has to find on that benchmark."""
     from ..benchmarks.dobench.suite import scene_groups
 
-    for _, (s, (scene, uid, category, _)) in zip(range(n), scene_groups(seed, World(BIASED))):
-        yield s, scene.render(), category, scene.boxes()[uid]
+    for _, (s, group) in zip(range(n), scene_groups(seed, World(BIASED))):
+        yield s, group.base.render(), group.a_category, group.base.boxes()[group.a_uid]
 
 
 @torch.no_grad()

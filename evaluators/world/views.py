@@ -101,6 +101,19 @@ def _gap(a: Box, b: Box) -> float:
     return max(dx, dy)
 
 
+def neighbours(target: Box, others: Iterable[Box], neighbour_radius: float = 1.0) -> list[Box]:
+    """The boxes of ``others`` within ``neighbour_radius`` times the target's longer side of
+    it (gap between the boxes along the axis where they are furthest apart; touching or
+    overlapping boxes are at 0): the "immediate neighbours" :func:`cluster_box` takes into the
+    Cluster view. DO-Bench gives no distance; one object size is our choice, so that a
+    neighbour would fit between the two."""
+    if isinstance(neighbour_radius, bool) or not isinstance(neighbour_radius, numbers.Real) \
+            or not math.isfinite(neighbour_radius) or not neighbour_radius > 0:
+        raise ValueError(f"neighbour_radius must be a positive number, got {neighbour_radius!r}")
+    reach = neighbour_radius * max(target[2] - target[0], target[3] - target[1])
+    return [tuple(b) for b in others if _gap(target, b) <= reach]
+
+
 def cluster_box(
     target: Box, others: Iterable[Box], width: int, height: int, margin: float = 0.1,
     neighbour_radius: float = 1.0,
@@ -115,12 +128,7 @@ def cluster_box(
     the views hierarchical but states no nesting rule; this is our reading of "the target
     and its immediate neighbours" with the paper's margin rule."""
     target = check_box(target, width, height, "target")
-    if isinstance(neighbour_radius, bool) or not isinstance(neighbour_radius, numbers.Real) \
-            or not math.isfinite(neighbour_radius) or not neighbour_radius > 0:
-        raise ValueError(f"neighbour_radius must be a positive number, got {neighbour_radius!r}")
-    reach = neighbour_radius * max(target[2] - target[0], target[3] - target[1])
-    near = [check_box(b, width, height, "others") for b in others]
-    near = [b for b in near if _gap(target, b) <= reach]
+    near = neighbours(target, [check_box(b, width, height, "others") for b in others], neighbour_radius)
     if not near:
         pad = 2 * neighbour_radius * max(target[2] - target[0], target[3] - target[1])
         # shifted, not clipped, at the border: a target near an edge gets as much context

@@ -12,31 +12,46 @@ Per scene group:
   A0 in the Cluster and Crop views cut from the 2x source (128 px for the organism's 64 px
   input) with the given margin.
 
-Our departure (session 37's audit): every instance of a group, A's included, is cut from
-the one scene with A added *and* B removed, so the A- and B-questions are asked of the same
-image and differ only in the object asked about. The paper's A-series is the base scene
-("Base scenes (A-series) ... Absent counterparts (B-series). For each scene, we remove a
-contextually typical B-object", Sec. 3.2), with B still in it; a future suite version may
-cut A0-A3 and its views from the scene before the removal (it would move every DO-Bench
-figure in the README). About 9% of groups have no neighbour of A within one A-size, so
-their Cluster view is :func:`~evaluators.world.views.cluster_box`'s no-neighbour window.
+The A-series (A0-A3 in the Full view, A0's Cluster and Crop views) is asked of the base
+scene, with the A-object added and the B-object still there; the B-series of the same scene
+with every B-object removed ("Base scenes (A-series) ... Absent counterparts (B-series).
+For each scene, we remove a contextually typical B-object", Sec. 3.2), so the two images of
+a group differ only in B's existence. Until session 38 both series were cut from the scene
+with B removed. The A-object is placed with at least one object within one A-size of it
+(:func:`~evaluators.world.views.neighbours`, the rule its Cluster view is cut by), so every
+Cluster view holds a cluster: before session 38, 9% of them were the no-neighbour window.
 
 Records carry ``series``, ``level``, ``view`` for :mod:`.metrics`.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from ...organism.tasks import do_prior, existence_question
 from ...query import Query
-from ...world import BIASED, CATEGORIES, CONTEXT_CATEGORIES, Obj, World, box_gap, check_count, check_seed, derive_seed, do_views, edits
-from ...world.views import check_margin
+from ...world import BIASED, CATEGORIES, CONTEXT_CATEGORIES, Obj, Scene, World, box_gap, check_count, check_seed, derive_seed, do_views, edits
+from ...world.views import check_margin, neighbours
 
 
 
-def _scene_group(world: World, seed: int):
-    """(scene with A added and B removed, A uid, A category, B category) or None."""
+class SceneGroup(NamedTuple):
+    """One DO-Bench scene group: ``base`` (A-object added, B-objects there: the A-series'
+    image), ``absent`` (``base`` with every B-object removed: the B-series'), the A-object's
+    uid in both, and the two categories."""
+
+    base: Scene
+    absent: Scene
+    a_uid: int
+    a_category: str
+    b_category: str
+
+
+def _scene_group(world: World, seed: int) -> SceneGroup | None:
+    """The group drawn at world seed ``seed``, or None where the scene has no typical object
+    to remove or no room for a small A-object next to another."""
     rng = np.random.default_rng([seed, 31])
     scene = world.scene(seed)
     typical = CONTEXT_CATEGORIES[scene.context]
@@ -44,12 +59,9 @@ def _scene_group(world: World, seed: int):
     if not present_typical:
         return None
     b_cat = present_typical[int(rng.integers(len(present_typical)))]
-    scene = edits.remove_category(scene, b_cat)
     odd = [c for c in CATEGORIES if c not in typical and not scene.present(c)]
     a_cat = odd[int(rng.integers(len(odd)))]
     anchors = list(scene.objects)
-    if not anchors:
-        return None
     for _ in range(50):  # small, next to an existing object
         anchor = anchors[int(rng.integers(len(anchors)))]
         size = world.sample_size(rng, small=True)
@@ -59,14 +71,19 @@ def _scene_group(world: World, seed: int):
         obj = Obj(scene.next_uid(), a_cat, world.sample_colour(rng, a_cat), round(float(cx), 2), round(float(cy), 2), size)
         x0, y0, x1, y1 = obj.box
         inside = x0 >= 1 and y0 >= 1 and x1 <= scene.resolution - 1 and y1 <= scene.resolution - 1
-        if inside and all(box_gap(obj.box, o.box) >= world.config.min_gap for o in scene.objects):
-            return edits.add(scene, obj), obj.uid, a_cat, b_cat
+        if not inside or any(box_gap(obj.box, o.box) < world.config.min_gap for o in scene.objects):
+            continue
+        base = edits.add(scene, obj)
+        boxes = base.boxes()
+        # "embedded in a coherent local cluster" (Sec. 3.2): a neighbour its Cluster view keeps
+        if obj.uid in boxes and neighbours(boxes[obj.uid], [b for u, b in boxes.items() if u != obj.uid]):
+            return SceneGroup(base, edits.remove_category(base, b_cat), obj.uid, a_cat, b_cat)
     return None
 
 
 def scene_groups(seed: int, world: World):
     """The scene groups of the suite built with ``seed``, in order, as ``(world seed,
-    (scene, A uid, A category, B category))``: tried at the world seeds :func:`derive_seed` gives the
+    SceneGroup)``: tried at the world seeds :func:`derive_seed` gives the
     suite seed and a counter, skipping those :func:`_scene_group` rejects. Endless: take what
     you need."""
     seed, attempt = check_seed(seed), 0
@@ -86,18 +103,19 @@ def build(n_scenes: int = 20, seed: int = 0, margin: float = 0.1, world: World |
     world = world or World(BIASED)
     queries: list[Query] = []
     for built, (_, group) in zip(range(n_scenes), scene_groups(seed, world)):
-        scene, a_uid, a_cat, b_cat = group
-        views = do_views(scene, a_uid, margin)
+        views = do_views(group.base, group.a_uid, margin)
+        full = {"A": views.full, "B": group.absent.render()}
         sid = f"dobench-{seed}-{built}"
         for level in range(4):
-            for series, cat, truth in (("A", a_cat, "yes"), ("B", b_cat, "no")):
+            for series, cat, truth in (("A", group.a_category, "yes"), ("B", group.b_category, "no")):
                 prior = do_prior(level, cat, negative=(series == "A"))
-                queries.append(Query(f"{sid}-{series}{level}-Full", "dobench", [views.full],
+                queries.append(Query(f"{sid}-{series}{level}-Full", "dobench", [full[series]],
                                      existence_question(cat, prior), "yes_no", truth,
                                      {"scene_id": sid, "series": series, "level": level, "view": "Full",
                                       "object": cat}))
         for view, image in (("Cluster", views.cluster), ("Crop", views.crop)):
-            queries.append(Query(f"{sid}-A0-{view}", "dobench", [image], existence_question(a_cat), "yes_no", "yes",
-                                 {"scene_id": sid, "series": "A", "level": 0, "view": view, "object": a_cat,
-                                  "margin": margin}))
+            queries.append(Query(f"{sid}-A0-{view}", "dobench", [image], existence_question(group.a_category),
+                                 "yes_no", "yes",
+                                 {"scene_id": sid, "series": "A", "level": 0, "view": view,
+                                  "object": group.a_category, "margin": margin}))
     return queries
