@@ -171,6 +171,34 @@ def test_reactbench_direct_questions_do_not_depend_on_the_dimensions_built():
     assert direct and all(fingerprint(q) == every[q.id] for q in direct)
 
 
+def test_reactbench_attribute_yes_no_is_half_yes_and_its_words_say_nothing():
+    """Counterfactual Attribute's direct YN asks the drawn colour on half the items (yes)
+    and another unusual colour on the rest (no): until session 38 it always asked the usual
+    colour, so "no" was always right, and asking the usual one on the "no" items would let
+    the words answer. The drawn colour comes from the item's stream, not its index (a
+    constant "blue" short answer scored 22% against 14%)."""
+    from collections import Counter
+
+    from evaluators.world import World
+
+    dominant = {c: colour for c, (colour, _) in World(BIASED).config.dominant_colour.items()}
+    drawn = {}
+    for seed in (0, 1, 2, 3):
+        queries = [q for q in build_suite("reactbench", seed, "full")
+                   if q.record["task"] == "counterfactual_attribute" and q.record["dimension"] == "direct"]
+        yes_no = [q for q in queries if q.record["qtype"] == "YN"]
+        assert Counter(q.truth for q in yes_no) == {"yes": len(yes_no) // 2, "no": len(yes_no) // 2}
+        for q in yes_no:
+            asked = q.prompt.split(" ")[3]
+            assert asked != dominant[q.record["object"]]
+        for q in queries:
+            if q.record["qtype"] == "SA":
+                k = int(q.id.split("-")[3])
+                assert q.truth != dominant[q.record["object"]]
+                drawn.setdefault((k, q.record["object"]), set()).add(q.truth)
+    assert any(len(colours) > 1 for colours in drawn.values())
+
+
 def test_reactbench_options_give_nothing_away_without_the_image():
     """No letter, option or yes/no answer can be told without the images (a review's image-blind
     policy scored 77.5% on alteration tracing's MC by picking the only option whose verb
@@ -272,7 +300,7 @@ def _blind_reactbench(query):
     return {"yes_no": "no", "option": "a", "number": "zero"}.get(query.kind, "?")
 
 
-@pytest.mark.parametrize("seed, prior_robust, react_score", [(0, 91.7, 41.2), (1, 91.7, 40.3)])
+@pytest.mark.parametrize("seed, prior_robust, react_score", [(0, 91.7, 40.2), (1, 91.7, 39.1)])
 def test_image_blind_policies_score_as_the_readme_says(seed, prior_robust, react_score):
     """The README's "What a model that never looks at the image scores" figures, at --scale
     full: they follow from the papers' protocols (every DO-Bench belief contradicts the
@@ -298,6 +326,39 @@ def _background_context(image) -> str:
     colours, counts = np.unique(pixels, axis=0, return_counts=True)
     commonest = tuple(int(v) for v in colours[counts.argmax()])
     return min(CONTEXTS, key=lambda c: sum((a - b) ** 2 for a, b in zip(CONTEXTS[c], commonest)))
+
+
+def test_dobench_a_series_asks_the_base_scene_and_b_series_its_edit():
+    """DO-Bench Sec. 3.2: the A-series is the base scene, B still in it; the B-series the
+    same scene with B removed, so the group's two images differ only where B was. Until
+    session 38 both series were cut from the edited scene. The A-object sits in a cluster:
+    its Cluster view keeps at least one neighbour (9% of them had none before)."""
+    import numpy as np
+
+    from evaluators.benchmarks.dobench.suite import build, scene_groups
+    from evaluators.world import World, do_views
+    from evaluators.world.views import neighbours
+
+    world = World(BIASED)
+    groups = [g for _, (_, g) in zip(range(12), scene_groups(0, world))]
+    queries = build(12, 0, world=world)
+    for k, g in enumerate(groups):
+        assert g.base.present(g.a_category) and g.base.present(g.b_category)
+        assert g.absent.present(g.a_category) and not g.absent.present(g.b_category)
+        base, absent = np.asarray(g.base.render()), np.asarray(g.absent.render())
+        changed = (base != absent).any(-1)
+        where_b = g.base.mask_of(g.b_category)
+        assert changed.any() and not changed[~where_b].any()
+        boxes = g.base.boxes()
+        assert neighbours(boxes[g.a_uid], [b for u, b in boxes.items() if u != g.a_uid])
+        views = do_views(g.base, g.a_uid, 0.1)
+        mine = {q.id.rsplit("-", 2)[-2] + "-" + q.id.rsplit("-", 1)[-1]: q for q in queries
+                if q.record["scene_id"] == f"dobench-0-{k}"}
+        for level in range(4):
+            assert np.array_equal(np.asarray(mine[f"A{level}-Full"].images[0]), base)
+            assert np.array_equal(np.asarray(mine[f"B{level}-Full"].images[0]), absent)
+        assert np.array_equal(np.asarray(mine["A0-Cluster"].images[0]), np.asarray(views.cluster))
+        assert np.array_equal(np.asarray(mine["A0-Crop"].images[0]), np.asarray(views.crop))
 
 
 @pytest.mark.parametrize("seed", [0, 1])

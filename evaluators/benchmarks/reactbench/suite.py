@@ -5,8 +5,9 @@ multiple choice (MC), short answer (SA) and yes/no (YN) in the standard mode.
   (knife). YN "is there a fork ...?" (no); SA "how many fork are there ?" (zero); MC which
   of four objects is in the image.
 * **Counterfactual Attribute** (language prior): a dominant-colour object recoloured (a
-  blue banana). SA "what colour is the banana ?"; YN "is the banana yellow ?" (no); MC over
-  four colours.
+  blue banana). SA "what colour is the banana ?"; YN "is the banana blue ?" (yes) on every
+  other item, "is the banana red ?" (no: another unusual colour) on the rest; MC over four
+  colours.
 * **Alteration Tracing** (cross-image comparison): before/after pairs (move, add, remove,
   replace). SA "what changed between the two images ?" (graded by its keywords: the
   object(s) and the verb); YN "was the <object> <verb> ?" (about the change half the
@@ -18,15 +19,18 @@ multiple choice (MC), short answer (SA) and yes/no (YN) in the standard mode.
 
 Relational Erasure's YN and SA questions ask about the erased object, so their answer is
 always the same ("no", zero) -- the paper's design (Sec. 3.1: "evaluated by questions about
-the existence of the erased object"). Counterfactual Attribute's YN question asks whether
-the object has its *usual* colour, always "no": that is our choice, not the paper's (it
-says only "questions about the counterfactual attribute", and its Table 4 has CA YN
-accuracies of 67%), and it gives a constant "no" about 2.5 React-Score points (session
-37's audit; asking the drawn colour on half the items would remove it, and move every
-ReactBench figure). Its drawn colour cycles with the item's index, not its seed (a
-constant "blue" short answer scored 22% against 14% chance over ten small-scale seeds).
-The absurd-contrast choices' answers are fixed too ("neither"; the drawn colour): a
-policy that never looks at the image and answers "no", "zero" and "a" scores 41.2 and 40.3
+the existence of the erased object"). Counterfactual Attribute's YN question asks about the
+drawn colour on even-numbered items (yes) and about another colour that is not the usual
+one on odd-numbered items (no). The paper says only "questions about the counterfactual
+attribute", and its Table 4's CA YN accuracies (67%) say its answers vary. Both colours
+asked are drawn uniformly from the unusual ones, so the question's words say nothing about
+its answer; asking the usual colour on the "no" items would have (a text-only rule scored
+86% against 50%: "the usual colour is never right"), and the usual-colour bait is the
+commonsense dimension's. Alternating, rather than a coin, keeps the split exact at every
+size. Until session 38 it always asked the usual colour (a constant "no" gained about 1
+React-Score point), and the drawn colour cycled with the item's index (a constant "blue"
+short answer scored 22% against 14% chance); it is now drawn from the item's own stream. The absurd-contrast choices' answers are fixed too ("neither"; the drawn colour): a
+policy that never looks at the image and answers "no", "zero" and "a" scores 40.2 and 39.1
 React-Score on ``--scale full`` seeds 0 and 1 (the paper's LLaVA-v1.6-7B: 34.5;
 ``tests/test_suites.py`` asserts it). Read a
 model's score beside the unmitigated baseline and the yes-ratio, as the report does, not
@@ -271,7 +275,10 @@ def build(n_per_task: int = 10, seed: int = 0, world: World | None = None, *,
         obj = objs[0]
         rng, extra_rng = item_rngs(1, k)
         usual = dominant[obj.category]
-        other = [c for c in COLOURS if c != usual][k % (len(COLOURS) - 1)]
+        unusual = [c for c in COLOURS if c != usual]
+        other = unusual[int(rng.integers(len(unusual)))]
+        decoy = [c for c in unusual if c != other][int(rng.integers(len(unusual) - 1))]
+        asked, asked_truth = (other, "yes") if k % 2 == 0 else (decoy, "no")
         img = [edits.recolour(scene, obj.uid, other).render() if obj.colour != other else scene.render()]
         rid, cat = f"react-{seed}-ca-{k}", obj.category
         wrong = [usual] + [c for c in COLOURS if c not in (usual, other)]
@@ -282,8 +289,8 @@ def build(n_per_task: int = 10, seed: int = 0, world: World | None = None, *,
             if dim == "direct":
                 q(f"{rid}-SA", "counterfactual_attribute", "SA", img, f"what colour is the {cat} ?", "choice", other,
                   extra, list(COLOURS))
-                q(f"{rid}-YN", "counterfactual_attribute", "YN", img, f"is the {cat} {usual} ? answer yes or no .",
-                  "yes_no", "no", extra)
+                q(f"{rid}-YN", "counterfactual_attribute", "YN", img, f"is the {cat} {asked} ? answer yes or no .",
+                  "yes_no", asked_truth, extra)
                 q(f"{rid}-MC", "counterfactual_attribute", "MC", img, _mc(f"what colour is the {cat} ?", options),
                   "option", letter, extra, options)
             elif dim == "commonsense":
