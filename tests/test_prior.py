@@ -392,7 +392,9 @@ def test_compact_positions_generate_as_the_deleted_prompt_on_the_organism():
             got = model(**posed).logits[:, -1]
             got_tokens = [model.generate(**posed, max_new_tokens=5, do_sample=False, num_beams=b)
                           [:, posed["input_ids"].shape[1]:] for b in (1, 3)]
-    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    # fp32 over prompts of other lengths and padding (masked keys are still summed over):
+    # differences of ~1e-5 on logits of magnitude ~3 are rounding, so relative as well
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert all(torch.equal(g, w) for g, w in zip(got_tokens, want_tokens))
 
 
