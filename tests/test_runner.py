@@ -408,12 +408,13 @@ def test_reactbench_suite_with_a_scripted_yes(tmp_path):
     assert {q.prompt for q in direct} <= {q.prompt for q in queries}
     res = run(queries, CallableModel(lambda i, p: "yes"), tmp_path, progress=False)["results"]["reactbench"]
     # "yes" is only a right answer to yes/no questions whose truth is yes: in alteration
-    # tracing those about the change made (about half, by design: S = 0.25 * their share),
-    # in erasure and attribute none of them
-    at_yn = [q.truth for q in queries if q.record["task"] == "alteration_tracing" and q.record["qtype"] == "YN"]
-    assert res["alteration_tracing"] == pytest.approx(25.0 * at_yn.count("yes") / len(at_yn))
+    # tracing those about the change made, in the attribute task the direct ones about the
+    # drawn colour (about half of each, by design: S = 0.25 * their share), in erasure none
+    for task in ("alteration_tracing", "counterfactual_attribute"):
+        yn = [q.truth for q in queries if q.record["task"] == task and q.record["qtype"] == "YN"]
+        assert 0 < yn.count("yes") < len(yn)
+        assert res[task] == pytest.approx(25.0 * yn.count("yes") / len(yn))
     assert res["relational_erasure"] == pytest.approx(0.0)
-    assert res["counterfactual_attribute"] == pytest.approx(0.0)
 
 
 def test_reactbench_every_dimension_and_hint_has_consistent_truths(tmp_path):
