@@ -5,6 +5,7 @@
     python -m evaluators.organism.crop_policy --settings views         # pair view, control window
     python -m evaluators.organism.crop_policy --settings gate          # gate (cost) x tau (effect)
     python -m evaluators.organism.crop_policy --settings locate        # attention vs embedding localiser
+    python -m evaluators.organism.crop_policy --settings zoom-views    # zoomed search: views, margin, control
 
 Issue 6 asks that the Full-view false "no" on present objects fall while the false "yes"
 on absent ones (DO-Bench's B-series) rises by at most 3 points. Both depend on ``tau`` (a
@@ -57,6 +58,14 @@ SETTINGS = {
         "zoomed embedding search, 2x2 tiles (locate='zoom')": {"locate": "zoom"},
         "zoomed embedding search, 3x3 tiles": {"locate": "zoom", "zoom_grid": 3},
         "object tokens, peak head, layer 0": _OBJECT,
+    },
+    # session 38: the zoomed search's views, margin and control on the A-series of the base scene
+    "zoom-views": {
+        "zoom 3x3 + control": {"locate": "zoom", "zoom_grid": 3, "control": True},
+        "zoom 2x2 + control": {"locate": "zoom", "control": True},
+        "zoom 3x3, crop only": {"locate": "zoom", "zoom_grid": 3, "views": ("crop",)},
+        "zoom 3x3, cluster only": {"locate": "zoom", "zoom_grid": 3, "views": ("cluster",)},
+        "zoom 3x3, margin 0.2": {"locate": "zoom", "zoom_grid": 3, "margin": 0.2},
     },
 }
 GATES = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
