@@ -9,6 +9,7 @@ the answer cannot be read, so callers can count it as wrong *and* report an inva
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any, Callable, Sequence
 
@@ -228,10 +229,13 @@ def parse_box(
     """A box from coordinate tokens ``<c3> <c5> <c9> <c12>`` (bin index, inclusive end; bins
     of ``size`` -- the width -- and of ``height``, default ``size``) or a JSON list
     ``[x0, y0, x1, y1]`` in pixels; ``"none"`` for an explicit abstention; None if
-    unreadable."""
+    unreadable. Corners out of order (a token ``x1 < x0``, a JSON ``x1 <= x0``), a bin
+    past the grid (``<c16>`` of 16 bins) or a non-finite value is not a box: None."""
     tokens = [int(b) for b in re.findall(r"<c(\d+)>", text)]
     if len(tokens) >= 4:
         x0, y0, x1, y1 = tokens[:4]
+        if max(x0, y0, x1, y1) >= bins or x1 < x0 or y1 < y0:
+            return None
         sx, sy = size / bins, (size if height is None else height) / bins
         return (x0 * sx, y0 * sy, (x1 + 1) * sx, (y1 + 1) * sy)
     found = re.search(r"\[[^\[\]]+\]", text)
@@ -239,6 +243,8 @@ def parse_box(
         try:
             vals = [float(v) for v in json.loads(found.group(0))]
             if len(vals) == 4:
+                if not all(math.isfinite(v) for v in vals) or vals[2] <= vals[0] or vals[3] <= vals[1]:
+                    return None
                 return tuple(vals)  # type: ignore[return-value]
         except (ValueError, TypeError):
             pass

@@ -19,7 +19,12 @@ What a model may answer (checked in this order):
 * **"none"** / **"no"** as the first word (:func:`~evaluators.answers.parse_box`'s rule) -- an explicit abstention: an empty mask, a
   valid answer (HalluSegBench scores abstention on the counterfactual as right).
 
-Anything else is unreadable: an empty mask that is counted invalid.
+Anything else is unreadable: an empty mask that is counted invalid. So is a box or
+polygon that covers no pixel of the image (a box beyond the image's edge; a polygon with no
+area): it names a region that is not there, which is not an abstention, and scoring it as
+one would give a model that emits malformed boxes HalluSegBench's best leakage scores. Until
+session 38 those came back as valid empty masks (an audit: random coordinate tokens scored
+73% "abstentions" and no invalid answer).
 
 A mask whose size differs from the ground truth's is resized with nearest neighbour by
 the metrics (:func:`evaluators.benchmarks.hallusegbench.metrics.resize_nearest`), as the
@@ -164,14 +169,15 @@ def answer_mask(answer: Any, shape: Sequence[int]) -> tuple[np.ndarray, bool]:
                 return empty, True
         polygons = _polygons(value)
         if polygons is not None:
-            return fill_polygons(polygons, (height, width)), False
+            filled = fill_polygons(polygons, (height, width))
+            return filled, not filled.any()
     box = parse_box(answer, width, height=height)
     if box == "none":
         return empty, False
     if isinstance(box, tuple):
         x0, y0, x1, y1 = (int(round(v)) for v in box)
         empty[max(y0, 0) : max(min(y1, height), 0), max(x0, 0) : max(min(x1, width), 0)] = True
-        return empty, False
+        return empty, not empty.any()
     return empty, True
 
 

@@ -38,6 +38,10 @@ def test_choice_and_boxes():
     assert parse_box("[1, 2, 30, 40]", 128) == (1.0, 2.0, 30.0, 40.0)
     assert parse_box("none", 128) == "none"
     assert parse_box("somewhere", 128) is None
+    # not boxes: corners out of order, a bin past the 16-bin grid, a JSON box with no area
+    assert parse_box("<c9> <c5> <c3> <c12>", 128) is None and parse_box("<c3> <c5> <c16> <c9>", 128) is None
+    assert parse_box("<c3> <c3> <c3> <c3>", 128) == (24.0, 24.0, 32.0, 32.0)  # one bin: inclusive end
+    assert parse_box("[30, 2, 1, 40]", 128) is None and parse_box("[1, 2, 1, 40]", 128) is None
     assert box_iou((0, 0, 10, 10), (0, 0, 10, 10)) == 1.0
     assert box_iou((0, 0, 10, 10), (5, 0, 15, 10)) == pytest.approx(50 / 150)
     assert box_iou((0, 0, 0, 0), (0, 0, 0, 0)) == 0.0

@@ -90,6 +90,17 @@ def test_boxes_abstention_and_unreadable():
     assert answer_mask(None, 8)[1]
 
 
+@pytest.mark.parametrize("answer", ["<c9> <c5> <c3> <c12>", "<c20> <c20> <c30> <c30>", "[40, 40, 10, 10]",
+                                    "[5, 5, 5, 9]", "[100, 100, 120, 120]", "[-30, 2, -10, 6]",
+                                    "[[100, 100], [120, 100], [120, 120]]"])
+def test_a_region_that_covers_no_pixel_is_unreadable_not_an_abstention(answer):
+    """Reversed corners, bins past the grid, a box or polygon off the image: an audit found
+    them scored as valid empty masks, i.e. HalluSegBench abstentions (random coordinate
+    tokens: 73% "abstentions", none invalid)."""
+    mask, invalid = answer_mask(answer, (32, 48))
+    assert invalid and not mask.any()
+
+
 def test_hallusegbench_scored_from_a_segmentation_callable_per_split(tmp_path):
     """An oracle segmenter (true mask on the factual image, abstains otherwise) scores
     IoU_fact = 1, ΔIoU = 1 and CMS = 0 on both splits; one that always returns the factual

@@ -253,6 +253,8 @@ def records_chb():
     ("<c7> <c0>", True), ("I cannot tell", True), ("", True), ('{"size": [2, 2], "counts": [1]}', True),
     ("<c1> <c1> <c5> <c5>", False), ("[1, 1, 9, 9]", False), ("none", False), ("[[0, 0], [9, 0], [9, 9]]", False),
     ('{"size": [2, 2], "counts": [1, 3]}', False),
+    # regions that cover no pixel of the 128 px image: not abstentions (session 38)
+    ("[200, 200, 220, 220]", True), ("<c9> <c5> <c3> <c12>", True), ("[[130, 130], [150, 130], [150, 150]]", True),
 ])
 def test_hallusegbench_answer_invalid_is_the_reading_the_pairs_are_scored_by(answer, unreadable):
     """The per-query flag the runner writes (``answer_invalid``) says exactly which roles a

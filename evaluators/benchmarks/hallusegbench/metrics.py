@@ -306,12 +306,14 @@ def answer_invalid(record: Mapping[str, Any]) -> bool:
     counts the invalid-answer rate from those flags: the query's own parse
     (:func:`evaluators.query.to_record`) takes any non-empty text as an answer, so
     ``"<c7> <c0>"`` (half a box) had been flagged valid and then scored as unreadable.
-    Whether a mask can be read does not depend on the image size."""
+    The answer is read on the grid :func:`..suite.answer_grid` gives, as the pair's record
+    reads it: a box off the image covers no pixel and is unreadable."""
     from ...masks import answer_mask
+    from .suite import answer_grid
 
     if record.get("invalid_input"):
         return True
-    return answer_mask(record.get("answer"), 1)[1]
+    return answer_mask(record.get("answer"), answer_grid(record))[1]
 
 
 def _mean_of(key: str):

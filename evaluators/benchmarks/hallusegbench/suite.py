@@ -82,6 +82,23 @@ def _ground_truth(record: dict) -> tuple[np.ndarray, np.ndarray]:
     return read(record["factual_mask_path"]), read(record["counterfactual_mask_path"])
 
 
+def answer_grid(record: dict) -> tuple[int, int]:
+    """``(height, width)`` of the grid one query's answer is drawn on: its ground-truth mask's
+    (M_c for the factual and textual queries, M'_{c'} for the visual one), read from the
+    stored scene or the mask file's header, without decoding a mask. Whether an answer is
+    readable depends on it: a box off the image covers no pixel (:mod:`evaluators.masks`)."""
+    if "factual_scene" in record:
+        scene = record["counterfactual_scene" if record.get("role") == "visual" else "factual_scene"]
+        return int(scene["resolution"]), int(scene["resolution"])
+    from PIL import Image
+
+    key = "counterfactual_mask_path" if record.get("role") == "visual" else "factual_mask_path"
+    if key not in record:
+        raise ValueError(f"record: a HalluSegBench query record needs its scene or {key!r}, got keys {sorted(record)}")
+    with Image.open(record[key]) as img:
+        return img.height, img.width
+
+
 def assemble(records: list[dict]) -> list[dict]:
     """Per-query lines -> one metric record per pair (masks rebuilt from the scenes)."""
     by: dict[str, dict] = {}
