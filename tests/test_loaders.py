@@ -17,9 +17,17 @@ def _png(path, size=(8, 8)):
     Image.fromarray(np.zeros((*size, 3), dtype=np.uint8)).save(path)
 
 
+def _mask(path, size=(8, 8), box=(2, 2, 5, 6)):
+    array = np.zeros(size, dtype=np.uint8)
+    array[box[1]:box[3], box[0]:box[2]] = 255
+    Image.fromarray(array).save(path)
+
+
 def test_hallusegbench_data_json(tmp_path):
-    for name in ("f.png", "fm.png", "c.png", "cm.png"):
+    for name in ("f.png", "c.png"):
         _png(tmp_path / name)
+    for name in ("fm.png", "cm.png"):
+        _mask(tmp_path / name)
     (tmp_path / "bad.png").write_bytes(b"not an image")
     entries = [
         {"factual_image_path": "f.png", "factual_mask_path": "fm.png", "counterfactual_image_path": "c.png",
@@ -37,6 +45,29 @@ def test_hallusegbench_data_json(tmp_path):
     assert "missing image" in samples[1].problem
     assert "corrupt image" in samples[2].problem
     assert samples[0].factual_image.open().size == (8, 8)
+
+
+def test_hallusegbench_mask_that_cannot_be_scored_is_an_invalid_input(tmp_path):
+    """An empty ground-truth mask (the object only in the alpha channel, say) or one of
+    another size than its image: named as the sample's problem, not scored (an audit found
+    the first scored IoU_fact 0 in the means and left out of CMS, the second a pixel-exact
+    box at IoU 0.25)."""
+    _png(tmp_path / "f.png")
+    _png(tmp_path / "c.png")
+    _mask(tmp_path / "good.png")
+    _mask(tmp_path / "small.png", size=(4, 4), box=(1, 1, 3, 3))
+    Image.fromarray(np.zeros((8, 8, 4), dtype=np.uint8)).save(tmp_path / "alpha.png")  # transparent: no grey
+    entry = {"factual_image_path": "f.png", "counterfactual_image_path": "c.png", "factual_label": "dog",
+             "counterfactual_label": "cat"}
+    (tmp_path / "data.json").write_text(json.dumps([
+        {**entry, "id": 0, "factual_mask_path": "good.png", "counterfactual_mask_path": "good.png"},
+        {**entry, "id": 1, "factual_mask_path": "alpha.png", "counterfactual_mask_path": "good.png"},
+        {**entry, "id": 2, "factual_mask_path": "good.png", "counterfactual_mask_path": "small.png"},
+    ]))
+    good, empty, small = hallusegbench.load(tmp_path)
+    assert good.problem is None
+    assert "alpha.png has no object pixel" in empty.problem
+    assert "small.png is 4x4, its image" in small.problem and "8x8" in small.problem
 
 
 def test_hallusegbench_malformed_entry_names_file_item_and_field(tmp_path):

@@ -18,6 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+from PIL import Image
+
 from ...data import DataError, ImageRef, field, read_json_list
 
 PATH_FIELDS = ("factual_image_path", "factual_mask_path", "counterfactual_image_path", "counterfactual_mask_path")
@@ -38,10 +41,23 @@ class SegSample:
 
     @property
     def problem(self) -> str | None:
-        """Why the sample cannot be scored (a missing or corrupt file), or None."""
+        """Why the sample cannot be scored, or None: a missing or corrupt file, a mask whose
+        size is not its image's, or a ground-truth mask with no object pixel (read as the
+        metrics read it: grey level > 0). The paper's M_c always exists (Sec. 4.1: "we retain
+        the ground-truth mask M_c provided by the original datasets"), and an answer is drawn
+        on its mask's grid, so a 50x50 mask of a 100x100 image would have scored a
+        pixel-exact box IoU 0.25, and an empty one IoU_fact 0 in the means while CMS left the
+        pair out (an audit, session 38). Such a sample is an invalid input, counted and
+        named, not scored."""
         for ref in (self.factual_image, self.factual_mask, self.counterfactual_image, self.counterfactual_mask):
             if (issue := ref.problem) is not None:
                 return issue
+        for image, mask in ((self.factual_image, self.factual_mask), (self.counterfactual_image, self.counterfactual_mask)):
+            with Image.open(image.path) as img, Image.open(mask.path) as m:
+                if img.size != m.size:
+                    return f"mask {mask.path} is {m.width}x{m.height}, its image {image.path} {img.width}x{img.height}"
+                if not (np.asarray(m.convert("L")) > 0).any():
+                    return f"mask {mask.path} has no object pixel (grey level > 0)"
         return None
 
 
