@@ -85,7 +85,7 @@ def test_causal_halbench_qa_json_and_pairs(tmp_path):
     items = [
         {"image_name": "000123.jpg", "q": "Is there a fork?", "type": "target", "tag": "origin", "id": 1, "answer": "yes"},
         {"image_name": "000123001.jpg", "q": "Is there a fork?", "type": "target", "tag": "inpainted", "id": 2,
-         "answer": "no"},
+         "answer": "yes"},
     ]
     (tmp_path / "qa.json").write_text(json.dumps(items))
     loaded = causal_halbench.load(tmp_path)
@@ -102,11 +102,11 @@ def test_causal_halbench_pairs_the_releases_underscore_names(tmp_path):
         {"image_name": "COCO_val2014_000000580294.jpg", "q": "Is there a fork?", "type": "target", "tag": "origin",
          "id": 1, "answer": "yes"},
         {"image_name": "COCO_val2014_000000580294_001.jpg", "q": "Is there a fork?", "type": "target",
-         "tag": "inpainted", "id": 2, "answer": "no"},
+         "tag": "inpainted", "id": 2, "answer": "yes"},
         {"image_name": "COCO_val2014_000000000123.jpg", "q": "Is there a cup?", "type": "target", "tag": "origin",
          "id": 3, "answer": "yes"},
         {"image_name": "COCO_val2014_000000000123002.jpg", "q": "Is there a cup?", "type": "target",
-         "tag": "inpainted", "id": 4, "answer": "no"},  # the bare form still pairs
+         "tag": "inpainted", "id": 4, "answer": "yes"},  # the bare form still pairs
     ]
     (tmp_path / "qa.json").write_text(json.dumps(items))
     loaded = causal_halbench.load(tmp_path)
@@ -136,9 +136,12 @@ def test_causal_halbench_ids_need_be_unique_only_within_a_base_images_group(tmp_
 @pytest.mark.parametrize("bad, fieldname", [
     ({"tag": "edited"}, "tag"), ({"answer": "maybe"}, "answer"), ({"type": "other"}, "type"), ({"q": 3}, "q"),
     ({"tag": "inpainted", "image_name": "x.jpg"}, "image_name"),
+    # Sec. 4.3 fixes the truth by type: Q_c and Q_cf "yes", Q_a "no" (CHR and AAC assume it)
+    ({"answer": "no"}, "answer"), ({"type": "absent"}, "answer"),
+    ({"type": "inpaint", "tag": "inpainted", "image_name": "a_001.jpg", "answer": "no"}, "answer"),
 ])
 def test_causal_halbench_bad_values(tmp_path, bad, fieldname):
-    item = {"image_name": "a.jpg", "q": "Is there a cat?", "type": "target", "tag": "origin", "id": 1, "answer": "no"}
+    item = {"image_name": "a.jpg", "q": "Is there a cat?", "type": "target", "tag": "origin", "id": 1, "answer": "yes"}
     (tmp_path / "qa.json").write_text(json.dumps([item, {**item, "id": 2, **bad}]))  # id 1 again: a repeated id
     with pytest.raises(DataError, match=rf"line 2, field '{fieldname}'"):
         causal_halbench.load(tmp_path)

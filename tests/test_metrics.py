@@ -270,6 +270,31 @@ def test_hallusegbench_answer_invalid_is_the_reading_the_pairs_are_scored_by(ans
     assert answer_invalid({"benchmark": "hallusegbench", "answer": None, "invalid_input": "missing image x.png"})
 
 
+def test_causal_halbench_pair_with_an_unusable_image_is_left_out_whole():
+    """CAC compares the two images of each pair (Eq. 4): with one counterfactual image
+    missing, keeping its original's answers had compared 12 original answers with 11 (an
+    audit: a model answering both images alike scored CAC -6.8 instead of 0)."""
+    from evaluators.runner import metric_records
+
+    rows = []
+    for i, right in enumerate([True, True, False, True]):  # each pair answered alike on both images
+        for image in ("original", "counterfactual"):
+            rows.append({**qa(image, "contextual", right, f"p{i}"), "benchmark": "causal_halbench"})
+    rows[-1] = {**rows[-1], "invalid_input": "missing image x.jpg", "correct": False, "invalid": True}
+    kept = metric_records("causal_halbench", rows)
+    assert sorted({r["pair_id"] for r in kept}) == ["p0", "p1", "p2"] and len(kept) == 6
+    assert get_metric("causal_halbench.cac").fn(kept) == 0.0
+
+
+@pytest.mark.parametrize("field, value", [("correct", "False"), ("correct", 1), ("invalid", "no")])
+def test_causal_halbench_flags_must_be_true_or_false(field, value):
+    """Read by truthiness, ``"correct": "False"`` had scored a wrong answer as right."""
+    records = records_chb()
+    records[0] = {**records[0], field: value}
+    with pytest.raises(ValueError, match=f"'{field}' must be true or false"):
+        chb.causal_scores(records)
+
+
 def test_causal_metrics():
     out = chb.causal_scores(records_chb())
     assert out["acc_original_contextual"] == 75.0 and out["acc_counterfactual_contextual"] == 50.0

@@ -26,6 +26,8 @@ from ...data import DataError, ImageRef, field, read_json_list
 
 TYPES = ("target", "absent", "inpaint")
 TAGS = ("origin", "inpainted")
+#: The ground truth each question type has by construction (Sec. 4.3).
+EXPECTED = {"target": "yes", "inpaint": "yes", "absent": "no"}
 
 
 @dataclass(frozen=True)
@@ -94,13 +96,18 @@ def load(path: str | Path, image_dir: str | Path | None = None) -> list[QAItem]:
         if kind == "inpaint" and tag == "origin":  # the metrics refused it at scoring time (Sec. 4.3)
             raise DataError(path, i, "type", "an 'inpaint' question (Q_cf, about the object put into the "
                             "counterfactual image) is asked only of an inpainted image, not of an origin one")
+        answer = field(raw, "answer", str, path, i, choices=("yes", "no"))
+        if answer != EXPECTED[kind]:  # Sec. 4.3 fixes each type's truth; CHR and AAC assume it
+            raise DataError(path, i, "answer", f"a {kind!r} question's answer is {EXPECTED[kind]!r} by the "
+                            f"benchmark's construction (Sec. 4.3: Q_c and Q_cf ask about objects that are "
+                            f"there, Q_a about absent ones), got {answer!r}")
         items.append(QAItem(
             id=f"{base}/{item_id}" if qualified else item_id,
             image=ImageRef(image_dir / name),
             question=field(raw, "q", str, path, i),
             type=kind,
             tag=tag,
-            answer=field(raw, "answer", str, path, i, choices=("yes", "no")),
+            answer=answer,
             base_name=base,
         ))
     return items

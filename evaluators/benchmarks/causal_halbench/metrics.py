@@ -48,8 +48,11 @@ Choices:
   Those repeated original answers are averaged (identical under greedy decoding); pairing
   each of them with each counterfactual answer had counted ``d x m`` pairs for ``m``
   counterfactual images and weighted such a group ``d``-fold in the pooled rate. The
-  authors' ``calculate_cpr`` also counts one pair per counterfactual image (it takes the
-  first question of each type only). Records naming no question
+  authors' ``calculate_cpr`` keeps only the *first* question of each type per
+  counterfactual image, so of the paper's two absent questions it pairs one; we pair every
+  question (both absent ones), so ``cpr_absent`` is over twice the authors' absent pairs and
+  can differ from theirs when the two answers differ (a second absent question answered
+  wrong: ours 50, theirs 100 for that image). Records naming no question
   pair by type: the original side is then the mean over that type's original answers.
 * **Unreadable answers are wrong on every question type.** The paper does not say how an
   answer is read. The authors' inference scripts map any answer containing "yes" to yes
@@ -69,6 +72,8 @@ import re
 from collections import defaultdict
 from typing import Any, Iterable, Mapping, Sequence
 
+import numpy as np
+
 from ...metrics.registry import metric
 
 IMAGE_TYPES = ("original", "counterfactual")
@@ -85,11 +90,20 @@ def _pct(num: float, den: int) -> float:
     return 100.0 * num / den if den else math.nan
 
 
+def _flag(r: Mapping[str, Any], name: str, default: bool | None = None) -> bool:
+    """A record's true/false field, refused unless it is a bool: ``"False"`` is truthy, and
+    read by truthiness it had scored a record marked wrong as right."""
+    value = r.get(name, default)
+    if value is None:
+        raise KeyError(f"record lacks the field {name!r}")
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"record field {name!r} must be true or false, got {value!r}")
+    return bool(value)
+
+
 def _is_correct(r: Mapping[str, Any]) -> bool:
     """Right only when marked correct and not invalid (an unreadable answer is wrong)."""
-    if "correct" not in r:
-        raise KeyError("record lacks the field 'correct'")
-    return bool(r["correct"]) and not r.get("invalid", False)
+    return _flag(r, "correct") and not _flag(r, "invalid", False)
 
 
 def _qa(records: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:

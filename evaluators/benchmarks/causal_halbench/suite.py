@@ -26,7 +26,8 @@ Questions (Sec. 4.2-4.3, "Is there {object} in this image?" in the organism's wo
 ``Q_c`` (``o_c``, GT yes) and the two ``Q_a`` (GT no) on both images, ``Q_cf`` (``o_cf``,
 GT yes) on ``X_cf`` only, and a caption of each image ("describe the image .") scored with
 CHAIR (Sec. 5.2) against the image's objects. The caption prompt is ours: the paper's
-(Appendix) asks for a detailed description, which the organism was not trained to give; it
+(Sec. 5.2, Table 4: "Provide a brief description of the given image.") uses words the
+organism was not trained on; it
 was trained on "describe the image ." object lists.
 
 Until session 33 the suite always took the world's co-occurrence pairs as (``o_c``,
@@ -135,10 +136,18 @@ def build(n_pairs: int = 30, seed: int = 0, world: World | None = None) -> list[
 
 
 def assemble(rows: list[dict]) -> list[dict]:
-    """Caption answers become CHAIR records (``caption``, ``objects``); QA rows pass through."""
+    """Caption answers become CHAIR records (``caption``, ``objects``); QA rows pass through.
+
+    A pair (``pair_id``: an original image and its counterfactual) with an image that could
+    not be asked (``invalid_input``: missing or corrupt) is left out whole: CAC and AAC
+    compare the two images' accuracies (Eq. 4-5), and keeping the other image's answers had
+    compared 12 original contextual answers with 11 counterfactual ones (an audit: a model
+    that answers both images alike scored CAC -6.8 instead of 0). The runner counts the
+    unusable inputs; rows without a ``pair_id`` are kept one by one."""
+    broken = {r["pair_id"] for r in rows if r.get("invalid_input") and r.get("pair_id") is not None}
     out = []
     for r in rows:
-        if r.get("invalid_input"):
+        if r.get("invalid_input") or (r.get("pair_id") is not None and r["pair_id"] in broken):
             continue
         if "objects" in r and "question_type" not in r:
             out.append({**r, "caption": r.get("answer") or ""})
