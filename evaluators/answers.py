@@ -30,10 +30,38 @@ def words(text: str) -> list[str]:
     return _WORD.findall(text.lower())
 
 
+#: Hedges: an answer that says only one of these says neither yes nor no ("Not sure." had
+#: been read as "no", right on every absent-object question; an audit, session 38).
+_HEDGE = re.compile(r"\b(?:not (?:sure|certain)|no idea|unsure|uncertain|unclear|not clear|"
+                    r"(?:do|does|did|can|could) not (?:know|tell|say|determine)|cannot (?:tell|say|determine)|"
+                    r"(?:hard|impossible|difficult) to (?:tell|say|determine))\b")
+#: Denials of existence without the word "no" ("There isn't a dog.", "I don't see a dog."):
+#: read as no. Not every "not" (VLMEvalKit reads neither; "the dog is not on the table"
+#: says there is one), only these constructions.
+_DENIAL = re.compile(r"\bthere (?:is|are|s|was|were) not\b|"
+                     r"\b(?:do|does|did|can|could) not (?:see|find|spot|notice|detect|observe|contain|show|"
+                     r"include|have|appear)\b|\bcannot (?:see|find|spot|notice|detect|observe)\b|"
+                     r"\bnot (?:present|visible|pictured|shown|in the (?:image|picture|photo))\b")
+
+
+def is_hedge(text: str) -> bool:
+    """Does ``text`` hedge ("not sure", "no idea", "I can't tell": :data:`_HEDGE`)? Such an
+    answer to a yes/no question reads as neither (:func:`parse_yes_no`), but it is still a
+    yes/no answer, not an attribute (:func:`mitigate.answer_kinds.answer_kind`)."""
+    return bool(_HEDGE.search(" ".join(words(_expand_negations(text)))))
+
+
 def parse_yes_no(text: str) -> bool | None:
-    """True for yes, False for no, None if neither or both appear (e.g. "yes and no")."""
-    w = words(text)
-    yes, no = "yes" in w, "no" in w or "not" in w[:1]
+    """True for yes, False for no, None if neither or both appear (e.g. "yes and no").
+
+    VLMEvalKit's rule ("yes" without "no" and vice versa, DESIGN.md §4), with "not" as the
+    first word and the denials of :data:`_DENIAL` ("there isn't", "I don't see") read as
+    no, and the hedges of :data:`_HEDGE` ("not sure", "no idea", "can't tell") read as
+    neither: they are removed before the rest is read."""
+    plain = " ".join(words(_expand_negations(text)))
+    plain = _HEDGE.sub(" ", plain)
+    w = plain.split()
+    yes, no = "yes" in w, "no" in w or "not" in w[:1] or bool(_DENIAL.search(plain))
     if yes and not no:
         return True
     if no and not yes:

@@ -9,6 +9,14 @@ from evaluators.answers import box_iou, parse_box, parse_choice, parse_number, p
     ("yes", True), ("Yes.", True), ("Yes, there is a dog.", True), (" yes </s>", True),
     ("no", False), ("No, there isn't.", False), ("Not at all", False), ("NO!", False),
     ("maybe", None), ("", None), ("yes and no", True), ("no, yes", False),
+    # denials without "no" (an audit, session 38: these were unreadable, so wrong on Q_a)
+    ("There is not a dog in this image.", False), ("There isn't a dog.", False), ("There's not a cup.", False),
+    ("I don't see a dog.", False), ("I can't see any dog here.", False), ("The dog is not visible.", False),
+    # hedges say neither (they had been read as "no": right on every absent question)
+    ("Not sure.", None), ("No idea.", None), ("I'm not sure.", None), ("I can't tell.", None),
+    ("Not sure, but yes.", True), ("No idea -- no, there is none.", False),
+    # a "not" that denies no existence is not a "no"
+    ("The dog is not on the table.", None), ("Yes, though it is not large.", True),
 ])
 def test_yes_no(text, expected):
     assert parse_yes_no(text) is expected if expected is not None else parse_yes_no(text) is None
