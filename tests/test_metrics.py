@@ -740,14 +740,16 @@ def test_causal_halbench_chair_on_counterfactual_images_apart():
     from evaluators.benchmarks.causal_halbench import metrics as chb
 
     records = [{"caption": "a fork and a dog", "objects": ["fork"], "image_type": "counterfactual"},
-               {"caption": "a fork", "objects": ["fork"], "image_type": "counterfactual"},
+               {"caption": "a fork", "objects": ["fork"], "image_type": "inpainted"},  # the release's tag
                {"caption": "a knife", "objects": ["knife"], "image_type": "original"},
-               {"contextual": True, "image_type": "original"}]  # a question, not a caption
+               {"image_type": "original", "question_type": "contextual", "correct": True, "invalid": False}]
     out = chb.details(records)
     assert out["chair_counterfactual"] == {"chair_s": 50.0, "chair_i": pytest.approx(100 / 3), "n_captions": 2,
                                            "n_empty": 0}
     assert out["chair_original"] == {"chair_s": 0.0, "chair_i": 0.0, "n_captions": 1, "n_empty": 0}
     assert get_metric("causal_halbench.chair_s").fn(records) == pytest.approx(100 / 3)  # pooled, as before
+    # Table 2's columns over the question records alone (the captions are not in n)
+    assert out["table2"]["acc_original_contextual"] == 100.0 and out["table2"]["n"] == 1
 
 
 def test_an_empty_caption_is_not_a_clean_one():

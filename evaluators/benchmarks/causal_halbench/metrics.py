@@ -385,12 +385,18 @@ def chair_i(records, synonyms: Any = None) -> float:
 
 
 def details(records: Sequence[Mapping[str, Any]], synonyms: Any = None) -> dict[str, Any]:
-    """What ``results.json`` carries beside the registered metrics: CHAIR-s / CHAIR-i on the
-    captions of each ``image_type`` apart -- Table 4 gives, in parentheses, the figures of "a
-    subset containing only counterfactual images", and Sec. 5.2 reads the gap between them."""
-    out = {}
+    """What ``results.json`` carries beside the registered metrics: ``table2``, every Table 2
+    number (:func:`causal_scores`: the four Acc(Q_c) / Acc(Q_a) columns, CPR's contextual and
+    absent parts, and ``n`` / ``invalid_rate`` over the question-answer records alone), and
+    CHAIR-s / CHAIR-i on the captions of each ``image_type`` apart -- Table 4 gives, in
+    parentheses, the figures of "a subset containing only counterfactual images", and Sec.
+    5.2 reads the gap between them. Image types are read through the same aliases as
+    everywhere here ("origin", "inpainted", ...)."""
+    records = list(records)
+    out: dict[str, Any] = {"table2": causal_scores(records) if _qa(records) else {}}
     for image_type in IMAGE_TYPES:
-        of_type = [r for r in records if "caption" in r and r.get("image_type") == image_type]
+        of_type = [r for r in records if "caption" in r
+                   and _IMAGE_ALIASES.get(str(r.get("image_type")).lower()) == image_type]
         scores = _chair_records(of_type, synonyms)
         out[f"chair_{image_type}"] = {"chair_s": scores["chair_s"], "chair_i": scores["chair_i"],
                                       "n_captions": len(of_type), "n_empty": scores.get("n_empty", 0)}
