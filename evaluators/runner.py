@@ -241,7 +241,10 @@ def summary_line(bench: str, payload: dict) -> str:
     number of samples, the invalid-answer rate and, when any, the inputs that could not be
     asked (a missing or corrupt image), which the rate leaves out."""
     values = payload["results"][bench]
-    shown = ", ".join(f"{k}={v:.1f}" for k, v in values.items() if isinstance(v, float))
+    # percentages at one decimal; fractions (HalluSegBench's IoU, ΔIoU and CMS, reported to
+    # four decimals in its paper) at four significant digits: 0.1062 had printed as 0.1
+    shown = ", ".join(f"{k}={v:.1f}" if abs(v) >= 10 else f"{k}={v:.4g}"
+                      for k, v in values.items() if isinstance(v, float))
     invalid = payload["invalid"][bench]
     inputs = invalid.get("invalid_inputs", 0)
     unasked = f", {inputs} input{'s' if inputs != 1 else ''} invalid" if inputs else ""

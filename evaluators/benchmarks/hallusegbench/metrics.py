@@ -149,7 +149,9 @@ def iou(pred: Any, gt: Any) -> float:
 
 
 def cms(pred: Any, gt: Any, alpha: float = ALPHA) -> float:
-    """Confusion Mask Score, Eq. 3: (α|P ∩ G| + |P \\ G|) / (α|G|); NaN when G is empty."""
+    """Confusion Mask Score, Eq. 3: (α|P ∩ G| + |P \\ G|) / (α|G|); NaN when G is empty.
+    The paper takes α > 1 ("penalizes overlap with confusing regions more heavily", α = 3 in
+    its evaluations, :data:`ALPHA`); any α > 0 is accepted here, for ablations."""
     if alpha <= 0:
         raise ValueError(f"alpha must be positive, got {alpha}")
     g = _binary(gt)
