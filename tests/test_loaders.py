@@ -74,6 +74,12 @@ def test_hallusegbench_malformed_entry_names_file_item_and_field(tmp_path):
     (tmp_path / "data.json").write_text(json.dumps([{"factual_image_path": "f.png"}]))
     with pytest.raises(DataError, match=r"data.json, line 1, field 'factual_mask_path': missing"):
         hallusegbench.load(tmp_path)
+    # a pair of one label scores dIoU_textual 0 by construction
+    entry = {"factual_image_path": "f.png", "factual_mask_path": "fm.png", "counterfactual_image_path": "c.png",
+             "counterfactual_mask_path": "cm.png", "factual_label": "dog", "counterfactual_label": "Dog "}
+    (tmp_path / "data.json").write_text(json.dumps([entry]))
+    with pytest.raises(DataError, match=r"field 'counterfactual_label': is the factual label 'dog'"):
+        hallusegbench.load(tmp_path)
     (tmp_path / "data.json").write_text("[{")
     with pytest.raises(DataError, match="invalid JSON"):
         hallusegbench.load(tmp_path)

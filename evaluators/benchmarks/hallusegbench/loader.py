@@ -91,6 +91,12 @@ def load(path: str | Path) -> list[SegSample]:
             raise DataError(path, i, "counterfactual_question", "reasoning entries need both questions")
         ref = {name: ImageRef(p if Path(p).is_absolute() else root / p) for name, p in
                ((n, Path(v)) for n, v in paths.items())}
+        # a pair is c in I against c' in I' (Sec. 3): the same label twice would score
+        # dIoU_textual 0 by construction, not by what the model does
+        labels = [field(item, name, str, path, i) for name in ("factual_label", "counterfactual_label")]
+        if labels[0].strip().lower() == labels[1].strip().lower():
+            raise DataError(path, i, "counterfactual_label", f"is the factual label {labels[0]!r}: the "
+                            "counterfactual object c' must differ from c")
         samples.append(SegSample(
             id=sample_id,
             split="reasoning" if question is not None else "referring",
