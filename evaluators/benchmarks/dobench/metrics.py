@@ -55,10 +55,11 @@ Choices:
 * **Reading the answers.** The paper's normalisation rules are in an appendix we do not
   have (§3.3, §4.1). The runner reads yes/no as :func:`evaluators.answers.parse_yes_no`
   does (VLMEvalKit's rule: "yes" without "no" is yes, "no" or a leading "not" without "yes"
-  is no, both: the first word decides), so a sentence that denies without the word "no"
-  ("There isn't a cup in the image.", "I do not see a cup.") is unreadable, and on a
-  B-query it then counts as a false affirmation (the first choice above). Read
-  ``invalid_rate`` beside FP and PriorRobust for models that answer in sentences.
+  is no, both: the first word decides; since session 38 also the existence denials "There
+  isn't a cup", "I do not see a cup" read as no and hedges such as "Not sure." as
+  neither). A sentence these rules still cannot read is unreadable, and on a B-query it
+  then counts as a false affirmation (the first choice above). Read ``invalid_rate``
+  beside FP and PriorRobust for models that answer in sentences.
 * **Repeated runs.** For API models the paper repeats inference three times "and report[s]
   averaged results" (§3.3, §4.1): score each run's records on their own and average the
   metrics. Passing the three runs' records together pools them, which averages the

@@ -80,9 +80,10 @@ Choices:
 * **Multiple-choice and yes/no answers are read by rule**, not judged: App. C.1 grades
   "across all question types" with an LLM judge (Fig. 24); the runner reads an option
   letter or a unique option text (:func:`evaluators.answers.parse_option`) and yes/no as
-  :func:`evaluators.answers.parse_yes_no` does ("yes" without "no" and vice versa). An answer
-  these rules cannot read ("There isn't a fork.") is invalid, and so wrong, where a judge
-  would read it; ``invalid_rate`` says how many.
+  :func:`evaluators.answers.parse_yes_no` does ("yes" without "no" and vice versa, and a
+  few existence denials without "no": "There isn't a fork."). An answer these rules cannot
+  read ("The fork seems to be gone.") is invalid, and so wrong, where a judge would read
+  it; ``invalid_rate`` says how many.
 * **Chain-of-thought answers** are read from what follows their closing "answer is" /
   "final answer:" when that part is readable (:func:`evaluators.answers.answer_tail`).
 """
