@@ -20,8 +20,9 @@ What a model may answer (checked in this order):
   valid answer (HalluSegBench scores abstention on the counterfactual as right).
 
 Anything else is unreadable: an empty mask that is counted invalid. So is a box or
-polygon that covers no pixel of the image (a box beyond the image's edge; a polygon with no
-area): it names a region that is not there, which is not an abstention, and scoring it as
+polygon that covers no pixel of the image (a box with its corners out of order or beyond
+the image's edge, a polygon entirely off the image; PIL's fill draws even a degenerate
+polygon's boundary pixels, so one on the image is readable): it names a region that is not there, which is not an abstention, and scoring it as
 one would give a model that emits malformed boxes HalluSegBench's best leakage scores. Until
 session 38 those came back as valid empty masks (an audit: random coordinate tokens scored
 73% "abstentions" and no invalid answer).
