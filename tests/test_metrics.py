@@ -216,6 +216,9 @@ def test_unreadable_roles_take_the_worst_iou_and_leave_cms_to_readable_answers()
     assert one["n_cms_undefined"] == 0
     assert worst["cms_fact"] == real["cms_fact"] and worst["cms_counterfact"] == 0.0  # the readable one's
     assert worst["unreadable_textual"] == worst["unreadable_visual"] == 0.5
+    # each CMS mean says how many pairs it is over: one lost role leaves the other's mean whole
+    textual_lost = hsb.scores([base(unreadable=["textual"]), base()])
+    assert (textual_lost["n_cms_fact"], textual_lost["n_cms_counterfact"], textual_lost["n_cms_unreadable"]) == (1, 2, 1)
     assert one["abstain_textual"] == one["abstain_visual"] == 0.0
     fact = hsb.scores([base(unreadable=["fact"])])
     assert fact["iou_fact"] == 0.0 and fact["cms_fact"] == real["cms_fact"]

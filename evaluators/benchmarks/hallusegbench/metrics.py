@@ -251,8 +251,10 @@ def scores(records: Iterable[Mapping[str, Any]], alpha: float = ALPHA) -> dict[s
 
     Returns the seven metrics, ``abstain_textual`` / ``abstain_visual`` (share of empty
     predictions where abstaining is right), ``unreadable_textual`` / ``unreadable_visual``
-    (share of answers no mask could be read from), ``n``, ``n_cms_undefined`` (empty ground
-    truth), ``n_cms_unreadable`` and ``ci95`` (a dict of half-widths)."""
+    (share of answers no mask could be read from), ``n``, ``n_cms_fact`` /
+    ``n_cms_counterfact`` (the pairs each CMS mean is over), ``n_cms_undefined`` (empty ground
+    truth), ``n_cms_unreadable`` (pairs with either CMS left out as unreadable) and ``ci95``
+    (a dict of half-widths)."""
     per = [_record_scores(r, alpha) for r in records]
     out: dict[str, Any] = {"n": len(per)}
     ci: dict[str, float] = {}
@@ -261,6 +263,10 @@ def scores(records: Iterable[Mapping[str, Any]], alpha: float = ALPHA) -> dict[s
         out[key] = float(np.mean(vals)) if vals else math.nan
         if key in _KEYS:
             ci[key] = ci95_halfwidth(vals)
+    # how many pairs each CMS mean is over (the two leave out different pairs: the counts
+    # below count a pair once whichever role it lost)
+    out["n_cms_fact"] = sum(not math.isnan(s["cms_fact"]) for s in per)
+    out["n_cms_counterfact"] = sum(not math.isnan(s["cms_counterfact"]) for s in per)
     out["n_cms_unreadable"] = sum(bool(s["unreadable_textual"] or s["unreadable_visual"]) for s in per)
     out["n_cms_undefined"] = sum((math.isnan(s["cms_fact"]) and not s["unreadable_textual"])
                                  or (math.isnan(s["cms_counterfact"]) and not s["unreadable_visual"]) for s in per)
