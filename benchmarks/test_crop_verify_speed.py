@@ -12,7 +12,8 @@ localisation and the two views; the share is recorded with the timing. ``crop_ve
 is ``answer()`` with ``locate="embedding"``, which needs no forward of ViCrop's generic prompt;
 ``crop_verify_own_generic_forward`` is the default with ViCrop's generic map from a forward of its
 own instead of the first answer's cache (:mod:`mitigate.localize_prefix`, session 20);
-``crop_verify_embedding_crop`` also asks the Crop view alone; ``crop_verify_zoom`` searches 2x2
+``crop_verify_embedding_crop`` also asks the Crop view alone; ``crop_verify_crop`` is the default
+(ViCrop) with the Crop view alone (session 38: the Cluster view overturned no level-0 denial); ``crop_verify_zoom`` searches 2x2
 tiles (vision tower and projector only) instead, ``crop_verify_zoom_crop`` with the Crop view alone;
 ``crop_verify_full_views`` lets the views of yes/no questions answer at ``max_new_tokens`` as
 they did before session 28 (the default reads one token of them).
@@ -49,7 +50,8 @@ def _questions(kind: str):
 
 
 @pytest.mark.parametrize("kind", ["dobench_level0", "clean"])
-@pytest.mark.parametrize("role", ["baseline", "crop_verify", "crop_verify_own_generic_forward", "crop_verify_generate",
+@pytest.mark.parametrize("role", ["baseline", "crop_verify", "crop_verify_crop", "crop_verify_own_generic_forward",
+                                  "crop_verify_generate",
                                   "crop_verify_embedding", "crop_verify_embedding_crop", "crop_verify_zoom",
                                   "crop_verify_zoom_crop", "crop_verify_full_views"])
 def test_crop_verify_speed(benchmark, paired, organism, rounds, role, kind, monkeypatch):
@@ -69,7 +71,8 @@ def test_crop_verify_speed(benchmark, paired, organism, rounds, role, kind, monk
         return
     # crop_verify_embedding: answer() with locate="embedding" (no generic-prompt forward);
     # _crop: and the Crop view alone (half the views' rows)
-    settings = {"crop_verify_embedding": {"locate": "embedding"},
+    settings = {"crop_verify_crop": {"views": ("crop",)},
+                "crop_verify_embedding": {"locate": "embedding"},
                 "crop_verify_embedding_crop": {"locate": "embedding", "views": ("crop",)},
                 "crop_verify_zoom": {"locate": "zoom"},
                 "crop_verify_zoom_crop": {"locate": "zoom", "views": ("crop",)},
