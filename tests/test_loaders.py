@@ -13,8 +13,8 @@ from evaluators.benchmarks import causal_halbench, hallusegbench
 from evaluators.data import DataError, read_jsonl
 
 
-def _png(path, size=(8, 8)):
-    Image.fromarray(np.zeros((*size, 3), dtype=np.uint8)).save(path)
+def _png(path, size=(8, 8), grey=0):
+    Image.fromarray(np.full((*size, 3), grey, dtype=np.uint8)).save(path)
 
 
 def _mask(path, size=(8, 8), box=(2, 2, 5, 6)):
@@ -24,8 +24,8 @@ def _mask(path, size=(8, 8), box=(2, 2, 5, 6)):
 
 
 def test_hallusegbench_data_json(tmp_path):
-    for name in ("f.png", "c.png"):
-        _png(tmp_path / name)
+    _png(tmp_path / "f.png")
+    _png(tmp_path / "c.png", grey=9)  # the edit: a counterfactual with I's pixels is refused
     for name in ("fm.png", "cm.png"):
         _mask(tmp_path / name)
     (tmp_path / "bad.png").write_bytes(b"not an image")
@@ -53,7 +53,7 @@ def test_hallusegbench_mask_that_cannot_be_scored_is_an_invalid_input(tmp_path):
     the first scored IoU_fact 0 in the means and left out of CMS, the second a pixel-exact
     box at IoU 0.25)."""
     _png(tmp_path / "f.png")
-    _png(tmp_path / "c.png")
+    _png(tmp_path / "c.png", grey=9)
     _mask(tmp_path / "good.png")
     _mask(tmp_path / "small.png", size=(4, 4), box=(1, 1, 3, 3))
     Image.fromarray(np.zeros((8, 8, 4), dtype=np.uint8)).save(tmp_path / "alpha.png")  # transparent: no grey
@@ -68,6 +68,23 @@ def test_hallusegbench_mask_that_cannot_be_scored_is_an_invalid_input(tmp_path):
     assert good.problem is None
     assert "alpha.png has no object pixel" in empty.problem
     assert "small.png is 4x4, its image" in small.problem and "8x8" in small.problem
+
+
+def test_hallusegbench_pair_without_an_edit_is_refused(tmp_path):
+    """I' is I with c replaced by c' (Sec. 3): the factual file named twice is a DataError on
+    its field, and a counterfactual file with the factual pixels (a copy) an invalid input,
+    so ΔIoU_visual is never scored on a pair that shows no edit."""
+    _png(tmp_path / "f.png")
+    _png(tmp_path / "copy.png")
+    _mask(tmp_path / "m.png")
+    entry = {"factual_image_path": "f.png", "factual_mask_path": "m.png", "counterfactual_mask_path": "m.png",
+             "factual_label": "dog", "counterfactual_label": "cat"}
+    (tmp_path / "data.json").write_text(json.dumps([{**entry, "counterfactual_image_path": "./f.png"}]))
+    with pytest.raises(DataError, match=r"field 'counterfactual_image_path': is the factual image 'f.png'"):
+        hallusegbench.load(tmp_path)
+    (tmp_path / "data.json").write_text(json.dumps([{**entry, "counterfactual_image_path": "copy.png"}]))
+    (copied,) = hallusegbench.load(tmp_path)
+    assert "copy.png has the pixels of the factual image" in copied.problem
 
 
 def test_hallusegbench_malformed_entry_names_file_item_and_field(tmp_path):

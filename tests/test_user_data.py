@@ -24,9 +24,10 @@ def test_hallusegbench_data_json_end_to_end(tmp_path):
     mask[8:24, 8:24] = 255  # a 16x16 object: a whole-image box has IoU 256/1024
     Image.fromarray(mask).save(tmp_path / "m.png")
     _png(tmp_path / "f.png")
-    entries = [{"factual_image_path": "f.png", "factual_mask_path": "m.png", "counterfactual_image_path": "f.png",
+    _png(tmp_path / "c.png", np.full((32, 32, 3), 9, dtype=np.uint8))
+    entries = [{"factual_image_path": "f.png", "factual_mask_path": "m.png", "counterfactual_image_path": "c.png",
                 "counterfactual_mask_path": "m.png", "factual_label": "dog", "counterfactual_label": "cat"},
-               {"factual_image_path": "gone.png", "factual_mask_path": "m.png", "counterfactual_image_path": "f.png",
+               {"factual_image_path": "gone.png", "factual_mask_path": "m.png", "counterfactual_image_path": "c.png",
                 "counterfactual_mask_path": "m.png", "factual_label": "dog", "counterfactual_label": "cat"}]
     (tmp_path / "data.json").write_text(json.dumps(entries))
     queries = PROTOCOLS["hallusegbench"](tmp_path / "data.json")
@@ -154,7 +155,7 @@ def test_reactbench_short_answers_take_synonyms_and_refuse_denials_and_intervals
 
 
 def _seg_entry(image="f.png", **extra):
-    return {"factual_image_path": image, "factual_mask_path": "m.png", "counterfactual_image_path": image,
+    return {"factual_image_path": image, "factual_mask_path": "m.png", "counterfactual_image_path": "c.png",
             "counterfactual_mask_path": "m.png", "factual_label": "dog", "counterfactual_label": "cat", **extra}
 
 
@@ -162,6 +163,7 @@ def _seg_subset(folder, entries):
     folder.mkdir(parents=True)
     Image.fromarray(np.zeros((32, 32), dtype=np.uint8)).save(folder / "m.png")
     _png(folder / "f.png")
+    _png(folder / "c.png", np.full((32, 32, 3), 9, dtype=np.uint8))
     (folder / "data.json").write_text(json.dumps(entries))
 
 

@@ -48,10 +48,18 @@ class SegSample:
         on its mask's grid, so a 50x50 mask of a 100x100 image would have scored a
         pixel-exact box IoU 0.25, and an empty one IoU_fact 0 in the means while CMS left the
         pair out (an audit, session 38). Such a sample is an invalid input, counted and
-        named, not scored."""
+        named, not scored.
+
+        So is a counterfactual image with the factual image's pixels: "I' is an edited
+        version of I, in which the object of class c is replaced" (Sec. 3), and a pair without the edit scores ΔIoU_visual as if the model had
+        segmented c' where there is still c (an audit, session 38: the same file given twice)."""
         for ref in (self.factual_image, self.factual_mask, self.counterfactual_image, self.counterfactual_mask):
             if (issue := ref.problem) is not None:
                 return issue
+        with Image.open(self.factual_image.path) as f, Image.open(self.counterfactual_image.path) as c:
+            if f.size == c.size and np.array_equal(np.asarray(f.convert("RGB")), np.asarray(c.convert("RGB"))):
+                return (f"counterfactual image {self.counterfactual_image.path} has the pixels of the factual "
+                        f"image {self.factual_image.path}: the pair shows no edit")
         for image, mask in ((self.factual_image, self.factual_mask), (self.counterfactual_image, self.counterfactual_mask)):
             with Image.open(image.path) as img, Image.open(mask.path) as m:
                 if img.size != m.size:
@@ -91,6 +99,9 @@ def load(path: str | Path) -> list[SegSample]:
             raise DataError(path, i, "counterfactual_question", "reasoning entries need both questions")
         ref = {name: ImageRef(p if Path(p).is_absolute() else root / p) for name, p in
                ((n, Path(v)) for n, v in paths.items())}
+        if ref["factual_image_path"].path.resolve() == ref["counterfactual_image_path"].path.resolve():
+            raise DataError(path, i, "counterfactual_image_path", f"is the factual image {paths['factual_image_path']!r}: "
+                            "I' must be the edited image (c replaced by c')")
         # a pair is c in I against c' in I' (Sec. 3): the same label twice would score
         # dIoU_textual 0 by construction, not by what the model does
         labels = [field(item, name, str, path, i) for name in ("factual_label", "counterfactual_label")]
