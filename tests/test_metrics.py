@@ -298,6 +298,29 @@ def test_causal_halbench_flags_must_be_true_or_false(field, value):
         chb.causal_scores(records)
 
 
+@pytest.mark.parametrize("records, score, field, value", [
+    ("do", "prior_robust", "pred_yes", "no"), ("do", "prior_robust", "pred_yes", float("nan")),
+    ("do", "prior_robust", "correct", "False"), ("do", "prior_robust", "invalid", 0),
+    ("rb", "react_score", "correct", "False"), ("rb", "react_score", "invalid", "yes"),
+    ("mioh", "overall", "correct", "False"), ("mioh", "overall", "invalid", "no"),
+])
+def test_flags_must_be_true_or_false_in_every_benchmark(records, score, field, value):
+    """The same rule as Causal-HalBench's (evaluators.metrics.fields): DO-Bench read
+    ``pred_yes: "no"`` as yes (PriorRobust 100 -> 50 for a model right everywhere) and
+    ReactBench / MIOH ``correct: "False"`` as right (an audit, session 39)."""
+    rows = {"do": records_do, "rb": records_rb, "mioh": records_mioh}[records]()
+    rows[0] = {**rows[0], field: value}
+    with pytest.raises(ValueError, match=f"'{field}' must be true or false"):
+        get_metric(f"{ {'do': 'dobench', 'rb': 'reactbench', 'mioh': 'mioh'}[records]}.{score}").fn(rows)
+
+
+def test_dobench_level_true_is_not_level_1():
+    rows = records_do()
+    rows[0] = {**rows[0], "level": True}
+    with pytest.raises(ValueError, match="level must be one of"):
+        do.prior_robust(rows)
+
+
 def test_causal_metrics():
     out = chb.causal_scores(records_chb())
     assert out["acc_original_contextual"] == 75.0 and out["acc_counterfactual_contextual"] == 50.0

@@ -74,6 +74,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from ...metrics.fields import flag
 from ...metrics.registry import metric
 
 IMAGE_TYPES = ("original", "counterfactual")
@@ -91,14 +92,8 @@ def _pct(num: float, den: int) -> float:
 
 
 def _flag(r: Mapping[str, Any], name: str, default: bool | None = None) -> bool:
-    """A record's true/false field, refused unless it is a bool: ``"False"`` is truthy, and
-    read by truthiness it had scored a record marked wrong as right."""
-    value = r.get(name, default)
-    if value is None:
-        raise KeyError(f"record lacks the field {name!r}")
-    if not isinstance(value, (bool, np.bool_)):
-        raise ValueError(f"record field {name!r} must be true or false, got {value!r}")
-    return bool(value)
+    """A record's true/false field, refused unless it is a bool (:func:`evaluators.metrics.fields.flag`)."""
+    return flag(r, name) if default is None else flag(r, name, default)
 
 
 def _is_correct(r: Mapping[str, Any]) -> bool:
@@ -195,7 +190,7 @@ def causal_scores(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
         "aac": acc_cf_a - acc_x_a,
         "chr": 100.0 - acc_cf_cf,
         "accuracy": accuracy(records),
-        "invalid_rate": _pct(sum(bool(r.get("invalid", False)) for r in qa_records), len(qa_records)),
+        "invalid_rate": _pct(sum(_flag(r, "invalid", False) for r in qa_records), len(qa_records)),
         "n": len(qa_records),
     }
     out.update(cpr(records))

@@ -79,6 +79,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from ...metrics.fields import flag, optional_flag
 from ...metrics.registry import metric
 
 LEVELS = (0, 1, 2, 3)
@@ -140,7 +141,7 @@ def _parse(r: Mapping[str, Any]) -> tuple[str, int, str, bool | None]:
     if series not in SERIES:
         raise ValueError(f"series must be 'A' or 'B', got {r.get('series')!r}")
     level = r.get("level")
-    if level not in LEVELS:
+    if isinstance(level, bool) or level not in LEVELS:  # True == 1 would pass as level 1
         raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
     view = str(r.get("view", "Full")).capitalize()
     if view not in VIEWS:
@@ -148,16 +149,17 @@ def _parse(r: Mapping[str, Any]) -> tuple[str, int, str, bool | None]:
     if series == "B" and view != "Full":
         raise ValueError("the B-series (absent object) is only posed in the Full view")
     gt_yes = series == "A"
-    if r.get("invalid", False) or ("pred_yes" in r and r["pred_yes"] is None):
+    # bools only (evaluators.metrics.fields): pred_yes "no" had read as yes
+    if flag(r, "invalid", False) or ("pred_yes" in r and optional_flag(r, "pred_yes") is None):
         return series, int(level), view, None
     if "pred_yes" in r:
-        answer = bool(r["pred_yes"])
-        if "correct" in r and bool(r["correct"]) != (answer == gt_yes):
+        answer = flag(r, "pred_yes")
+        if "correct" in r and flag(r, "correct") != (answer == gt_yes):
             raise ValueError(f"record is inconsistent: series {series}, pred_yes={answer}, correct={r['correct']}")
         return series, int(level), view, answer
     if "correct" not in r:
         raise KeyError("record needs 'pred_yes' or 'correct'")
-    return series, int(level), view, bool(r["correct"]) == gt_yes
+    return series, int(level), view, flag(r, "correct") == gt_yes
 
 
 def _in_protocol(series: str, level: int, view: str) -> bool:

@@ -59,6 +59,7 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable, Mapping, Sequence
 
+from ...metrics.fields import flag
 from ...metrics.registry import metric
 
 TASKS = ("existence", "counting", "attribute", "position")
@@ -98,12 +99,10 @@ def _parse(r: Mapping[str, Any]) -> tuple[str, str, str, int | None, bool, bool]
         raise ValueError(f"task must be one of {TASKS}, got {r.get('task')!r}")
     if qtype not in QTYPES:
         raise ValueError(f"qtype must be one of {QTYPES}, got {r.get('qtype')!r}")
-    if "correct" not in r:
-        raise KeyError("record lacks the field 'correct'")
-    invalid = bool(r.get("invalid", False))
+    invalid = flag(r, "invalid", False)  # bools only (evaluators.metrics.fields)
     n_images = r.get("n_images")
     return (task, qtype, normalise_condition(r.get("condition")), None if n_images is None else int(n_images),
-            bool(r["correct"]) and not invalid, invalid)
+            flag(r, "correct") and not invalid, invalid)
 
 
 def accuracy(records: Iterable[Mapping[str, Any]], task: str | None = None, qtype: str | None = None,
@@ -337,7 +336,7 @@ def decomposition_by_qtype(records: Sequence[Mapping[str, Any]]) -> dict[str, di
         if rows:  # direct over the tasks that were decomposed (the built-in suite: existence)
             tasks = {_parse(r)[0] for r in rows}
             direct = accuracy([r for r in records if _parse(r)[0] in tasks], qtype=qtype, condition="NI")
-            dec = _pct(sum(bool(r["correct"]) and not r.get("invalid") for r in rows), len(rows))
+            dec = _pct(sum(flag(r, "correct") and not flag(r, "invalid", False) for r in rows), len(rows))
             out[qtype] = {"direct": direct, "decomposed": dec, "gap": dec - direct, "n": len(rows)}
     return out
 
@@ -352,7 +351,7 @@ def ni_decomposed(records) -> float:
     ("yes" when any image says yes, §5.5's own) is lenient and would count each answer
     twice, so it is reported apart (``details["decomposition"]``)."""
     rows = _decomposed_ni(list(records), "selective")
-    return _pct(sum(bool(r["correct"]) and not r.get("invalid") for r in rows), len(rows))
+    return _pct(sum(flag(r, "correct") and not flag(r, "invalid", False) for r in rows), len(rows))
 
 
 @metric("mioh.decomposition_gap", "mioh", "multi_image", None, "difference")

@@ -94,6 +94,7 @@ import functools
 import math
 from typing import Any, Iterable, Mapping, Sequence
 
+from ...metrics.fields import flag
 from ...metrics.registry import metric
 
 TASKS = ("relational_erasure", "counterfactual_attribute", "alteration_tracing", "dense_counting")
@@ -145,9 +146,8 @@ def _norm_hashable(field: str, value: Any) -> str:
 
 
 def _is_correct(r: Mapping[str, Any]) -> bool:
-    if "correct" not in r:
-        raise KeyError("record lacks the field 'correct'")
-    return bool(r["correct"]) and not r.get("invalid", False)
+    # bools only (evaluators.metrics.fields): correct="False" had counted as right
+    return flag(r, "correct") and not flag(r, "invalid", False)
 
 
 #: A record field's value where the record has none: a question without ``mode`` was asked
@@ -263,7 +263,7 @@ def reactbench_scores(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "modes_used": {t: _modes_present(records, t) for t in TASKS},
         "react_score": react_score_value(records),
         "breakdown": {t: breakdown(records, t) for t in TASKS},
-        "invalid_rate": _pct(sum(bool(r.get("invalid", False)) for r in records), len(records)),
+        "invalid_rate": _pct(sum(flag(r, "invalid", False) for r in records), len(records)),
         "n": len(records),
     }
 
