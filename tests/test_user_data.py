@@ -410,7 +410,10 @@ _DO_ROW = {"id": 1, "scene_id": "s", "image": "s.png", "series": "A", "level": 0
     ({"series": "B", "level": 0, "view": "Cluster", "answer": "no"}, "view", "only posed in the Full view"),
     ({"answer": "no"}, "answer", "the answer is 'yes'"),
     ({"series": "B", "answer": "yes"}, "answer", "the answer is 'no'"),
-    ({"view": "Crop", "margin": float("nan")}, "margin", "finite"),
+    ({"view": "Crop", "margin": float("nan")}, "margin", r"fraction in \(0, 1\)"),
+    ({"view": "Crop", "margin": 10.0}, "margin", r"10% is 0.1\), got 10.0"),
+    ({"view": "Crop", "margin": -0.5}, "margin", "fraction"),
+    ({"view": "Cluster", "margin": 0.1}, "scene_id", "scene 's' already poses A0 in the Cluster view at margin 0.1"),
     ({"view": "Crop"}, "margin", "line 1 names a crop margin and line 2 does not"),
     ({"level": True}, "level", "expected int, got bool"),
 ])

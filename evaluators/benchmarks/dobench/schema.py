@@ -43,11 +43,24 @@ def check(rows, path) -> None:
     * the answer is the series' (an A-object is present, GT yes; a B-object absent, GT no);
     * the B-series is posed in the Full view only (Cluster / Crop are cut around the
       present A-object; A-series views at levels 1-3 are the §4.4 grid);
-    * a margin is a finite number, named on every Cluster / Crop view or on none (which
-      margin an unnamed view was cut with cannot be told)."""
+    * a margin is a fraction in (0, 1) (the paper's 10% and 20% are 0.1 and 0.2; 10.0 or a
+      negative one had loaded), named on every Cluster / Crop view or on none (which margin
+      an unnamed view was cut with cannot be told);
+    * a scene poses each instance once: (scene, series, level, view, margin) is unique. The
+      rates are per instance, so a scene whose A0 Full record came three times counted three
+      times in that cell (an audit, session 39). A scene that lacks instances is scored:
+      its cells are then over fewer scenes (Sec. 3.1's 10 per scene is the suite's shape,
+      :mod:`.suite`, not a rule for user data)."""
     named, unnamed = None, None  # the first Cluster/Crop record with and without a margin
+    seen: dict[tuple, int] = {}
     for r in rows:
         line, series = r["_line"], r["series"]
+        key = (str(r["scene_id"]), series, r["level"], r["view"], r.get("margin"))
+        if key in seen:
+            raise DataError(path, line, "scene_id", f"scene {r['scene_id']!r} already poses {series}{r['level']} in "
+                            f"the {r['view']} view{'' if key[-1] is None else f' at margin {key[-1]}'} (line "
+                            f"{seen[key]}): each instance once, or its cell counts it twice")
+        seen[key] = line
         if r["answer"] != TRUTH[series]:
             present = "present" if series == "A" else "absent"
             raise DataError(path, line, "answer", f"the {series}-series object is {present}, so the answer is "
@@ -56,8 +69,8 @@ def check(rows, path) -> None:
             raise DataError(path, line, "view", "the B-series (absent object) is only posed in the Full view; "
                             f"Cluster and Crop views are cut around the present A-object, got {r['view']!r}")
         margin = r.get("margin")
-        if margin is not None and not math.isfinite(margin):
-            raise DataError(path, line, "margin", f"must be a finite number, got {margin!r}")
+        if margin is not None and not (math.isfinite(margin) and 0.0 < margin < 1.0):
+            raise DataError(path, line, "margin", f"must be a fraction in (0, 1) (DO-Bench's 10% is 0.1), got {margin!r}")
         if r["view"] == "Full":
             continue
         if margin is None:
