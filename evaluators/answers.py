@@ -51,23 +51,62 @@ def is_hedge(text: str) -> bool:
     return bool(_HEDGE.search(" ".join(words(_expand_negations(text)))))
 
 
-def parse_yes_no(text: str) -> bool | None:
-    """True for yes, False for no, None if neither or both appear (e.g. "yes and no").
+#: The question's own "yes or no" echoed ("Yes/No", "yes or no?", "yes and no"): it answers
+#: nothing, and read by its first word it had been a "yes" (an audit, session 39).
+_ECHO = re.compile(r"\byes\s*(?:/|\bor\b|\band\b)\s*no\b|\bno\s*(?:/|\bor\b|\band\b)\s*yes\b", re.I)
+#: Idioms whose "no" denies nothing ("no doubt there is a cup").
+_NOT_A_DENIAL = re.compile(r"\b(?:no doubt|without a doubt|no question)\b")
+#: Colloquial and one-word answers: "Yep." / "Nope." / "Absent."
+_YES_WORDS, _NO_WORDS = {"yes", "yeah", "yep", "yup"}, {"no", "nope", "nah"}
+_ALONE = {"present": True, "visible": True, "absent": False, "none": False}
+
+
+def _affirms(plain: str, subject: str) -> bool:
+    """Does ``plain`` (lowered words) state that ``subject`` is there: "there is a small cup
+    in the image", "i can see two cups", "the cup is visible"? Read only where the answer
+    denies nothing and says no yes-word (:func:`parse_yes_no`)."""
+    name = r"\s+".join(map(re.escape, words(subject)))
+    if not name:
+        return False
+    name = rf"{name}(?:s|es)?"
+    return bool(re.search(rf"\bthere (?:is|are|s)\b(?:\s+\w+){{0,3}}?\s+{name}\b", plain)
+                or re.search(rf"\bi (?:can )?(?:see|spot|notice)\b(?:\s+\w+){{0,3}}?\s+{name}\b", plain)
+                or re.search(rf"\b{name} (?:is|are) (?:present|visible|there|in the (?:image|picture|photo))\b", plain))
+
+
+def parse_yes_no(text: str, subject: str | None = None) -> bool | None:
+    """True for yes, False for no, None if neither appears, or both and the first word is
+    neither ("there is a cup, yes, and no plate").
 
     VLMEvalKit's rule ("yes" without "no" and vice versa, DESIGN.md §4), with "not" as the
     first word and the denials of :data:`_DENIAL` ("there isn't", "I don't see") read as
     no, and the hedges of :data:`_HEDGE` ("not sure", "no idea", "can't tell") read as
-    neither: they are removed before the rest is read."""
-    plain = " ".join(words(_expand_negations(text)))
-    plain = _HEDGE.sub(" ", plain)
+    neither: they are removed before the rest is read, as are an echoed "yes or no" /
+    "yes/no" / "yes and no" (:data:`_ECHO`) and "no doubt". "Yep" / "yeah" read as yes,
+    "nope" / "nah" as no; a one-word "present" / "visible" as yes, "absent" / "none" as no.
+    Both a yes and a no: the first word decides when it is one ("yes, though there is no
+    plate"), else None.
+
+    ``subject``: the object an existence question asks about. An answer that says neither
+    yes nor no but states the object is there ("There is a small cup in the image.") reads
+    as yes, the counterpart of the denials (an audit, session 39: such an answer was
+    unreadable, a false denial on every present object). Only the object asked about:
+    "There is a cat." says nothing about a dog."""
+    plain = " ".join(words(_ECHO.sub(" ", _expand_negations(text))))
+    plain = _NOT_A_DENIAL.sub(" ", _HEDGE.sub(" ", plain))
     w = plain.split()
-    yes, no = "yes" in w, "no" in w or "not" in w[:1] or bool(_DENIAL.search(plain))
+    if len(w) == 1 and w[0] in _ALONE:
+        return _ALONE[w[0]]
+    yes = bool(_YES_WORDS & set(w))
+    no = bool(_NO_WORDS & set(w)) or "not" in w[:1] or bool(_DENIAL.search(plain))
     if yes and not no:
         return True
     if no and not yes:
         return False
     if yes and no:  # "yes, there is no ..." is ambiguous; the first word decides when it is yes/no
-        return {"yes": True, "no": False}.get(w[0])
+        return True if w[0] in _YES_WORDS else False if w[0] in _NO_WORDS else None
+    if subject is not None and _affirms(plain, subject):
+        return True
     return None
 
 
@@ -91,16 +130,31 @@ def answer_tail(text: str) -> str | None:
     return tail if words(tail) else None
 
 
-def tail_first(text: str, read: Callable[[str], Any], *, yes_no: bool = False) -> Any:
+def final_sentence(text: str) -> str | None:
+    """The last sentence of ``text`` that has words, or None when ``text`` has one sentence
+    or none (then it is the whole text)."""
+    parts = [p for p in re.split(r"(?<=[.!?])\s+|\n+", text.strip()) if words(p)]
+    return parts[-1] if len(parts) > 1 else None
+
+
+def tail_first(text: str, read: Callable[[str], Any], *, yes_no: bool = False, final: bool = False) -> Any:
     """``read`` applied to the closing "answer is ..." part of ``text`` (:func:`answer_tail`)
     when that part reads (not None, not []), else to the whole text. With ``yes_no`` the part
     must start with "yes" or "no" ("the answer is not obvious, but there is a cat" states
-    neither). One rule for the evaluators' grading and the mitigations' reading of an answer."""
+    neither). With ``final``, the last sentence (:func:`final_sentence`) is read next, before
+    the whole text: a chain-of-thought prompt asks for the final answer in a sentence of its
+    own (ReactBench App. B.4: "explicitly stating the final answer in a standalone sentence"), and the
+    reasoning before it names other counts ("in 2 rows ... in total there are 9") and says
+    yes and no on the way. One rule for the evaluators' grading and the mitigations'
+    reading of an answer."""
     tail = answer_tail(text)
     if tail is not None and yes_no and words(tail)[0] not in ("yes", "no"):
         tail = None
-    value = read(tail) if tail is not None else None
-    return value if value not in (None, []) else read(text)
+    for part in (tail, final_sentence(text) if final else None):
+        value = read(part) if part is not None else None
+        if value not in (None, []):
+            return value
+    return read(text)
 
 
 #: Option letters in order: MIOH's image sets reach ten images (its NI condition), and a
@@ -146,13 +200,22 @@ def parse_option(text: str, options: Sequence[str], letters: Sequence[str] = OPT
     chosen = letter and next(g for g in letter.groups() if g)
     if chosen in valid:
         return chosen
-    # whole words only: "image 1" is not said by "image 10"
-    hits = [valid[i] for i, opt in enumerate(options)
-            if opt and re.search(rf"(?<!\w){re.escape(opt.lower())}(?!\w)", lowered)]
+    # whole words only: "image 1" is not said by "image 10"; and not where it is denied
+    # ("there is not a fork" does not choose "a fork": an audit, session 39)
+    hits = [valid[i] for i, opt in enumerate(options) if opt and _said(opt, lowered)]
     if len(hits) == 1:
         return hits[0]
     if hits:
         return None
+    if any(opt and re.search(rf"(?<!\w){re.escape(opt.lower())}(?!\w)", lowered) for opt in options):
+        return None  # options named only to deny them ("neither image 1 nor image 2"): no choice
+    # a count inside exactly one option's range ("9" for "eight to nine"): that option
+    ranges = [parse_count(opt) if opt else None for opt in options]
+    stated = parse_count(lowered)
+    if isinstance(stated, int) and ranges and all(isinstance(r, tuple) for r in ranges):
+        inside = [valid[i] for i, (lo, hi) in enumerate(ranges) if lo <= stated <= hi]
+        if len(inside) == 1:
+            return inside[0]
     first = words(lowered)[:1]
     starts = [valid[i] for i, opt in enumerate(options) if opt and words(opt)[:1] == ["none"]]
     if _SAYS_NONE.match(lowered) and len(starts) == 1:
@@ -161,10 +224,29 @@ def parse_option(text: str, options: Sequence[str], letters: Sequence[str] = OPT
     return starts[0] if first == ["no"] and len(starts) == 1 else None
 
 
+def _said(option: str, lowered: str) -> bool:
+    """Does ``lowered`` name the option text ``option`` (whole words) somewhere it does not
+    deny it (a negation among the two words before it in the same clause, as
+    :func:`_affirmed` reads; a negation the option itself holds, "no, in none of them", is
+    its own)?"""
+    negations = NEGATIONS - set(words(option))
+    text = _expand_negations(lowered)
+    for found in re.finditer(rf"(?<!\w){re.escape(option.lower())}(?!\w)", text):
+        before = re.split(r"[.,;:!?]", text[: found.start()])[-1]
+        if not negations & set(words(before)[-2:]):
+            return True
+    return False
+
+
+#: Idioms in which "one" counts nothing ("counting them one by one, there are 9"): an audit,
+#: session 39, found the count read as 1.
+_NOT_A_COUNT = re.compile(r"\bone (?:by one|at a time|another|after another)\b", re.I)
+
+
 def _count_words(text: str) -> list[str]:
     """:func:`words`, with digit groups joined ("1,500" -> "1500") and a tens word joined
     to the unit word after it ("twenty-one", "twenty one" -> "21")."""
-    w = words(_GROUPED.sub(lambda m: m.group(0).replace(",", ""), text))
+    w = words(_GROUPED.sub(lambda m: m.group(0).replace(",", ""), _NOT_A_COUNT.sub(" ", text)))
     out: list[str] = []
     for token in w:
         unit = NUMBER_WORDS.get(token)
@@ -228,27 +310,41 @@ def _expand_negations(text: str) -> str:
     return _CONTRACTED.sub(lambda m: {"ca": "can", "wo": "will"}.get((m.group(1) or "").lower(), "") + " not", text)
 
 
-def _affirmed(text: str, wanted: Sequence[str]):
+#: Prepositions that make what follows a place ("on the left", "in the lower right", "next
+#: to the knife", "from the left"): a word there says where, not what.
+LOCATIVES = frozenset({"on", "in", "at", "near", "beside", "behind", "above", "below", "under", "next", "from",
+                       "across", "inside", "within", "around"})
+
+
+def _affirmed(text: str, wanted: Sequence[str], *, places: bool = True):
     """The members of ``wanted`` that ``text`` says, in order, each occurrence unless one of
     the two words before it, in the same clause (punctuation ends one: "No. A fork." says
     fork), is a negation (:data:`NEGATIONS`, "n't" included) that is not itself wanted ("no
-    entry sign")."""
+    entry sign"). With ``places=False`` an occurrence with a preposition of place among the
+    three words before it (:data:`LOCATIVES`, "in the lower right") is not said either."""
     wanted = set(wanted)
     negations = NEGATIONS - wanted
     for clause in re.split(r"[.,;:!?]", _expand_negations(text)):
         w = words(clause)
-        yield from (t for i, t in enumerate(w) if t in wanted and not negations & set(w[max(0, i - 2) : i]))
+        yield from (t for i, t in enumerate(w) if t in wanted and not negations & set(w[max(0, i - 2) : i])
+                    and (places or not LOCATIVES & set(w[max(0, i - 3) : i])))
 
 
-def keywords_found(text: str, keywords: Sequence[str]) -> set[str]:
-    """The members of ``keywords`` that ``text`` says and does not deny (:func:`_affirmed`)."""
-    return set(_affirmed(text, keywords))
+def keywords_found(text: str, keywords: Sequence[str], *, places: bool = True) -> set[str]:
+    """The members of ``keywords`` that ``text`` says and does not deny (:func:`_affirmed`);
+    with ``places=False``, not where they only say a place ("on the left")."""
+    return set(_affirmed(text, keywords, places=places))
 
 
-def parse_choice(text: str, choices: Sequence[str]) -> str | None:
+def parse_choice(text: str, choices: Sequence[str], asked: Sequence[str] = ()) -> str | None:
     """The member of ``choices`` (e.g. colour names) said first in ``text`` and not denied
-    ("it is not green ; it is red" is red: :func:`_affirmed`)."""
-    return next(_affirmed(text, choices), None)
+    ("it is not green ; it is red" is red: :func:`_affirmed`). Members the question itself
+    names (``asked``: its words) come last: "what colour is the green tree ?" answered "the
+    green tree is white" is white, the premise repeated is not the answer (an audit,
+    session 39: it read green); "it is green" is still green."""
+    said = list(_affirmed(text, choices))
+    asked = set(asked)
+    return next((c for c in said if c not in asked), said[0] if said else None)
 
 
 def parse_box(

@@ -137,13 +137,31 @@ def parse(query: Query, text: str) -> Any:
     """The answer as the benchmark compares it, or None if unreadable: read from what follows
     a closing "answer is ..." / "final answer: ..." when that part is readable
     (:func:`evaluators.answers.answer_tail`: reasoning before it names other values), else from
-    the whole text."""
-    return tail_first(text, lambda part: _parse(query, part), yes_no=query.kind == "yes_no")
+    the whole text; a chain-of-thought query (``mode`` "cot") reads its last sentence before
+    the whole text (:func:`evaluators.answers.tail_first`)."""
+    return tail_first(text, lambda part: _parse(query, part), yes_no=query.kind == "yes_no",
+                      final=query.record.get("mode") == "cot")
+
+
+#: An existence question ("is there a traffic light in the image ?"): its object, the last
+#: one asked where a prompt's belief sentence names it first.
+_EXISTENCE = re.compile(r"\b(?:is|are) there\s+(?:(?:an?|any|some)\s+)?([a-z][a-z ]*?)\s*(?:\bin\b|\bon\b|\bat\b|"
+                        r"\bvisible\b|\bpresent\b|[?.,]|$)", re.I)
+
+
+def existence_subject(prompt: str) -> str | None:
+    """The object an existence question asks about (:data:`_EXISTENCE`), or None for any
+    other yes/no question ("is the tree green ?"), where an answer stating the object is
+    there says nothing (:func:`evaluators.answers.parse_yes_no`'s ``subject``)."""
+    found = None
+    for found in _EXISTENCE.finditer(prompt):
+        pass
+    return found.group(1).strip() if found and found.group(1).strip() else None
 
 
 def _parse(query: Query, text: str) -> Any:
     if query.kind == "yes_no":
-        return parse_yes_no(text)
+        return parse_yes_no(text, subject=existence_subject(query.prompt))
     if query.kind == "option":
         return parse_option(text, query.options or [])
     if query.kind == "number":  # a count: "there are no forks" is 0; a stated range ("between 3
@@ -153,13 +171,16 @@ def _parse(query: Query, text: str) -> Any:
         return stated if isinstance(stated, tuple) else count_value(text)
     if query.kind == "interval":  # a count, or the range the answer states
         return parse_count(text)
-    if query.kind == "choice":
-        return parse_choice(text, query.options or [])
-    if query.kind == "keywords":  # the ground-truth keywords the answer says (not denies)
+    if query.kind == "choice":  # a colour the question names (a premise) is read last
+        return parse_choice(text, query.options or [], asked=words(query.prompt))
+    if query.kind == "keywords":  # the ground-truth keywords the answer says (not denies), not
+        # counting a word that only says where ("on the left", "next to the knife": a change
+        # described with its place had been wrong for naming a direction or category beyond
+        # its truth; an audit, session 39)
         if not words(text):
             return None
         return sorted(keywords_found(text, {w for alt in keyword_alternatives(query.truth) for w in alt}
-                                     | set(query.options or ())))
+                                     | set(query.options or ()), places=False))
     return text.strip() or None
 
 

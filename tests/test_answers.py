@@ -8,7 +8,12 @@ from evaluators.answers import box_iou, parse_box, parse_choice, parse_number, p
 @pytest.mark.parametrize("text, expected", [
     ("yes", True), ("Yes.", True), ("Yes, there is a dog.", True), (" yes </s>", True),
     ("no", False), ("No, there isn't.", False), ("Not at all", False), ("NO!", False),
-    ("maybe", None), ("", None), ("yes and no", True), ("no, yes", False),
+    ("maybe", None), ("", None), ("no, yes", False), ("Yes, though there is no plate.", True),
+    # an echoed "yes or no" answers nothing (it had read as its first word, yes: an audit,
+    # session 39); colloquial and one-word answers
+    ("yes and no", None), ("Yes or no?", None), ("Yes/No", None), ("Yes or no? Yes.", True), ("No / yes", None),
+    ("Nope.", False), ("Yep", True), ("None.", False), ("Absent.", False), ("Present.", True),
+    ("No doubt, there is a cup.", None), ("Yes - no doubt.", True),
     # denials without "no" (an audit, session 38: these were unreadable, so wrong on Q_a)
     ("There is not a dog in this image.", False), ("There isn't a dog.", False), ("There's not a cup.", False),
     ("I don't see a dog.", False), ("I can't see any dog here.", False), ("The dog is not visible.", False),
@@ -145,7 +150,7 @@ def test_counts_read_denials_as_zero_and_a_closing_answer_first():
     # from the words after it before this fix)
     ("yes_no", "Yes, there is a dog in the image. This answer assumes no occlusion.", True),
     ("yes_no", "No, there is no dog. (You asked me to answer yes or no.)", False),
-    ("yes_no", "Is the fork red? Please answer yes or no. No", None),  # an echoed prompt: ambiguous, as before
+    ("yes_no", "Is the fork red? Please answer yes or no. No", False),  # the echoed "yes or no" says nothing
     ("yes_no", "Yes, the answer is not obvious but there is a cat.", True),
     ("yes_no", "Yes. The answer could be no if the table were removed.", True),
     ("yes_no", "The answer is yes, there is no doubt.", True),
@@ -165,3 +170,74 @@ def test_a_closing_answer_is_read_first_and_the_bare_word_answer_is_not_one(kind
     truth = {"keywords": ["fork", "removed"], "option": "b"}.get(kind)
     options = {"choice": ["red", "yellow"], "option": ["image 1", "image 2", "none of the above"]}.get(kind)
     assert parse(Query("q", "reactbench", [], "p", kind, truth, options=options), text) == expected
+
+
+@pytest.mark.parametrize("text, subject, expected", [
+    # an existence statement about the object asked is a yes (it had been unreadable: a false
+    # denial of every present object; an audit, session 39), about another object nothing
+    ("There is a small cup in the image.", "cup", True), ("I can see two cups.", "cup", True),
+    ("The cup is visible.", "cup", True), ("No doubt, there is a cup.", "cup", True),
+    ("There is a cat.", "cup", None), ("There is a small cup in the image.", None, None),
+    ("There is a cup next to the plate, but no spoon.", "spoon", False),
+    ("There isn't a cup.", "cup", False), ("Yes, no cup is visible.", "cup", True),
+])
+def test_yes_no_reads_a_statement_that_the_asked_object_is_there(text, subject, expected):
+    assert parse_yes_no(text, subject=subject) is expected
+
+
+def test_existence_subject_is_the_last_object_asked_and_none_for_other_questions():
+    from evaluators.query import existence_subject
+
+    assert existence_subject("i am sure there is no cup . is there a cup ?") == "cup"
+    assert existence_subject("Is there a traffic light in the image?") == "traffic light"
+    assert existence_subject("Are there any forks visible?") == "forks"
+    assert existence_subject("is the tree green ? answer yes or no .") is None
+    assert existence_subject("was the dog removed ?") is None
+
+
+def test_options_are_not_chosen_where_denied_and_counts_fall_in_interval_options():
+    """An audit, session 39: "There is not a fork" chose the option "a fork", and "9" was
+    unreadable against "eight to nine"."""
+    absurd = ["a fork", "neither", "a knife reading a book"]
+    assert parse_option("There is not a fork in the image.", absurd) is None
+    assert parse_option("I don't see a fork.", absurd) is None
+    assert parse_option("A fork, not a knife reading a book.", absurd) == "a"
+    assert parse_option("The banana is not yellow; it is blue.", ["yellow", "blue", "red"]) == "b"
+    assert parse_option("No, in none of them", ["Yes, all of them", "Yes, in some of them", "No, in none of them"]) == "c"
+    ranges = ["two to three", "eight to nine", "four to five"]
+    assert parse_option("9", ranges) == "b" and parse_option("There are 9 bananas.", ranges) == "b"
+    assert parse_option("There are 7 bananas.", ranges) is None  # in no option
+    assert parse_option("9", ["image 1", "image 2"]) is None  # not ranges
+
+
+def test_counting_idioms_and_chain_of_thought_final_sentences():
+    from evaluators.answers import parse_count
+    from evaluators.query import Query, parse
+
+    assert parse_count("Counting them one by one, there are 9 in total.") == 9
+    cot = {"mode": "cot"}
+    count = Query("q", "reactbench", [], "how many banana are there ?", "number", 9, cot)
+    assert parse(count, "The banana are in 2 rows. In total there are 9.") == 9
+    assert parse(count, "Row 1 has 3, row 2 has 3, row 3 has 3. So there are 9 bananas.") == 9
+    assert parse(count, "There are 9 bananas. I hope this helps.") == 9  # the last sentence says nothing
+    standard = Query("q", "reactbench", [], "how many banana are there ?", "number", 9)
+    assert parse(standard, "There are 9 bananas. They are in 2 rows.") == 9  # standard mode: the first
+    yes_no = Query("q", "reactbench", [], "is there a fork ?", "yes_no", "no", cot)
+    assert parse(yes_no, "Is there a knife? Yes, on the left. Is there a fork? No fork is visible. "
+                         "So no, there is no fork.") is False
+
+
+def test_a_premise_colour_is_read_last_and_places_are_not_claims():
+    from evaluators.query import Query, parse
+
+    colours = ["green", "white", "red", "yellow"]
+    premise = Query("q", "reactbench", [], "what colour is the green tree ?", "choice", "white", options=colours)
+    assert parse(premise, "the green tree is white .") == "white"
+    assert parse(premise, "it is green .") == "green"
+    vocabulary = ["cup", "dog", "knife", "tree", "moved", "removed", "added", "up", "left", "right"]
+    moved = Query("q", "reactbench", [], "what changed ?", "keywords", ["cup", "moved", "up"], options=vocabulary)
+    assert parse(moved, "in the lower right , the cup moved up") == ["cup", "moved", "up"]
+    assert parse(moved, "the cup moved from the right to the left") == ["cup", "left", "moved"]
+    added = Query("q", "reactbench", [], "what changed ?", "keywords", ["tree", "added"], options=vocabulary)
+    assert parse(added, "a tree was added next to the knife") == ["added", "tree"]
+    assert parse(added, "a tree and a knife were added") == ["added", "knife", "tree"]  # still a claim

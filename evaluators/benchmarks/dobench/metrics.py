@@ -57,9 +57,17 @@ Choices:
   does (VLMEvalKit's rule: "yes" without "no" is yes, "no" or a leading "not" without "yes"
   is no, both: the first word decides; since session 38 also the existence denials "There
   isn't a cup", "I do not see a cup" read as no and hedges such as "Not sure." as
-  neither). A sentence these rules still cannot read is unreadable, and on a B-query it
-  then counts as a false affirmation (the first choice above). Read ``invalid_rate``
-  beside FP and PriorRobust for models that answer in sentences.
+  neither; since session 39 an echoed "yes or no" says nothing, and a statement that the
+  asked object is there, "There is a small cup in the image.", reads as yes, the
+  counterpart of the denials: it had been unreadable, a false denial on every A-query). A
+  sentence these rules still cannot read is unreadable, and on a B-query it then counts as
+  a false affirmation (the first choice above). Read ``invalid_rate`` beside FP and
+  PriorRobust for models that answer in sentences.
+* **Queries that could not be asked** (a missing or corrupt image in user data) are not
+  scored: they are counted as ``invalid_inputs`` in ``results.json`` and on the console
+  line, and every rate here is over the instances asked. §3.3 requires "binary outputs for
+  all instances"; an unreadable answer is the model's and counts as an error, a file that
+  is not there says nothing of the model (our choice).
 * **Repeated runs.** For API models the paper repeats inference three times "and report[s]
   averaged results" (§3.3, §4.1): score each run's records on their own and average the
   metrics. Passing the three runs' records together pools them, which averages the
