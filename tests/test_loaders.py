@@ -196,7 +196,7 @@ def test_dobench_jsonl_loader(tmp_path):
     _png(tmp_path / "s1.png")
     good = {"id": 1, "scene_id": "s1", "image": "s1.png", "series": "A", "level": 3, "view": "Full", "object": "dog",
             "question": "I am certain there is no dog in the image. Is there a dog?", "answer": "yes", "source": "x"}
-    missing = {**good, "id": 2, "image": "nope.png"}
+    missing = {**good, "id": 2, "scene_id": "s2", "image": "nope.png"}
     (tmp_path / "d.jsonl").write_text(json.dumps(good) + "\n" + json.dumps(missing) + "\n")
     rows = dobench.load(tmp_path / "d.jsonl")
     assert rows[0]["_problem"] is None and rows[0]["source"] == "x" and rows[0]["_line"] == 1

@@ -314,6 +314,14 @@ def test_flags_must_be_true_or_false_in_every_benchmark(records, score, field, v
         get_metric(f"{ {'do': 'dobench', 'rb': 'reactbench', 'mioh': 'mioh'}[records]}.{score}").fn(rows)
 
 
+def test_reactbench_record_without_qtype_is_refused():
+    """It was pooled in ``n`` and the task's accuracy, and in no S_t^m (an audit, session 39)."""
+    rows = records_rb()
+    rows[0] = {k: v for k, v in rows[0].items() if k != "qtype"}
+    with pytest.raises(ValueError, match="needs 'task' and 'qtype'"):
+        rb.reactbench_scores(rows)
+
+
 def test_dobench_level_true_is_not_level_1():
     rows = records_do()
     rows[0] = {**rows[0], "level": True}

@@ -211,7 +211,7 @@ def test_a_truncated_jpeg_is_an_invalid_input_not_a_crash(tmp_path):
     _png(tmp_path / "s.png")
     rows = [{"id": 1, "scene_id": "s", "image": "cut.jpg", "series": "A", "level": 0, "view": "Full", "object": "dog",
              "question": "Is there a dog?", "answer": "yes"},
-            {"id": 2, "scene_id": "s", "image": "s.png", "series": "A", "level": 0, "view": "Full", "object": "dog",
+            {"id": 2, "scene_id": "t", "image": "s.png", "series": "A", "level": 0, "view": "Full", "object": "dog",
              "question": "Is there a dog?", "answer": "yes"}]
     (tmp_path / "do.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     queries = PROTOCOLS["dobench"](tmp_path / "do.jsonl")
@@ -319,7 +319,7 @@ def test_a_run_resumes_however_its_data_path_is_written(tmp_path, monkeypatch):
     """The fingerprint reads an image file by its name: the same data given by a relative or
     an absolute path, or with a missing image restored, resumes (it had been refused)."""
     _png(tmp_path / "s.png")
-    rows = [{"id": i, "scene_id": "s", "image": "s.png" if i else "gone.png", "series": "A", "level": 0,
+    rows = [{"id": i, "scene_id": f"s{i}", "image": "s.png" if i else "gone.png", "series": "A", "level": 0,
              "view": "Full", "object": "dog", "question": "Is there a dog?", "answer": "yes"} for i in range(3)]
     (tmp_path / "do.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     model = CallableModel(lambda i, p: "yes")
@@ -484,3 +484,26 @@ def test_a_directory_given_as_data_is_said_to_be_one(tmp_path, bench, message):
     (tmp_path / "somedir").mkdir()
     with pytest.raises(DataError, match=message):
         PROTOCOLS[bench](tmp_path / "somedir")
+
+
+def test_reactbench_user_short_answers_read_counts_as_counts_and_a_list_of_candidates_as_wrong(tmp_path):
+    """An audit, session 39: a short answer "0" was the keyword "0" ("zero" and "There are no
+    forks." wrong), and with no vocabulary "yellow, red, green or blue" was right for blue."""
+    from evaluators.query import to_record
+
+    _png(tmp_path / "s.png")
+    base = {"task": "counterfactual_attribute", "images": ["s.png"], "question_type": "SA", "inducing": "direct"}
+    rows = [{**base, "id": 1, "task": "relational_erasure", "question": "How many forks are there?", "answer": "0"},
+            {**base, "id": 2, "question": "What colour is the banana?", "answer": "blue"},
+            {**base, "id": 3, "question": "What colour is the tree?", "answer": "red", "synonyms": ["crimson"]},
+            {**base, "id": 4, "question": "What colour is the cup?", "answer": "yellow"},
+            {**base, "id": 5, "question": "What colour is the dog?", "answer": "green"}]
+    (tmp_path / "r.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    forks, banana, tree, *_ = PROTOCOLS["reactbench"](tmp_path / "r.jsonl")
+    assert forks.kind == "number" and forks.truth == 0
+    assert all(to_record(forks, a)["correct"] for a in ("zero", "0", "There are no forks."))
+    assert not to_record(forks, "There are two forks.")["correct"]
+    assert banana.options == ["blue", "crimson", "green", "red", "yellow"]
+    assert to_record(banana, "It is blue.")["correct"]
+    assert not to_record(banana, "yellow, red, green or blue")["correct"]
+    assert to_record(tree, "crimson")["correct"] and to_record(tree, "red, or crimson")["correct"]

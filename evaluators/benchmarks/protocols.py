@@ -4,7 +4,10 @@
 
 Each protocol reads the benchmark's loader output and builds the same :class:`Query`
 records the built-in suites build, so the same scorers apply. Samples whose files are
-missing or corrupt become invalid queries (counted in results.json, never dropped).
+missing or corrupt become invalid queries: never asked, counted and named in results.json
+(``invalid[bench]["invalid_inputs"]``, the console line, ``samples.jsonl``) and left out of
+every metric's denominator (an unreadable *answer* counts as wrong; a sample that could not
+be asked says nothing of the model: our choice, the papers score complete data).
 Prompt wording for HalluSegBench boxes/masks is configurable (``SEGMENT_PROMPT``).
 """
 
@@ -15,7 +18,7 @@ import warnings
 from pathlib import Path
 from typing import Callable
 
-from ..answers import OPTION_LETTERS, words
+from ..answers import NUMBER_WORDS, OPTION_LETTERS, words
 from ..data import DataError
 from ..query import Query
 
@@ -61,8 +64,19 @@ def dobench(path: str | Path) -> list[Query]:
 def reactbench(path: str | Path) -> list[Query]:
     from .reactbench import load
 
+    rows = load(path)
+    # the closed vocabulary of each task's short answers: every word some short-answer truth
+    # (or synonym) of that task holds in this file. An answer naming one of them beyond its
+    # own truth is wrong, as in the built-in suite (its categories, colours and change
+    # words), so "yellow, red, green or blue" is not right for "blue" (an audit, session 39).
+    # Our choice: the paper's LLM judge (App. C.1) would read such a list as a hedge.
+    vocabulary: dict[str, set[str]] = {}
+    for r in rows:
+        if r["question_type"] == "SA" and r["task"] != "dense_counting" and _count_of(r) is None:
+            for a in [r["answer"], *(r.get("synonyms") or [])]:
+                vocabulary.setdefault(r["task"], set()).update(_keywords(a, r, path))
     out = []
-    for r in load(path):
+    for r in rows:
         _check_react_record(r, path)
         # schema names (the paper's words) -> the record fields the metrics break down by
         fields = {"task": "task", "inducing": "dimension", "hint": "hint", "count_query": "count_setting",
@@ -88,10 +102,15 @@ def reactbench(path: str | Path) -> list[Query]:
             if not re.fullmatch(r"[0-9]+", str(r["answer"]).strip()):
                 raise DataError(path, r["_line"], "answer", f"a count must be a whole number, got {r['answer']!r}")
             kind, truth, options = "number", int(r["answer"]), None
-        else:  # short answer: right when it says every word of the answer or of a synonym
-            # (evaluators.query.to_record; the paper's LLM judge, App. C.1, is not run here)
+        elif (count := _count_of(r)) is not None:  # "how many forks are there ?" -> 0: read as a
+            # count ("zero", "there are no forks"), not as the keyword "0" (an audit, session 39)
+            kind, truth, options = "number", count, None
+        else:  # short answer: right when it says every word of the answer or of a synonym and no
+            # other word of its task's vocabulary (evaluators.query.to_record; the paper's LLM
+            # judge, App. C.1, is not run here)
             accepted = [r["answer"], *(r.get("synonyms") or [])]
-            kind, truth, options = "keywords", [_keywords(a, r, path) for a in accepted], None
+            kind, truth = "keywords", [_keywords(a, r, path) for a in accepted]
+            options = sorted(vocabulary.get(r["task"], ()))
         out.append(Query(f"react-{r['id']}", "reactbench", list(r["images"]), r["question"], kind, truth, record,
                          options=options, problem=r["_problem"]))
     return out
@@ -121,6 +140,18 @@ def _check_react_record(r: dict, path) -> None:
         raise DataError(path, r["_line"], "images",
                         f"{r['task']} questions take {'two images, [before, after]' if want == 2 else 'one image'}, "
                         f"got {len(r['images'])}")
+
+
+def _count_of(r: dict) -> int | None:
+    """The count a short answer and each of its synonyms state alike ("0", "zero", 3,
+    "three"), or None where they are not all the same count."""
+    counts = set()
+    for a in [r["answer"], *(r.get("synonyms") or [])]:
+        w = words(str(a))
+        if len(w) != 1 or not (w[0].isdigit() or (w[0] in NUMBER_WORDS and w[0] != "no")):
+            return None
+        counts.add(int(w[0]) if w[0].isdigit() else NUMBER_WORDS[w[0]])
+    return counts.pop() if len(counts) == 1 else None
 
 
 def _keywords(answer, r: dict, path) -> list[str]:

@@ -176,6 +176,10 @@ def accuracy(records: Iterable[Mapping[str, Any]], **filters: Any) -> float:
     e.g. ``accuracy(rs, task="dense_counting", count_setting="interval")``. NaN if none."""
     hits = n = 0
     for r in records:
+        # a record without its task or question type was pooled in `n` and the per-task
+        # accuracy but in no S_t^m, so React-Score left it out unsaid (an audit, session 39)
+        if r.get("task") is None or r.get("qtype") is None:
+            raise ValueError(f"record needs 'task' and 'qtype' (MC, SA or YN), got {dict(r)!r:.200}")
         if _matches(r, filters):
             n += 1
             hits += _is_correct(r)
