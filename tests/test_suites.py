@@ -332,7 +332,8 @@ def test_dobench_a_series_asks_the_base_scene_and_b_series_its_edit():
     """DO-Bench Sec. 3.2: the A-series is the base scene, B still in it; the B-series the
     same scene with B removed, so the group's two images differ only where B was. Until
     session 38 both series were cut from the edited scene. The A-object sits in a cluster:
-    its Cluster view keeps at least one neighbour (9% of them had none before)."""
+    its Cluster view keeps at least one neighbour (9% of them had none before), and off the
+    centre (9% had their centre in the middle sixteenth before session 39)."""
     import numpy as np
 
     from evaluators.benchmarks.dobench.suite import build, scene_groups
@@ -351,6 +352,8 @@ def test_dobench_a_series_asks_the_base_scene_and_b_series_its_edit():
         assert changed.any() and not changed[~where_b].any()
         boxes = g.base.boxes()
         assert neighbours(boxes[g.a_uid], [b for u, b in boxes.items() if u != g.a_uid])
+        a = next(o for o in g.base.objects if o.uid == g.a_uid)  # "off-center" (Sec. 3.2)
+        assert max(abs(a.cx - g.base.resolution / 2), abs(a.cy - g.base.resolution / 2)) >= g.base.resolution / 4
         views = do_views(g.base, g.a_uid, 0.1)
         mine = {q.id.rsplit("-", 2)[-2] + "-" + q.id.rsplit("-", 1)[-1]: q for q in queries
                 if q.record["scene_id"] == f"dobench-0-{k}"}
