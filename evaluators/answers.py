@@ -61,17 +61,22 @@ _YES_WORDS, _NO_WORDS = {"yes", "yeah", "yep", "yup"}, {"no", "nope", "nah"}
 _ALONE = {"present": True, "visible": True, "absent": False, "none": False}
 
 
-def _affirms(plain: str, subject: str) -> bool:
-    """Does ``plain`` (lowered words) state that ``subject`` is there: "there is a small cup
-    in the image", "i can see two cups", "the cup is visible"? Read only where the answer
-    denies nothing and says no yes-word (:func:`parse_yes_no`)."""
+def _about(plain: str, subject: str) -> bool | None:
+    """What ``plain`` (lowered words) states of ``subject`` alone: True where it says the
+    object is there ("there is a small cup in the image", "i can see two cups", "the cup is
+    visible") and never denies it, False where it denies it ("no cup", "there isn't a cup",
+    "i don't see any cup") and never says it is there, else None."""
     name = r"\s+".join(map(re.escape, words(subject)))
     if not name:
-        return False
-    name = rf"{name}(?:s|es)?"
-    return bool(re.search(rf"\bthere (?:is|are|s)\b(?:\s+\w+){{0,3}}?\s+{name}\b", plain)
-                or re.search(rf"\bi (?:can )?(?:see|spot|notice)\b(?:\s+\w+){{0,3}}?\s+{name}\b", plain)
-                or re.search(rf"\b{name} (?:is|are) (?:present|visible|there|in the (?:image|picture|photo))\b", plain))
+        return None
+    name = rf"(?:{name})(?:s|es)?"
+    lead = r"(?:\s+(?!no\b|not\b|any\b)\w+){0,3}?\s+"  # up to three words, none a negation
+    there = bool(re.search(rf"\bthere (?:is|are|s)\b{lead}{name}\b", plain)
+                 or re.search(rf"\bi (?:can )?(?:see|spot|notice)\b{lead}{name}\b", plain)
+                 or re.search(rf"\b{name} (?:is|are) (?:present|visible|there|in the (?:image|picture|photo))\b", plain))
+    denied = bool(re.search(rf"\b(?:no|not|without|nor|neither)\b(?:\s+\w+){{0,2}}?\s+{name}\b", plain)
+                  or re.search(rf"\b{name} (?:is|are) not\b", plain))
+    return True if there and not denied else False if denied and not there else None
 
 
 def parse_yes_no(text: str, subject: str | None = None) -> bool | None:
@@ -87,16 +92,23 @@ def parse_yes_no(text: str, subject: str | None = None) -> bool | None:
     Both a yes and a no: the first word decides when it is one ("yes, though there is no
     plate"), else None.
 
-    ``subject``: the object an existence question asks about. An answer that says neither
-    yes nor no but states the object is there ("There is a small cup in the image.") reads
-    as yes, the counterpart of the denials (an audit, session 39: such an answer was
-    unreadable, a false denial on every present object). Only the object asked about:
-    "There is a cat." says nothing about a dog."""
+    ``subject``: the object an existence question asks about. An answer that does not open
+    with yes or no is read for what it says of that object (:func:`_about`): "There is a
+    small cup in the image." is yes, the counterpart of the denials (an audit, session 39:
+    it was unreadable, a false denial on every present object), and "There is a cup next to
+    the plate, but no spoon." is yes for the cup (it was no) and no for the spoon. Only the
+    object asked about: "There is a cat." says nothing about a dog."""
     plain = " ".join(words(_ECHO.sub(" ", _expand_negations(text))))
     plain = _NOT_A_DENIAL.sub(" ", _HEDGE.sub(" ", plain))
     w = plain.split()
     if len(w) == 1 and w[0] in _ALONE:
         return _ALONE[w[0]]
+    if subject is not None and w and w[0] not in _YES_WORDS | _NO_WORDS | {"not"}:
+        # an answer that does not open with yes or no, about the asked object: what it says
+        # of that object ("there is a cup next to the plate, but no spoon" is yes for the cup)
+        said = _about(plain, subject)
+        if said is not None:
+            return said
     yes = bool(_YES_WORDS & set(w))
     no = bool(_NO_WORDS & set(w)) or "not" in w[:1] or bool(_DENIAL.search(plain))
     if yes and not no:
@@ -105,8 +117,6 @@ def parse_yes_no(text: str, subject: str | None = None) -> bool | None:
         return False
     if yes and no:  # "yes, there is no ..." is ambiguous; the first word decides when it is yes/no
         return True if w[0] in _YES_WORDS else False if w[0] in _NO_WORDS else None
-    if subject is not None and _affirms(plain, subject):
-        return True
     return None
 
 

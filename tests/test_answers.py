@@ -179,9 +179,13 @@ def test_a_closing_answer_is_read_first_and_the_bare_word_answer_is_not_one(kind
     ("The cup is visible.", "cup", True), ("No doubt, there is a cup.", "cup", True),
     ("There is a cat.", "cup", None), ("There is a small cup in the image.", None, None),
     ("There is a cup next to the plate, but no spoon.", "spoon", False),
+    ("There is a cup next to the plate, but no spoon.", "cup", True),  # it had read no
+    ("I cannot see it clearly, but there is a cup.", "cup", True),
+    ("There is no cup, but there is a plate.", "cup", False), ("There is no cup, but there is a plate.", "plate", True),
+    ("I don't see any cup.", "cup", False), ("The cup is not visible.", "cup", False),
     ("There isn't a cup.", "cup", False), ("Yes, no cup is visible.", "cup", True),
 ])
-def test_yes_no_reads_a_statement_that_the_asked_object_is_there(text, subject, expected):
+def test_yes_no_reads_what_an_answer_says_of_the_asked_object(text, subject, expected):
     assert parse_yes_no(text, subject=subject) is expected
 
 
