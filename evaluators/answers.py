@@ -58,7 +58,7 @@ _ECHO = re.compile(r"\byes\s*(?:/|\bor\b|\band\b)\s*no\b|\bno\s*(?:/|\bor\b|\ban
 _NOT_A_DENIAL = re.compile(r"\b(?:no doubt|without a doubt|no question)\b")
 #: Colloquial and one-word answers: "Yep." / "Nope." / "Absent."
 _YES_WORDS, _NO_WORDS = {"yes", "yeah", "yep", "yup"}, {"no", "nope", "nah"}
-_ALONE = {"present": True, "visible": True, "absent": False, "none": False}
+_ALONE = {"present": True, "visible": True, "absent": False}
 
 
 def _about(plain: str, subject: str) -> bool | None:
@@ -88,7 +88,8 @@ def parse_yes_no(text: str, subject: str | None = None) -> bool | None:
     no, and the hedges of :data:`_HEDGE` ("not sure", "no idea", "can't tell") read as
     neither: they are removed before the rest is read, as are an echoed "yes or no" /
     "yes/no" / "yes and no" (:data:`_ECHO`) and "no doubt". "Yep" / "yeah" read as yes,
-    "nope" / "nah" as no; a one-word "present" / "visible" as yes, "absent" / "none" as no.
+    "nope" / "nah" as no; a one-word "present" / "visible" as yes, "absent" as no, and
+    "none" as no to an existence question (``subject``).
     Both a yes and a no: the first word decides when it is one ("yes, though there is no
     plate"), else None.
 
@@ -103,6 +104,8 @@ def parse_yes_no(text: str, subject: str | None = None) -> bool | None:
     w = plain.split()
     if len(w) == 1 and w[0] in _ALONE:
         return _ALONE[w[0]]
+    if w == ["none"] and subject is not None:  # to "is there a cup ?"; elsewhere an abstention
+        return False  # ("where is the dog ?" -> "none": a box answer) or a count
     if subject is not None and w and w[0] not in _YES_WORDS | _NO_WORDS | {"not"}:
         # an answer that does not open with yes or no, about the asked object: what it says
         # of that object ("there is a cup next to the plate, but no spoon" is yes for the cup)
@@ -118,6 +121,22 @@ def parse_yes_no(text: str, subject: str | None = None) -> bool | None:
     if yes and no:  # "yes, there is no ..." is ambiguous; the first word decides when it is yes/no
         return True if w[0] in _YES_WORDS else False if w[0] in _NO_WORDS else None
     return None
+
+
+#: An existence question ("is there a traffic light in the image ?"): its object, the last
+#: one asked where a prompt's belief sentence names it first.
+_EXISTENCE = re.compile(r"\b(?:is|are) there\s+(?:(?:an?|any|some)\s+)?([a-z][a-z ]*?)\s*(?:\bin\b|\bon\b|\bat\b|"
+                        r"\bvisible\b|\bpresent\b|[?.,]|$)", re.I)
+
+
+def existence_subject(prompt: str) -> str | None:
+    """The object an existence question asks about (:data:`_EXISTENCE`), or None for any
+    other yes/no question ("is the tree green ?"), where an answer stating the object is
+    there says nothing (:func:`parse_yes_no`'s ``subject``)."""
+    found = None
+    for found in _EXISTENCE.finditer(prompt):
+        pass
+    return found.group(1).strip() if found and found.group(1).strip() else None
 
 
 #: A closing answer: "the answer is ...", "final answer: ...". Not the bare word ("to answer

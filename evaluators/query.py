@@ -13,7 +13,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from .answers import count_value, keywords_found, parse_choice, parse_count, parse_option, parse_yes_no, tail_first, words
+from .answers import (count_value, existence_subject, keywords_found, parse_choice, parse_count, parse_option,
+                      parse_yes_no, tail_first, words)
 
 ANSWER_KINDS = ("yes_no", "option", "number", "interval", "choice", "keywords", "text")
 
@@ -141,22 +142,6 @@ def parse(query: Query, text: str) -> Any:
     the whole text (:func:`evaluators.answers.tail_first`)."""
     return tail_first(text, lambda part: _parse(query, part), yes_no=query.kind == "yes_no",
                       final=query.record.get("mode") == "cot")
-
-
-#: An existence question ("is there a traffic light in the image ?"): its object, the last
-#: one asked where a prompt's belief sentence names it first.
-_EXISTENCE = re.compile(r"\b(?:is|are) there\s+(?:(?:an?|any|some)\s+)?([a-z][a-z ]*?)\s*(?:\bin\b|\bon\b|\bat\b|"
-                        r"\bvisible\b|\bpresent\b|[?.,]|$)", re.I)
-
-
-def existence_subject(prompt: str) -> str | None:
-    """The object an existence question asks about (:data:`_EXISTENCE`), or None for any
-    other yes/no question ("is the tree green ?"), where an answer stating the object is
-    there says nothing (:func:`evaluators.answers.parse_yes_no`'s ``subject``)."""
-    found = None
-    for found in _EXISTENCE.finditer(prompt):
-        pass
-    return found.group(1).strip() if found and found.group(1).strip() else None
 
 
 def _parse(query: Query, text: str) -> Any:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from evaluators.answers import count_value, is_hedge, parse_box, parse_number, parse_yes_no, words
+from evaluators.answers import count_value, existence_subject, is_hedge, parse_box, parse_number, parse_yes_no, words
 
 #: Answers of at most this many words (and neither yes/no, a number nor a box) are
 #: ``short`` -- an attribute ("yellow", "dark red") -- longer ones ``free_form``. Our choice:
@@ -33,7 +33,9 @@ def answer_kind(text: str, question: str | None = None) -> str:
     short = len(words(text)) <= SHORT_ANSWER_WORDS
     if question is not None and _HOW_MANY.search(question):
         return "count" if short and count_value(text) is not None else "free_form"
-    if parse_yes_no(text) is not None or is_hedge(text):  # "not sure": an undecided yes/no
+    # read as the evaluators read it: on an existence question, "There is a cup." is a yes
+    subject = existence_subject(question) if question is not None else None
+    if parse_yes_no(text, subject) is not None or is_hedge(text):  # "not sure": an undecided yes/no
         return "yes_no"
     if isinstance(parse_box(text, 1.0), tuple) or words(text)[:1] == ["none"]:
         return "box"

@@ -56,6 +56,12 @@ class Mitigation:
     extra_rows = 0
     #: at most one of this class per attach(): it takes over generate() itself
     one_per_attach = False
+    #: whether it runs under continuous batching (``cache_implementation="paged"``,
+    #: ``generate_batch()``), whose cache packs every request into one row. A mitigation with
+    #: contrast branches never does; where any attached one does not, attach() makes
+    #: ``model.init_continuous_batching`` raise the ValueError in the caller's thread (inside
+    #: the batching thread transformers only logged it and returned the prompts unextended)
+    continuous_batching = True
 
     def branches(self, points: ModelPoints) -> list[Branch]:
         return []
@@ -68,6 +74,23 @@ class Mitigation:
 
     def validate(self, points: ModelPoints) -> None:
         """Raise a clear error if this mitigation cannot run on this model."""
+
+
+class _RefuseContinuousBatching:
+    """The instance's ``init_continuous_batching`` while mitigations that cannot run under
+    continuous batching are attached: every path into it (``generate(cache_implementation=
+    "paged")``, ``generate_batch()``, ``continuous_batching_context_manager()``) starts here,
+    in the caller's thread."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self.names = list(names)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        raise ValueError(
+            f"cache_implementation='paged' (continuous batching, generate_batch()): {', '.join(self.names)} "
+            "need(s) each sample in rows of its own and a cache that tells a prompt from a decoding step, and "
+            "continuous batching packs every request into one row; use the default dynamic cache or "
+            "cache_implementation='static'")
 
 
 class MitigationHandle:
@@ -88,6 +111,9 @@ class MitigationHandle:
             # compiled graph would not see these hooks (hooks.compiled)
             self.group.keep_generate_uncompiled(self.model)
             declared = [(m, m.branches(self.points)) for m in self.mitigations]
+            refusing = [m.name for m, bs in declared if bs or not m.continuous_batching]
+            if refusing and callable(getattr(self.model, "init_continuous_batching", None)):
+                self.group.patch_attribute(self.model, "init_continuous_batching", _RefuseContinuousBatching(refusing))
             all_branches = [b for _, bs in declared for b in bs]
             if all_branches:
                 spans, start = [], 0

@@ -101,6 +101,9 @@ class PriorSuppression(Mitigation):
     token_spans: list[list[tuple[int, int]]] = field(default_factory=list, init=False, repr=False)
 
     name = "prior_suppression"
+    #: context mode tells the prompt from a decoding step by the cache's per-row length, and
+    #: output mode has a contrast branch: neither runs in a paged cache's one packed row
+    continuous_batching = False
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

@@ -12,7 +12,7 @@ from evaluators.answers import box_iou, parse_box, parse_choice, parse_number, p
     # an echoed "yes or no" answers nothing (it had read as its first word, yes: an audit,
     # session 39); colloquial and one-word answers
     ("yes and no", None), ("Yes or no?", None), ("Yes/No", None), ("Yes or no? Yes.", True), ("No / yes", None),
-    ("Nope.", False), ("Yep", True), ("None.", False), ("Absent.", False), ("Present.", True),
+    ("Nope.", False), ("Yep", True), ("None.", None), ("Absent.", False), ("Present.", True),
     ("No doubt, there is a cup.", None), ("Yes - no doubt.", True),
     # denials without "no" (an audit, session 38: these were unreadable, so wrong on Q_a)
     ("There is not a dog in this image.", False), ("There isn't a dog.", False), ("There's not a cup.", False),
@@ -182,7 +182,7 @@ def test_a_closing_answer_is_read_first_and_the_bare_word_answer_is_not_one(kind
     ("There is a cup next to the plate, but no spoon.", "cup", True),  # it had read no
     ("I cannot see it clearly, but there is a cup.", "cup", True),
     ("There is no cup, but there is a plate.", "cup", False), ("There is no cup, but there is a plate.", "plate", True),
-    ("I don't see any cup.", "cup", False), ("The cup is not visible.", "cup", False),
+    ("I don't see any cup.", "cup", False), ("The cup is not visible.", "cup", False), ("None.", "cup", False),
     ("There isn't a cup.", "cup", False), ("Yes, no cup is visible.", "cup", True),
 ])
 def test_yes_no_reads_what_an_answer_says_of_the_asked_object(text, subject, expected):

@@ -936,6 +936,24 @@ def test_continuous_batching_is_a_clear_error(llava):
             llava(**inputs, cache=paged)
 
 
+def test_continuous_batching_through_generate_raises_in_the_callers_thread(llava):
+    """Under a mitigation that cannot run there, ``generate(cache_implementation="paged")``
+    and ``generate_batch()`` raised nothing: transformers' batching thread logged the hook's
+    ValueError and returned the prompts unextended (a user's walkthrough, session 39).
+    attach() now makes ``init_continuous_batching``, where every such path starts, raise it;
+    detach restores the instance; Plausibility alone still runs there."""
+    inputs = tiny_inputs(llava, batch_size=1, text_lengths=[7], seed=3)
+    for mitigation in (VCD(), PriorSuppression(mode="output")):
+        with attach(llava, mitigation):
+            with pytest.raises(ValueError, match=f"continuous batching.*{mitigation.name}"):
+                llava.generate(**inputs, max_new_tokens=2, do_sample=False, cache_implementation="paged")
+            with pytest.raises(ValueError, match="continuous batching"):
+                llava.generate_batch([inputs["input_ids"][0].tolist()])
+        assert "init_continuous_batching" not in vars(llava)
+    with attach(llava, Plausibility()):
+        assert "init_continuous_batching" not in vars(llava)
+
+
 def test_drafts_that_repeat_the_image_token_stay_in_view_of_the_image_free_branch():
     """Prompt-lookup (and assisted) decoding verifies several drafted tokens in one forward,
     which the branches took for more prompt: a draft repeating the image token's id (copied
