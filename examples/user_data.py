@@ -19,6 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from evaluators.benchmarks.dobench.suite import scene_groups
 from evaluators.cli import main as vlm_eval
 from evaluators.organism.tasks import do_prior, existence_question
 from evaluators.world import BIASED, World, do_views
@@ -33,27 +34,26 @@ args = parser.parse_args()
 
 
 def write_stand_in(folder: Path) -> Path:
-    """A small DO-Bench dataset in ``folder``: the images and ``dobench.jsonl``."""
+    """A small DO-Bench dataset in ``folder``: the images and ``dobench.jsonl``, all ten
+    instances of each of three scene groups (A0-A3 and B0-B3 in the Full view, A0 in the
+    Cluster and Crop views; PriorRobust needs both series)."""
     folder.mkdir(parents=True, exist_ok=True)
-    world, rows, seed = World(BIASED), [], 10**9
-    while len({r["scene_id"] for r in rows}) < 3:
-        seed += 1
-        scene = world.scene(seed)
-        objs = [o for o in scene.objects if scene.count(o.category) == 1]
-        if not objs:
-            continue
-        target = objs[0]
-        views = do_views(scene, target.uid, 0.1)
+    rows = []
+    for _, (seed, group) in zip(range(3), scene_groups(12345, World(BIASED))):
+        views = do_views(group.base, group.a_uid, 0.1)
         for view, image in views.as_dict().items():
             image.save(folder / f"{seed}_{view}.png")
+        group.absent.render().save(folder / f"{seed}_absent.png")  # the scene without its B-object
         for level in range(4):
-            rows.append({"id": f"{seed}-A{level}", "scene_id": seed, "image": f"{seed}_Full.png", "series": "A",
-                         "level": level, "view": "Full", "object": target.category, "answer": "yes",
-                         "question": existence_question(target.category, do_prior(level, target.category, True))})
+            for series, cat, image, answer in (("A", group.a_category, f"{seed}_Full.png", "yes"),
+                                               ("B", group.b_category, f"{seed}_absent.png", "no")):
+                rows.append({"id": f"{seed}-{series}{level}", "scene_id": seed, "image": image, "series": series,
+                             "level": level, "view": "Full", "object": cat, "answer": answer,
+                             "question": existence_question(cat, do_prior(level, cat, series == "A"))})
         for view in ("Cluster", "Crop"):
             rows.append({"id": f"{seed}-{view}", "scene_id": seed, "image": f"{seed}_{view}.png", "series": "A",
-                         "level": 0, "view": view, "object": target.category, "answer": "yes", "margin": 0.1,
-                         "question": existence_question(target.category)})
+                         "level": 0, "view": view, "object": group.a_category, "answer": "yes", "margin": 0.1,
+                         "question": existence_question(group.a_category)})
     data = folder / "dobench.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     print(f"wrote {len(rows)} instances to {data}")

@@ -41,3 +41,21 @@ def test_readme_test_command_is_what_ci_runs():
     after = text.split("<!-- test-command -->")[1].strip().splitlines()
     assert after[0] == "```bash" and "pytest" in after[1]
     assert "test-command" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_the_first_use_snippet_runs_as_written():
+    """A user's walkthrough (session 39) found it could not run: ``path`` and ``inputs``
+    were never defined, and nothing said where the shipped organism is. It now runs on
+    the organism as it stands in the README, and its answer is a yes or a no."""
+    import torch
+
+    from evaluators.answers import parse_yes_no
+
+    text = (ROOT / "README.md").read_text().split("## Use", 1)[1]
+    snippet = text.split("```python", 1)[1].split("```", 1)[0]
+    scope: dict = {}
+    with torch.no_grad():
+        exec(compile(snippet, "README.md (## Use)", "exec"), scope)
+    answer = scope["processor"].batch_decode(scope["out"][:, scope["inputs"]["input_ids"].shape[1]:],
+                                             skip_special_tokens=True)[0]
+    assert parse_yes_no(answer) is not None, answer

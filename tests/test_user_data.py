@@ -507,3 +507,13 @@ def test_reactbench_user_short_answers_read_counts_as_counts_and_a_list_of_candi
     assert to_record(banana, "It is blue.")["correct"]
     assert not to_record(banana, "yellow, red, green or blue")["correct"]
     assert to_record(tree, "crimson")["correct"] and to_record(tree, "red, or crimson")["correct"]
+
+
+def test_a_dobench_file_without_one_series_says_prior_robust_will_be_nan(tmp_path):
+    """A user's walkthrough (session 39): the example's A-series-only file scored
+    PriorRobust NaN and an empty language-prior cell without a word."""
+    _png(tmp_path / "s.png")
+    rows = [{**_DO_ROW, "id": lv, "level": lv} for lv in range(4)]
+    (tmp_path / "do.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    with pytest.warns(UserWarning, match="no B-series records, so PriorRobust"):
+        PROTOCOLS["dobench"](tmp_path / "do.jsonl")

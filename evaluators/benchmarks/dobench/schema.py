@@ -3,6 +3,7 @@ paper's names (Sec. 3: scene groups; A-series = present-but-anomalous object, B-
 absent-but-expected object; prior levels 0-3; views Full / Cluster / Crop)."""
 
 import math
+import warnings
 
 from ...data import DataError
 from ...schema import Field, load_jsonl
@@ -80,3 +81,8 @@ def check(rows, path) -> None:
         if named and unnamed:
             raise DataError(path, line, "margin", f"line {named} names a crop margin and line {unnamed} does not: "
                             "name it on every Cluster/Crop view or on none")
+    lacking = [s for s in ("A", "B") if not any(r["series"] == s for r in rows)]
+    if lacking and rows:  # loads and scores, but its headline metric is NaN: say why before the model runs
+        warnings.warn(f"{path}: no {lacking[0]}-series records, so PriorRobust (Eq. 3, over both series) is NaN "
+                      "and the report's language-prior cell stays empty; DO-Bench poses 10 instances per scene, "
+                      "A0-A3 and B0-B3 in the Full view and A0 in the Cluster and Crop views (schema.md)", stacklevel=3)
