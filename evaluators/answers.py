@@ -129,10 +129,12 @@ _EXISTENCE = re.compile(r"\b(?:is|are) there\s+(?:(?:an?|any|some)\s+)?([a-z][a-
                         r"\bvisible\b|\bpresent\b|[?.,]|$)", re.I)
 
 
-def existence_subject(prompt: str) -> str | None:
+def existence_subject(prompt: str | None) -> str | None:
     """The object an existence question asks about (:data:`_EXISTENCE`), or None for any
-    other yes/no question ("is the tree green ?"), where an answer stating the object is
-    there says nothing (:func:`parse_yes_no`'s ``subject``)."""
+    other yes/no question ("is the tree green ?") or no question, where an answer stating
+    the object is there says nothing (:func:`parse_yes_no`'s ``subject``)."""
+    if prompt is None:
+        return None
     found = None
     for found in _EXISTENCE.finditer(prompt):
         pass
@@ -236,7 +238,7 @@ def parse_option(text: str, options: Sequence[str], letters: Sequence[str] = OPT
         return hits[0]
     if hits:
         return None
-    if any(opt and re.search(rf"(?<!\w){re.escape(opt.lower())}(?!\w)", lowered) for opt in options):
+    if any(opt and _mention(opt).search(lowered) for opt in options):
         return None  # options named only to deny them ("neither image 1 nor image 2"): no choice
     # a count inside exactly one option's range ("9" for "eight to nine"): that option
     ranges = [parse_count(opt) if opt else None for opt in options]
@@ -253,6 +255,11 @@ def parse_option(text: str, options: Sequence[str], letters: Sequence[str] = OPT
     return starts[0] if first == ["no"] and len(starts) == 1 else None
 
 
+def _mention(option: str) -> re.Pattern:
+    """An option's text as whole words ("image 1" is not said by "image 10")."""
+    return re.compile(rf"(?<!\w){re.escape(option.lower())}(?!\w)")
+
+
 def _said(option: str, lowered: str) -> bool:
     """Does ``lowered`` name the option text ``option`` (whole words) somewhere it does not
     deny it (a negation among the two words before it in the same clause, as
@@ -260,7 +267,7 @@ def _said(option: str, lowered: str) -> bool:
     its own)?"""
     negations = NEGATIONS - set(words(option))
     text = _expand_negations(lowered)
-    for found in re.finditer(rf"(?<!\w){re.escape(option.lower())}(?!\w)", text):
+    for found in _mention(option).finditer(text):
         before = re.split(r"[.,;:!?]", text[: found.start()])[-1]
         if not negations & set(words(before)[-2:]):
             return True

@@ -140,13 +140,18 @@ def parse(query: Query, text: str) -> Any:
     (:func:`evaluators.answers.answer_tail`: reasoning before it names other values), else from
     the whole text; a chain-of-thought query (``mode`` "cot") reads its last sentence before
     the whole text (:func:`evaluators.answers.tail_first`)."""
-    return tail_first(text, lambda part: _parse(query, part), yes_no=query.kind == "yes_no",
+    # what the question itself says is read once, not for each part of the answer tried
+    asked = (existence_subject(query.prompt) if query.kind == "yes_no"
+             else words(query.prompt) if query.kind == "choice" else None)
+    return tail_first(text, lambda part: _parse(query, part, asked), yes_no=query.kind == "yes_no",
                       final=query.record.get("mode") == "cot")
 
 
-def _parse(query: Query, text: str) -> Any:
+def _parse(query: Query, text: str, asked: Any = None) -> Any:
+    """``asked``: the existence question's object (kind ``yes_no``) or the question's words
+    (kind ``choice``), as :func:`parse` reads them."""
     if query.kind == "yes_no":
-        return parse_yes_no(text, subject=existence_subject(query.prompt))
+        return parse_yes_no(text, subject=asked)
     if query.kind == "option":
         return parse_option(text, query.options or [])
     if query.kind == "number":  # a count: "there are no forks" is 0; a stated range ("between 3
@@ -157,7 +162,7 @@ def _parse(query: Query, text: str) -> Any:
     if query.kind == "interval":  # a count, or the range the answer states
         return parse_count(text)
     if query.kind == "choice":  # a colour the question names (a premise) is read last
-        return parse_choice(text, query.options or [], asked=words(query.prompt))
+        return parse_choice(text, query.options or [], asked=asked or ())
     if query.kind == "keywords":  # the ground-truth keywords the answer says (not denies), not
         # counting a word that only says where ("on the left", "next to the knife": a change
         # described with its place had been wrong for naming a direction or category beyond

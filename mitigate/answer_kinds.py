@@ -33,9 +33,9 @@ def answer_kind(text: str, question: str | None = None) -> str:
     short = len(words(text)) <= SHORT_ANSWER_WORDS
     if question is not None and _HOW_MANY.search(question):
         return "count" if short and count_value(text) is not None else "free_form"
-    # read as the evaluators read it: on an existence question, "There is a cup." is a yes
-    subject = existence_subject(question) if question is not None else None
-    if parse_yes_no(text, subject) is not None or is_hedge(text):  # "not sure": an undecided yes/no
+    # read as the evaluators read it (on an existence question "There is a cup." is a yes);
+    # a hedge ("not sure") is an undecided yes/no
+    if parse_yes_no(text, existence_subject(question)) is not None or is_hedge(text):
         return "yes_no"
     if isinstance(parse_box(text, 1.0), tuple) or words(text)[:1] == ["none"]:
         return "box"

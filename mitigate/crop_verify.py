@@ -177,12 +177,6 @@ def emitted_probability(probs: torch.Tensor, first_tokens: torch.Tensor) -> torc
     return probs.gather(-1, first_tokens.reshape(-1, 1).to(probs.device)).squeeze(-1)
 
 
-def _subject(question: str | None) -> str | None:
-    """The object an existence question asks about, so an answer is read as the evaluators
-    read it ("There is a cup." is a yes: :func:`evaluators.answers.parse_yes_no`)."""
-    return existence_subject(question) if question is not None else None
-
-
 def _yes_evidence(record: dict) -> float | None:
     """How strongly a per-image :meth:`CropVerify.answer` record says "yes": the p(yes) of
     the view that overturned its "no", or the confidence of a first answer that was "yes";
@@ -772,7 +766,7 @@ class CropVerify(Mitigation):
             kind = answer_kind(text, question)
             if kind in ("box", "free_form"):
                 kept += 1
-            elif not (kind == "yes_no" and parse_yes_no(text, _subject(question)) is True):
+            elif not (kind == "yes_no" and parse_yes_no(text, existence_subject(question)) is True):
                 gated.append(row)
         self.stats["not_verifiable"] = self.stats.get("not_verifiable", 0) + kept
         return gated
@@ -798,8 +792,8 @@ class CropVerify(Mitigation):
         kind = answer_kind(result["first_answer"], question)
         result["kind"] = kind
         if kind == "yes_no":  # only a "no" is ever gated; a view must answer yes, with p(yes) > floor
-            ok = [j for j in range(len(texts))
-                  if parse_yes_no(texts[j], _subject(question)) is True and float(p_yes[j]) > floor]
+            subject = existence_subject(question)
+            ok = [j for j in range(len(texts)) if parse_yes_no(texts[j], subject) is True and float(p_yes[j]) > floor]
             if ok:
                 best = max(ok, key=lambda j: float(p_yes[j]))
                 result["answer"], result["chosen"] = texts[best], self.views[best]

@@ -70,13 +70,18 @@ def reactbench(path: str | Path) -> list[Query]:
     # own truth is wrong, as in the built-in suite (its categories, colours and change
     # words), so "yellow, red, green or blue" is not right for "blue" (an audit, session 39).
     # Our choice: the paper's LLM judge (App. C.1) would read such a list as a hedge.
+    # Each short answer is read once here: a count (int) or its accepted keyword lists.
+    short: dict[int, int | list[list[str]]] = {}
     vocabulary: dict[str, set[str]] = {}
-    for r in rows:
-        if r["question_type"] == "SA" and r["task"] != "dense_counting" and _count_of(r) is None:
-            for a in [r["answer"], *(r.get("synonyms") or [])]:
-                vocabulary.setdefault(r["task"], set()).update(_keywords(a, r, path))
+    for i, r in enumerate(rows):
+        if r["question_type"] == "SA" and r["task"] != "dense_counting":
+            count = _count_of(r)
+            short[i] = count if count is not None else [_keywords(a, r, path)
+                                                        for a in [r["answer"], *(r.get("synonyms") or [])]]
+            if count is None:
+                vocabulary.setdefault(r["task"], set()).update(w for kws in short[i] for w in kws)
     out = []
-    for r in rows:
+    for i, r in enumerate(rows):
         _check_react_record(r, path)
         # schema names (the paper's words) -> the record fields the metrics break down by
         fields = {"task": "task", "inducing": "dimension", "hint": "hint", "count_query": "count_setting",
@@ -102,15 +107,13 @@ def reactbench(path: str | Path) -> list[Query]:
             if not re.fullmatch(r"[0-9]+", str(r["answer"]).strip()):
                 raise DataError(path, r["_line"], "answer", f"a count must be a whole number, got {r['answer']!r}")
             kind, truth, options = "number", int(r["answer"]), None
-        elif (count := _count_of(r)) is not None:  # "how many forks are there ?" -> 0: read as a
-            # count ("zero", "there are no forks"), not as the keyword "0" (an audit, session 39)
-            kind, truth, options = "number", count, None
+        elif isinstance(short[i], int):  # "how many forks are there ?" -> 0: read as a count
+            # ("zero", "there are no forks"), not as the keyword "0" (an audit, session 39)
+            kind, truth, options = "number", short[i], None
         else:  # short answer: right when it says every word of the answer or of a synonym and no
             # other word of its task's vocabulary (evaluators.query.to_record; the paper's LLM
             # judge, App. C.1, is not run here)
-            accepted = [r["answer"], *(r.get("synonyms") or [])]
-            kind, truth = "keywords", [_keywords(a, r, path) for a in accepted]
-            options = sorted(vocabulary.get(r["task"], ()))
+            kind, truth, options = "keywords", short[i], sorted(vocabulary.get(r["task"], ()))
         out.append(Query(f"react-{r['id']}", "reactbench", list(r["images"]), r["question"], kind, truth, record,
                          options=options, problem=r["_problem"]))
     return out

@@ -91,14 +91,9 @@ def _pct(num: float, den: int) -> float:
     return 100.0 * num / den if den else math.nan
 
 
-def _flag(r: Mapping[str, Any], name: str, default: bool | None = None) -> bool:
-    """A record's true/false field, refused unless it is a bool (:func:`evaluators.metrics.fields.flag`)."""
-    return flag(r, name) if default is None else flag(r, name, default)
-
-
 def _is_correct(r: Mapping[str, Any]) -> bool:
     """Right only when marked correct and not invalid (an unreadable answer is wrong)."""
-    return _flag(r, "correct") and not _flag(r, "invalid", False)
+    return flag(r, "correct") and not flag(r, "invalid", False)
 
 
 def _qa(records: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
@@ -190,7 +185,7 @@ def causal_scores(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
         "aac": acc_cf_a - acc_x_a,
         "chr": 100.0 - acc_cf_cf,
         "accuracy": accuracy(records),
-        "invalid_rate": _pct(sum(_flag(r, "invalid", False) for r in qa_records), len(qa_records)),
+        "invalid_rate": _pct(sum(flag(r, "invalid", False) for r in qa_records), len(qa_records)),
         "n": len(qa_records),
     }
     out.update(cpr(records))

@@ -158,10 +158,12 @@ def _parse(r: Mapping[str, Any]) -> tuple[str, int, str, bool | None]:
         raise ValueError("the B-series (absent object) is only posed in the Full view")
     gt_yes = series == "A"
     # bools only (evaluators.metrics.fields): pred_yes "no" had read as yes
-    if flag(r, "invalid", False) or ("pred_yes" in r and optional_flag(r, "pred_yes") is None):
+    if flag(r, "invalid", False):
         return series, int(level), view, None
     if "pred_yes" in r:
-        answer = flag(r, "pred_yes")
+        answer = optional_flag(r, "pred_yes")
+        if answer is None:
+            return series, int(level), view, None
         if "correct" in r and flag(r, "correct") != (answer == gt_yes):
             raise ValueError(f"record is inconsistent: series {series}, pred_yes={answer}, correct={r['correct']}")
         return series, int(level), view, answer
