@@ -157,6 +157,20 @@ def check_model(parser: argparse.ArgumentParser, spec: str, model_args: dict[str
         parser.error(f"--model_args: {err}")
 
 
+def check_judge_model(parser: argparse.ArgumentParser, spec: str, judge_args: dict[str, Any]) -> None:
+    """``--judge`` and ``--judge_args`` checked as :func:`check_model` checks the model's."""
+    from .model import ModelSpecError, check_model_args, resolve_model
+
+    try:
+        resolve_model(spec)
+    except ModelSpecError as err:
+        parser.error(f"--judge: {err}")
+    try:
+        check_model_args(judge_args)
+    except ValueError as err:
+        parser.error(f"--judge_args: {err}")
+
+
 def load_model(parser: argparse.ArgumentParser, spec: str, model_args: dict[str, Any]):
     """``load_hf(spec, **model_args)``; a model that cannot be found is a one-line usage error."""
     from . import model as model_module
@@ -202,11 +216,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max_new_tokens", type=int, default=8)
     parser.add_argument("--gen_kwargs", default="", help="generate() arguments, e.g. do_sample=true,temperature=1")
+    parser.add_argument("--judge", default=None,
+                        help="an HF text model (folder or Hub id) that grades ReactBench's answers as its paper "
+                             "does (App. C.1); the rule's grade is kept beside it (evaluators/judge.py)")
+    parser.add_argument("--judge_args", default="", help="as --model_args, for the judge model")
+    parser.add_argument("--judge_batch_size", type=int, default=8)
     parser.add_argument("--no_progress", action="store_true")
     args = parser.parse_args(argv)
     if args.limit is not None and args.limit < 1:  # 0 read as "no limit", -3 as "all but the last 3"
         parser.error(f"--limit must be a positive number of queries, got {args.limit}")
-    check_positive(parser, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, seed=args.seed)
+    check_positive(parser, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, seed=args.seed,
+                   judge_batch_size=args.judge_batch_size)
 
     import torch
 
@@ -224,6 +244,15 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         parser.error(str(err))
     check_model(parser, args.model, model_args)
+    judge_args = {}
+    if args.judge is not None:
+        try:
+            judge_args = parse_kv(args.judge_args)
+        except ValueError as err:
+            parser.error(f"--judge_args: {err}")
+        check_judge_model(parser, args.judge, judge_args)
+    elif args.judge_args:
+        parser.error("--judge_args without --judge")
     if "max_new_tokens" in gen_kwargs:  # generate() would get it twice
         parser.error("--gen_kwargs: give max_new_tokens as --max_new_tokens")
     try:
@@ -249,6 +278,12 @@ def main(argv: list[str] | None = None) -> int:
     if twice := repeated_ids(queries):
         parser.error(f"{len(twice)} query ids occur more than once (ids must be unique across --tasks and --data), "
                      f"e.g. {twice[:3]}")
+    if args.judge is not None:
+        from .judge import JUDGED_BENCHMARKS
+
+        if not any(q.benchmark in JUDGED_BENCHMARKS for q in queries):
+            parser.error(f"--judge: nothing here is graded by a judge in its paper (only {', '.join(JUDGED_BENCHMARKS)} "
+                         "is; the others grade by rule)")
     ranks = distributed.init()  # one process, or this rank of an accelerate / torchrun launch
     torch.manual_seed(args.seed)
     model, processor = load_model(parser, args.model, distributed.placement(ranks, model_args))
@@ -256,12 +291,24 @@ def main(argv: list[str] | None = None) -> int:
         mitigations = parse_mitigations(args.mitigations, processor.tokenizer, processor)
     except ValueError as err:  # a value a mitigation refuses once it has the processor
         parser.error(f"--mitigations: {err}")
+    judge = None
+    # loaded after the model under test, and only where it grades: the main process, once every
+    # process's answers are in (evaluators.runner.run)
+    if args.judge is not None and ranks.is_main:
+        from .judge import HFJudge
+        from .model import ModelSpecError
+
+        try:
+            judge = HFJudge(args.judge, batch_size=args.judge_batch_size, **judge_args)
+        except ModelSpecError as err:
+            parser.error(f"--judge: {err}")
     under_test = HFModel(model, processor, mitigations=mitigations, max_new_tokens=args.max_new_tokens,
                          generate_kwargs=gen_kwargs, name=args.model)
     try:
         payload = run(queries, under_test, args.output_path, batch_size=args.batch_size, seed=args.seed,
                       config={"tasks": tasks, "limit": args.limit, "mitigations": args.mitigations},
-                      progress=not args.no_progress, ranks=ranks)
+                      progress=not args.no_progress, ranks=ranks, judge=judge,
+                      judge_batch_size=args.judge_batch_size)
     except RunMismatch as err:
         parser.error(output_path_wording(err))
     distributed.finish(ranks)
@@ -269,6 +316,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     for bench in payload["results"]:
         print(summary_line(bench, payload))
+    for bench, judged in payload.get("judge", {}).get("benchmarks", {}).items():
+        both = judged["answers_both_read"]
+        agreement = f"{judged['agreement_with_rules']:.1f}% over {both}" if both else "not measured: no"
+        print(f"{bench}: {judged['judged']} answers graded by the judge ({judged['unreadable_verdicts']} replies "
+              f"without a verdict; agreement with the rules {agreement} answers both read)")
     return 0
 
 

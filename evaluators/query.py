@@ -32,6 +32,9 @@ class Query:
     # closed vocabulary an answer must not name beyond its truth (categories, change verbs)
     options: list[str] | None = None
     problem: str | None = None  # why the sample cannot be asked (missing/corrupt image)
+    # the ground truth as the data writes it, for an LLM judge (evaluators.judge.reference_text;
+    # None: the truth in words). Not part of the fingerprint: it does not change what is asked
+    reference: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in ANSWER_KINDS:
@@ -187,10 +190,13 @@ def regrade(record: dict, query: Query) -> dict:
     resumes, or a report over finished folders, scores every answer by one rule, not each by
     the code that wrote it (a parser fixed since then left the older lines graded the old
     way). Other fields (the query fingerprint) are kept; a record of an input that could not
-    be asked (a missing image: no answer) is kept as it is."""
+    be asked (a missing image: no answer) is kept as it is, and one an LLM judge graded
+    (:mod:`evaluators.judge`) keeps the judge's grade, the rule's going to ``rule_correct``."""
     if record.get("invalid_input") or not isinstance(record.get("answer"), str):
         return record
-    return {**record, **to_record(query, record["answer"])}
+    from .judge import rejudged  # a judge's grade is kept; the rule's goes to rule_correct
+
+    return rejudged(record, {**record, **to_record(query, record["answer"])})
 
 
 def to_record(query: Query, text: str) -> dict:

@@ -70,15 +70,27 @@ def run(
     config: dict | None = None,
     progress: bool = True,
     ranks: Ranks | None = None,
+    judge=None,
+    judge_batch_size: int = 8,
 ) -> dict | None:
     """Answer every query not yet answered in ``output_dir``; score; write results.json.
 
     ``ranks``: this process's place in a multi-process run; by default read from the
     launcher's environment (:func:`evaluators.distributed.init`). Every process calls
     ``run`` with the same queries; the main process returns the payload, the others None.
+
+    ``judge``: an LLM judge (:mod:`evaluators.judge`, e.g. :class:`evaluators.judge.HFJudge`)
+    that grades the answers of the benchmarks whose paper grades with one (ReactBench), on
+    the main process after every answer is in, ``judge_batch_size`` at a time; the rule's
+    grade stays in each record (``rule_correct``) and ``payload["judge"]`` says what it
+    judged, how many replies held no verdict and how often it agreed with the rules.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if judge is not None:
+        from .judge import check_judge
+
+        check_judge(judge)
     ids = [q.id for q in queries]
     if twice := repeated_ids(queries):
         raise ValueError(f"query ids must be unique; repeated: {twice[:3]}")
@@ -162,6 +174,11 @@ def run(
     # ``invalid`` flags are the ones the invalid-answer rate counts (a file written by
     # older parsers is brought up to date; unchanged content is not rewritten)
     merged = [flag_invalid(regrade(r, by_id[r["id"]])) if r["id"] in by_id else r for r in merged]
+    judged = None
+    if judge is not None:  # after every answer is in: the judge's grades replace the rule's
+        from .judge import judge_records
+
+        merged, judged = judge_records(merged, by_id, judge, out, batch_size=judge_batch_size)
     shards.write_atomically(out / SAMPLES, (json.dumps(_json_safe(r)) + "\n" for r in merged))
     records = [r for r in merged if r["id"] in by_id]
     if len(records) != len(ids):
@@ -177,6 +194,8 @@ def run(
         "config": {**(config or {}), "model": getattr(model, "describe", lambda: {})(), "seed": seed,
                    "batch_size": batch_size, "num_processes": ranks.world_size, "command": " ".join(sys.argv)},
     }
+    if judge is not None:
+        payload["judge"] = {"judge": judge.describe(), "benchmarks": judged or {}}
     (out / RESULTS).write_text(json.dumps(_json_safe(payload), indent=2) + "\n")
     return payload
 
@@ -227,12 +246,12 @@ def flag_invalid(record: dict) -> dict:
     query's own parse (:func:`evaluators.query.to_record`). The one source of the flag in
     ``samples.jsonl`` and of the invalid-answer rate; a record of an input that could not
     be asked is returned as it is."""
-    if record.get("invalid_input") or "benchmark" not in record:
+    if record.get("invalid_input") or "benchmark" not in record or record.get("graded_by") == "judge":
+        return record  # an LLM judge's grade says itself whether it could read (evaluators.judge)
+    rule = _metrics_attr(record["benchmark"], "answer_invalid")
+    if rule is None:
         return record
-    judge = _metrics_attr(record["benchmark"], "answer_invalid")
-    if judge is None:
-        return record
-    flag = bool(judge(record))
+    flag = bool(rule(record))
     return record if record.get("invalid") == flag else {**record, "invalid": flag}
 
 

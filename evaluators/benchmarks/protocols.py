@@ -111,11 +111,16 @@ def reactbench(path: str | Path) -> list[Query]:
             # ("zero", "there are no forks"), not as the keyword "0" (an audit, session 39)
             kind, truth, options = "number", short[i], None
         else:  # short answer: right when it says every word of the answer or of a synonym and no
-            # other word of its task's vocabulary (evaluators.query.to_record; the paper's LLM
-            # judge, App. C.1, is not run here)
+            # other word of its task's vocabulary (evaluators.query.to_record), unless an LLM
+            # judge grades it as the paper's does (App. C.1; evaluators.judge)
             kind, truth, options = "keywords", short[i], sorted(vocabulary.get(r["task"], ()))
+        reference = None  # a short answer as the file writes it, for an LLM judge (evaluators.judge);
+        # an interval query's reference is its interval (reference_text), not the count in it
+        if r["question_type"] == "SA" and kind in ("keywords", "number"):
+            also = [str(a) for a in r.get("synonyms") or []]
+            reference = str(r["answer"]) + (f" (also accepted: {'; '.join(also)})" if also else "")
         out.append(Query(f"react-{r['id']}", "reactbench", list(r["images"]), r["question"], kind, truth, record,
-                         options=options, problem=r["_problem"]))
+                         options=options, problem=r["_problem"], reference=reference))
     return out
 
 

@@ -62,8 +62,10 @@ Choices:
   counts) reads a stated range as that range, so "between 3 and 5" is wrong for a ground
   truth of 3, as ``count_correct(..., "exact")`` has it (the paper asks for "the exact
   quantity", §3.1); until session 36 the runner took its first number, and it was right.
-* **Short answers (SA) are scored by keywords, not by the paper's LLM judge** (App. C.1,
-  Fig. 24): no judge model runs here. An answer is right when it says every word of the
+* **Short answers (SA) are scored by keywords unless a judge is given**: the paper grades
+  with an LLM judge (App. C.1, Fig. 24), which the runner applies when given one
+  (:mod:`evaluators.judge`, ``vlm-eval --judge``; the rule's grade is kept in
+  ``rule_correct``); without one, no judge model runs. By rule, an answer is right when it says every word of the
   ground truth or of one of its ``synonyms``, each word counted only where neither of the
   two words before it negates it ("there is no fork" does not say "fork";
   :func:`evaluators.answers.keywords_found`; "wasn't" is "was not"). A users' file's
@@ -77,8 +79,9 @@ Choices:
   MC; "location" / "operation" SA only; dimension "absurd" MC only; the paper does not say
   which types each of Table 4's columns holds), so compare a breakdown cell between arms,
   not across cells; ``by_qtype`` gives the per-type accuracies.
-* **Multiple-choice and yes/no answers are read by rule**, not judged: App. C.1 grades
-  "across all question types" with an LLM judge (Fig. 24); the runner reads an option
+* **Multiple-choice and yes/no answers are read by rule** unless a judge is given: App. C.1
+  grades "across all question types" with an LLM judge (Fig. 24), and so does
+  :mod:`evaluators.judge` when given one; by rule, the runner reads an option
   letter or a unique option text (:func:`evaluators.answers.parse_option`) and yes/no as
   :func:`evaluators.answers.parse_yes_no` does ("yes" without "no" and vice versa, and a
   few existence denials without "no": "There isn't a fork."). An answer these rules cannot
