@@ -24,6 +24,7 @@ import json
 import math
 import platform
 import sys
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -178,7 +179,9 @@ def run(
     if judge is not None:  # after every answer is in: the judge's grades replace the rule's
         from .judge import judge_records
 
+        began = time.perf_counter()
         merged, judged = judge_records(merged, by_id, judge, out, batch_size=judge_batch_size)
+        judge_seconds = time.perf_counter() - began
     shards.write_atomically(out / SAMPLES, (json.dumps(_json_safe(r)) + "\n" for r in merged))
     records = [r for r in merged if r["id"] in by_id]
     if len(records) != len(ids):
@@ -195,7 +198,8 @@ def run(
                    "batch_size": batch_size, "num_processes": ranks.world_size, "command": " ".join(sys.argv)},
     }
     if judge is not None:
-        payload["judge"] = {"judge": judge.describe(), "benchmarks": judged or {}}
+        # its time apart: vlm-report's cost column times the model under test, not its grader
+        payload["judge"] = {"judge": judge.describe(), "benchmarks": judged or {}, "seconds": judge_seconds}
     (out / RESULTS).write_text(json.dumps(_json_safe(payload), indent=2) + "\n")
     return payload
 

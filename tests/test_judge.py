@@ -224,3 +224,25 @@ def test_cli_judge(tiny_judge, tmp_path, capsys):
             main(["--model", "organism", "--scale", "small", "--limit", "3", "--output_path", str(tmp_path / "x"),
                   *flags])
         assert message in capsys.readouterr().err
+
+
+def test_report_with_a_judge(tiny_judge, tmp_path, capsys):
+    """vlm-report grades each arm's ReactBench answers with the judge, says so, and leaves
+    the judge's time out of the arm's wall clock."""
+    from evaluators.report.main import main
+
+    out = tmp_path / "report"
+    assert main(["--tasks", "reactbench", "--arms", "vcd-greedy", "--judge", str(tiny_judge), "--resamples", "100",
+                 "--output_path", str(out), "--no_progress"]) == 0
+    printed = capsys.readouterr().out
+    assert "graded by the judge" in printed
+    result = json.loads((out / "results.json").read_text())
+    assert set(result["judge"]) == {"VCD (greedy)", "baseline (greedy)"}
+    for arm, judged in result["judge"].items():
+        assert judged["benchmarks"]["reactbench"]["judged"] > 0 and judged["seconds"] >= 0
+    for folder in out.iterdir():
+        if folder.is_dir():
+            assert all(r["graded_by"] == "judge" for r in read_samples(folder / SAMPLES))
+    with pytest.raises(SystemExit):
+        main(["--tasks", "dobench", "--judge", str(tiny_judge), "--output_path", str(tmp_path / "x")])
+    assert "nothing here is graded by a judge" in capsys.readouterr().err

@@ -104,11 +104,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resamples", type=int, default=1000,
                         help="paired-bootstrap resamples behind each 95%% interval (default 1000; at least "
                              "100, evaluators/report/stats.py MIN_RESAMPLES)")
+    parser.add_argument("--judge", default=None,
+                        help="an HF text model that grades ReactBench's answers as its paper does (App. C.1), "
+                             "as vlm-eval's --judge; its time is left out of the cost column")
+    parser.add_argument("--judge_args", default="", help="as --model_args, for the judge model")
+    parser.add_argument("--judge_batch_size", type=int, default=8)
     parser.add_argument("--no_progress", action="store_true")
     args = parser.parse_args(argv)
-    from ..cli import check_model, check_positive, load_model, output_path_wording, parse_kv
+    from ..cli import check_judge_model, check_model, check_positive, load_model, output_path_wording, parse_kv
 
-    check_positive(parser, batch_size=args.batch_size, seed=args.seed, resamples=args.resamples)
+    check_positive(parser, batch_size=args.batch_size, seed=args.seed, resamples=args.resamples,
+                   judge_batch_size=args.judge_batch_size)
     from .stats import MIN_RESAMPLES
 
     if args.resamples < MIN_RESAMPLES:  # fewer give no 95% interval, yet decided verdicts ("[+19.4, +19.4]")
@@ -138,6 +144,20 @@ def main(argv: list[str] | None = None) -> int:
     if not queries:
         parser.error("nothing to evaluate: give --tasks and/or --data")
     check_model(parser, args.model, model_args)
+    judge_args = {}
+    if args.judge is not None:
+        from ..judge import JUDGED_BENCHMARKS
+
+        try:
+            judge_args = parse_kv(args.judge_args)
+        except ValueError as err:
+            parser.error(f"--judge_args: {err}")
+        check_judge_model(parser, args.judge, judge_args)
+        if not any(q.benchmark in JUDGED_BENCHMARKS for q in queries):
+            parser.error(f"--judge: nothing here is graded by a judge in its paper (only {', '.join(JUDGED_BENCHMARKS)} "
+                         "is; the others grade by rule)")
+    elif args.judge_args:
+        parser.error("--judge_args without --judge")
     arms = default_arms()
     if args.arms:  # checked before the model loads
         wanted = [a.strip() for a in args.arms.split(",") if a.strip()]
@@ -147,6 +167,15 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unknown arm(s) {unknown}; available: {', '.join(slug(a.name) for a in known)}")
         arms = with_references([a for a in known if a.name in wanted or slug(a.name) in wanted], known)
     model, processor = load_model(parser, args.model, model_args)
+    judge = None
+    if args.judge is not None:
+        from ..judge import HFJudge
+        from ..model import ModelSpecError
+
+        try:
+            judge = HFJudge(args.judge, batch_size=args.judge_batch_size, **judge_args)
+        except ModelSpecError as err:
+            parser.error(f"--judge: {err}")
     records, costs, payloads = {}, {}, {}
     # Warm-up, untimed and unrecorded: the first generate() pays one-off costs (lazy
     # initialisation, allocator growth) that would otherwise inflate the first arm's wall
@@ -167,10 +196,12 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         try:
             payloads[arm.name] = run(queries, under_test, folder, batch_size=args.batch_size, seed=args.seed,
-                                     config={"arm": arm.name}, progress=not args.no_progress)
+                                     config={"arm": arm.name}, progress=not args.no_progress, judge=judge,
+                                     judge_batch_size=args.judge_batch_size)
         except RunMismatch as err:
             parser.error(output_path_wording(err))
-        seconds = time.perf_counter() - start
+        # the model under test's time: the judge's grading is not the arm's cost
+        seconds = time.perf_counter() - start - payloads[arm.name].get("judge", {}).get("seconds", 0.0)
         rows = 1 + sum(getattr(m, "extra_rows", 0) for m in mitigations)
         verify = next((dict(m.stats) for m in mitigations if hasattr(m, "stats")), None)
         costs[arm.name] = {
@@ -217,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
         "comparisons": comparisons, "verdicts": cells, "explained_by_control": flags, "cost": costs,
         "versions": versions(), "command": " ".join(sys.argv),
     }
+    if judge is not None:
+        result["judge"] = {a.name: payloads[a.name]["judge"] for a in arms}
     from ..runner import _json_safe
 
     card = _organism_card(args.model)
@@ -225,6 +258,11 @@ def main(argv: list[str] | None = None) -> int:
     (out / "results.json").write_text(json.dumps(_json_safe(result), indent=2, default=str) + "\n")
     write_html(result, queries, records, out / "report.html")
     print(text_table(result))
+    if judge is not None:
+        for name, judged in result["judge"].items():
+            for bench, j in judged["benchmarks"].items():
+                print(f"{name}: {bench} graded by the judge {judge.name} ({j['judged']} answers, "
+                      f"{j['unreadable_verdicts']} replies without a verdict)")
     print(f"\nwrote {out / 'results.json'} and {out / 'report.html'}")
     return 0
 
