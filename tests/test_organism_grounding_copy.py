@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from evaluators.organism import ORGANISM_DIR, load_organism, train
-from evaluators.organism.grounding_copy import CopyTask, _listing, finetune, main
+from evaluators.organism.grounding_copy import CopyTask, _listing, attention_mass, finetune, main
 from evaluators.organism.package import format_prompt
 
 pytestmark = pytest.mark.skipif(not (ORGANISM_DIR / "config.json").exists(), reason="organism checkpoint missing")
@@ -195,3 +195,49 @@ def test_bad_form_is_a_value_error(organism):
         CopyTask(*organism, "text", listed=-1)
     with pytest.raises(ValueError, match="answer_tokens"):
         CopyTask(*organism, "text", answer_tokens="edges")
+
+
+def test_object_positions_are_the_named_objects_coded_tokens(organism):
+    """The attention target of ``--attend-weight``: exactly the image tokens that carry the
+    named object's words (its patches), none for an absent object."""
+    model, processor = load_organism()
+    task = CopyTask(model, processor, "image-codes", box_scale=1.0)
+    seeds = list(range(40, 52))
+    embeds, _, _, examples = task.batch(seeds)
+    objects = task.last_object_positions
+    assert {e.answer == "none" for e in examples} == {True, False}
+    coded = 0
+    for i, e in enumerate(examples):
+        if e.answer == "none":
+            assert not objects[i].any()
+            continue
+        if not objects[i].any():  # a small object that covers no patch to 20% is coded nowhere
+            continue
+        coded += 1
+        word = task.words[e.meta["category"]]
+        # a named patch's token holds the category word; every other token is some other object's or zero
+        named = embeds[i, objects[i]]
+        assert len(named) > 0 and all(torch.dot(t, word) > 0.5 * torch.dot(word, word) for t in named)
+        others = embeds[i, ~objects[i] & (embeds[i].abs().sum(-1) > 0)]
+        image_rows = task.processor(text=[format_prompt(e.question)], images=e.images, return_tensors="pt")
+        assert int(objects[i].sum()) < int((image_rows["input_ids"][0] == task.image_id).sum())
+        assert not any(torch.allclose(t, n) for t in others for n in named[:1])
+    assert coded >= 3
+
+
+def test_attention_supervision_raises_the_mass_on_the_named_object():
+    """A few steps with ``attend_weight`` move the supervised head's attention onto the
+    named object (and are refused for the text form)."""
+    torch.manual_seed(0)
+    model, processor = load_organism()
+    task = CopyTask(model, processor, "image-codes", box_scale=1.0)
+    model.set_attn_implementation("eager")
+    embeds, mask, _, _ = task.batch(list(range(100, 116)), with_answer=True)
+    objects = task.last_object_positions
+    with torch.no_grad():
+        out = model(inputs_embeds=embeds, attention_mask=mask, output_attentions=True)
+    before = float(attention_mass(out.attentions, 1, 0, objects)[objects.any(1)].mean())
+    rows = finetune(task, steps=30, lr=3e-3, batch=8, every=30, log=lambda m: None, attend_weight=1.0)
+    assert rows[-1]["object_attention_mass"] > max(0.1, 3 * before)
+    with pytest.raises(ValueError, match="image forms only"):
+        finetune(CopyTask(*load_organism(), "text"), steps=1, lr=1e-3, batch=2, every=1, log=print, attend_weight=1.0)

@@ -142,8 +142,20 @@ class CopyTask:
             tokens[1 + p] = self.words[obj.category] + self.words[obj.colour] + place
         return tokens
 
+    def object_positions(self, ids: torch.Tensor, scenes: list, examples: list) -> torch.Tensor:
+        """``(batch, sequence)``: True at the image tokens of each example's named object
+        (none for an absent one; image forms only)."""
+        mask = torch.zeros(ids.shape, dtype=torch.bool)
+        for i, (scene, example) in enumerate(zip(scenes, examples)):
+            owner = train.patch_owners(scene)
+            named = np.array([o >= 0 and scene.objects[o].category == example.meta["category"] for o in owner])
+            image = (ids[i] == self.image_id).nonzero().flatten()
+            mask[i, image[1:][torch.from_numpy(named)]] = True  # the image's first token is CLS's
+        return mask
+
     def batch(self, seeds: list[int], with_answer: bool = True):
-        """``(inputs_embeds, attention_mask, labels or None, examples)`` for ``seeds``."""
+        """``(inputs_embeds, attention_mask, labels or None, examples)`` for ``seeds``;
+        ``self.last_object_positions`` keeps :meth:`object_positions` of the image forms."""
         examples = [tasks.grounding(self.world, np.random.default_rng(s), s) for s in seeds]
         scenes = [self.world.scene(s) for s in seeds]
         if self.given == "text":
@@ -160,6 +172,7 @@ class CopyTask:
         with torch.no_grad():
             embeds = self.embed(ids.to(self.device))
         if self.given != "text":
+            self.last_object_positions = self.object_positions(ids, scenes, examples).to(self.device)
             for i, scene in enumerate(scenes):
                 embeds[i, ids[i].to(self.device) == self.image_id] = self._image_tokens(
                     scene, examples[i].meta["category"]).to(embeds)
@@ -217,12 +230,33 @@ def _listing(scene, named: str | None = None, listed: int = 0) -> str:
                     for o in _listed(scene, named, listed))
 
 
+def attention_mass(attentions, layer: int, head: int, objects: torch.Tensor) -> torch.Tensor:
+    """Per example, the mean over the positions that write the box's four tokens of the
+    attention mass ``head`` of ``layer`` (-1: the mean over its heads) puts on the named
+    object's image tokens."""
+    attn = attentions[layer][:, :, -BOX_TOKENS - 2 : -2]  # (batch, heads, 4 queries, keys)
+    attn = attn.mean(1) if head == -1 else attn[:, head]
+    return (attn * objects[:, None, :].to(attn)).sum(-1).mean(-1)
+
+
 def finetune(task: CopyTask, steps: int, lr: float, batch: int, every: int, log,
-             schedule: tuple[int, ...] = ()) -> list[dict]:
+             schedule: tuple[int, ...] = (), attend_weight: float = 0.0, attend_layer: int = 1,
+             attend_head: int = 0) -> list[dict]:
     """Train the decoder on ``task`` for ``steps`` steps; the per-token losses and held-out
     scores every ``every`` steps. ``schedule``: a curriculum of ``task.listed`` values, each
-    for an equal share of the steps (the held-out scores use the current one)."""
+    for an equal share of the steps (the held-out scores use the current one).
+
+    ``attend_weight`` > 0 (image forms; session 40) adds ``attend_weight`` times the
+    negative log of the attention mass that head ``attend_head`` of layer ``attend_layer``
+    puts on the named object's image tokens from the positions that write its box
+    (:func:`attention_mass`; present objects only): the retrieval the decoder did not find
+    in any budget, supervised directly, as the object's patches are known in training. The
+    model runs with eager attention then (its weights are read)."""
     model = task.model
+    if attend_weight:
+        if task.given == "text":
+            raise ValueError("attend_weight: the attention target is the object's image tokens (image forms only)")
+        model.set_attn_implementation("eager")
     decoder = train_decoder_only(model)
     opt = torch.optim.AdamW(decoder, lr=lr, weight_decay=0.01)
     none_id = task.tok.convert_tokens_to_ids("none")
@@ -234,9 +268,18 @@ def finetune(task: CopyTask, steps: int, lr: float, batch: int, every: int, log,
         if schedule:
             task.listed = schedule[min(len(schedule) - 1, step * len(schedule) // steps)]
         embeds, mask, labels, _ = task.batch([step * batch + i for i in range(batch)])
-        out = model(inputs_embeds=embeds, attention_mask=mask, labels=labels)
+        out = model(inputs_embeds=embeds, attention_mask=mask, labels=labels, output_attentions=bool(attend_weight))
+        loss = out.loss
+        if attend_weight:
+            objects = task.last_object_positions
+            present = objects.any(1)
+            mass = attention_mass(out.attentions, attend_layer, attend_head, objects)
+            if present.any():
+                loss = loss + attend_weight * -torch.log(mass[present] + 1e-6).mean()
+            with torch.no_grad():
+                running_mass = float(mass[present].mean()) if present.any() else float("nan")
         opt.zero_grad()
-        out.loss.backward()
+        loss.backward()
         torch.nn.utils.clip_grad_norm_(decoder, 1.0)
         opt.step()
         with torch.no_grad():  # the box tokens are the last 4 before </s> (left padding)
@@ -248,6 +291,8 @@ def finetune(task: CopyTask, steps: int, lr: float, batch: int, every: int, log,
         if (step + 1) % every == 0 or step == steps - 1:
             row = {"step": step + 1, "seconds": round(time.time() - start),
                    "box_token_nll": [round(v, 2) for v in running.tolist()], **task.evaluate()}
+            if attend_weight:
+                row["object_attention_mass"] = round(running_mass, 3)
             log(json.dumps(row))
             rows.append(row)
     model.eval()
@@ -270,6 +315,11 @@ def main(argv=None) -> None:
     parser.add_argument("--box-scale", type=float, default=0.5, help="--given image-codes / image-columns: the scale of the box code / the column token")
     parser.add_argument("--answer-tokens", choices=ANSWER_TOKENS, default="shared",
                         help="the organism's shared <cN> tokens, or per-edge <lN> <tN> <rN> <bN> added here (see ANSWER_TOKENS)")
+    parser.add_argument("--attend-weight", type=float, default=0.0,
+                        help="image forms: supervise one head's attention from the box positions to the named "
+                             "object's image tokens, with this weight (see finetune)")
+    parser.add_argument("--attend-layer", type=int, default=1)
+    parser.add_argument("--attend-head", type=int, default=0, help="-1: every head of the layer")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu", help="where the decoder trains (batches are made on the host)")
     parser.add_argument("--seed", type=int, default=0)
@@ -292,7 +342,10 @@ def main(argv=None) -> None:
     model.to(args.device)
     task = CopyTask(model, processor, args.given, args.box_scale, args.seed, schedule[0], args.answer_tokens)
     print(json.dumps({"step": 0, **task.evaluate()}))
-    finetune(task, args.steps, args.lr, args.batch, args.every, print, schedule if len(schedule) > 1 else ())
+    if args.attend_weight < 0:
+        parser.error(f"--attend-weight must be >= 0, got {args.attend_weight}")
+    finetune(task, args.steps, args.lr, args.batch, args.every, print, schedule if len(schedule) > 1 else (),
+             args.attend_weight, args.attend_layer, args.attend_head)
 
 
 if __name__ == "__main__":
