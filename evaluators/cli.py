@@ -157,18 +157,42 @@ def check_model(parser: argparse.ArgumentParser, spec: str, model_args: dict[str
         parser.error(f"--model_args: {err}")
 
 
-def check_judge_model(parser: argparse.ArgumentParser, spec: str, judge_args: dict[str, Any]) -> None:
-    """``--judge`` and ``--judge_args`` checked as :func:`check_model` checks the model's."""
+def judge_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
+    """``--judge``, ``--judge_args`` and ``--judge_batch_size`` checked before any model
+    loads, as :func:`check_model` checks the model's: the :class:`evaluators.judge.HFJudge`
+    keyword arguments (``max_new_tokens`` and ``batch_size`` beside the loading ones)."""
     from .model import ModelSpecError, check_model_args, resolve_model
 
+    if args.judge is None:
+        if args.judge_args or args.judge_batch_size is not None:
+            parser.error("--judge_args / --judge_batch_size without --judge")
+        return {}
     try:
-        resolve_model(spec)
+        resolve_model(args.judge)
     except ModelSpecError as err:
         parser.error(f"--judge: {err}")
     try:
-        check_model_args(judge_args)
+        judge_args = parse_kv(args.judge_args)
+        loading = {k: v for k, v in judge_args.items() if k != "max_new_tokens"}
+        check_model_args(loading)
     except ValueError as err:
         parser.error(f"--judge_args: {err}")
+    if "max_new_tokens" in judge_args and not (isinstance(judge_args["max_new_tokens"], int)
+                                               and judge_args["max_new_tokens"] >= 1):
+        parser.error(f"--judge_args: max_new_tokens must be an integer >= 1, got {judge_args['max_new_tokens']!r}")
+    return {**judge_args, "batch_size": args.judge_batch_size or 8}
+
+
+def load_judge(parser: argparse.ArgumentParser, spec: str, judge_args: dict[str, Any]):
+    """``HFJudge(spec, **judge_args)``; a model that cannot be loaded as a judge is a
+    one-line usage error."""
+    from .judge import HFJudge
+    from .model import ModelSpecError
+
+    try:
+        return HFJudge(spec, **judge_args)
+    except (ModelSpecError, ValueError) as err:
+        parser.error(f"--judge: {err}")
 
 
 def load_model(parser: argparse.ArgumentParser, spec: str, model_args: dict[str, Any]):
@@ -219,8 +243,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--judge", default=None,
                         help="an HF text model (folder or Hub id) that grades ReactBench's answers as its paper "
                              "does (App. C.1); the rule's grade is kept beside it (evaluators/judge.py)")
-    parser.add_argument("--judge_args", default="", help="as --model_args, for the judge model")
-    parser.add_argument("--judge_batch_size", type=int, default=8)
+    parser.add_argument("--judge_args", default="",
+                        help="as --model_args, for the judge model, and max_new_tokens= (its reply's length, default 8)")
+    parser.add_argument("--judge_batch_size", type=int, default=None, help="the judge's batch (default 8)")
     parser.add_argument("--no_progress", action="store_true")
     args = parser.parse_args(argv)
     if args.limit is not None and args.limit < 1:  # 0 read as "no limit", -3 as "all but the last 3"
@@ -244,15 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         parser.error(str(err))
     check_model(parser, args.model, model_args)
-    judge_args = {}
-    if args.judge is not None:
-        try:
-            judge_args = parse_kv(args.judge_args)
-        except ValueError as err:
-            parser.error(f"--judge_args: {err}")
-        check_judge_model(parser, args.judge, judge_args)
-    elif args.judge_args:
-        parser.error("--judge_args without --judge")
+    judge_args = judge_options(parser, args)
     if "max_new_tokens" in gen_kwargs:  # generate() would get it twice
         parser.error("--gen_kwargs: give max_new_tokens as --max_new_tokens")
     try:
@@ -291,24 +308,17 @@ def main(argv: list[str] | None = None) -> int:
         mitigations = parse_mitigations(args.mitigations, processor.tokenizer, processor)
     except ValueError as err:  # a value a mitigation refuses once it has the processor
         parser.error(f"--mitigations: {err}")
-    judge = None
-    # loaded after the model under test, and only where it grades: the main process, once every
-    # process's answers are in (evaluators.runner.run)
-    if args.judge is not None and ranks.is_main:
-        from .judge import HFJudge
-        from .model import ModelSpecError
-
-        try:
-            judge = HFJudge(args.judge, batch_size=args.judge_batch_size, **judge_args)
-        except ModelSpecError as err:
-            parser.error(f"--judge: {err}")
     under_test = HFModel(model, processor, mitigations=mitigations, max_new_tokens=args.max_new_tokens,
                          generate_kwargs=gen_kwargs, name=args.model)
+    config = {"tasks": tasks, "limit": args.limit, "mitigations": args.mitigations}
     try:
         payload = run(queries, under_test, args.output_path, batch_size=args.batch_size, seed=args.seed,
-                      config={"tasks": tasks, "limit": args.limit, "mitigations": args.mitigations},
-                      progress=not args.no_progress, ranks=ranks, judge=judge,
-                      judge_batch_size=args.judge_batch_size)
+                      config=config, progress=not args.no_progress, ranks=ranks)
+        if args.judge is not None:  # every answer is in: the judge loads only now, on the main
+            # process only (it grades there), and the same call merges, grades and scores again
+            judge = load_judge(parser, args.judge, judge_args) if ranks.is_main else None
+            payload = run(queries, under_test, args.output_path, batch_size=args.batch_size, seed=args.seed,
+                          config=config, progress=False, ranks=ranks, judge=judge)
     except RunMismatch as err:
         parser.error(output_path_wording(err))
     distributed.finish(ranks)

@@ -23,14 +23,17 @@ Choices (the paper is silent or not available as text):
   HalluSegBench masks -- so a judge there would not be their protocol.
 * **An unreadable verdict is an invalid grade**: the record is wrong and ``invalid``, as an
   answer the rules cannot read is, and counted apart (``unreadable_verdicts``); it is not
-  graded by rule instead, which would mix two graders without saying where.
+  graded by rule instead, which would mix two graders without saying where. A reply is read
+  for "correct" / "incorrect" only (:func:`parse_verdict`).
 * **A query that could not be asked** (a missing image: no answer) is not sent to the judge;
   it stays out of the scores as before.
 
-Verdicts are kept in ``<output_dir>/judgements.jsonl``, keyed by query id, a digest of the
-answer and a digest of the judge's :meth:`describe` (its model and prompt): a rerun or a
-resumed run asks the judge only about answers it has not graded, and another judge (or
-prompt) grades everything again.
+Verdicts are kept in ``<output_dir>/judgements.jsonl``, keyed by query id, a digest of what
+the judge read (question, reference and answer) and a digest of the judge's
+:meth:`describe` (its model, dtype, revision and prompt): a rerun or a resumed run asks the
+judge only about what it has not graded, and another judge (or prompt, or reference) grades
+again. ``samples.jsonl`` says how the last run graded: a run without a judge puts the rule's
+grades back (:func:`rule_graded`).
 """
 
 from __future__ import annotations
@@ -63,8 +66,14 @@ JUDGE_TEMPLATE = (
 #: The file of a run's output folder that keeps the judge's verdicts.
 JUDGEMENTS = "judgements.jsonl"
 
-# "not correct" before "correct"; \bcorrect\b does not match inside "incorrect"
-_VERDICT = re.compile(r"\b(not correct|not right|incorrect|correct|wrong|right)\b")
+_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+#: A verdict word with the qualifier before it that makes "correct" a "no" ("not correct",
+#: "isn't correct", "partially correct"); ``\bcorrect\b`` does not match inside "incorrect".
+_VERDICT = re.compile(r"\b(?:(not|isn't|isnt|is not|not quite|not entirely|not fully|not completely|partially|partly"
+                      r"|half)\s+)?(incorrect|correct)\b")
+#: The choice the prompt offers, echoed back ("correct or incorrect: incorrect"): no verdict.
+_ECHO = re.compile(r"\b(?:correct\s+or\s+incorrect|incorrect\s+or\s+correct)\b")
 
 
 @dataclass(frozen=True)
@@ -87,15 +96,18 @@ class Judge(Protocol):
 
 
 def parse_verdict(text: Any) -> bool | None:
-    """The judge's reply as a grade: True for "correct" / "right", False for "incorrect" /
-    "not correct" / "wrong", from the first such word; None when it says none of them (or
-    is not text)."""
+    """The judge's reply as a grade, from its first verdict word: True for "correct", False
+    for "incorrect" and for a "correct" that a word before it takes back ("not correct",
+    "isn't correct", "partially correct"); None when it says neither (or is not text). The
+    prompt's own choice echoed back ("correct or incorrect: ...") is skipped. "Right" and
+    "wrong" are not read: the prompt asks for correct or incorrect, and "right" is also a
+    direction in ReactBench's answers ("moved to the right")."""
     if not isinstance(text, str):
         return None
-    match = _VERDICT.search(text.lower())
+    match = _VERDICT.search(_ECHO.sub(" ", text.lower()))
     if match is None:
         return None
-    return match.group(1) in ("correct", "right")
+    return match.group(2) == "correct" and match.group(1) is None
 
 
 def reference_text(query: Query) -> str:
@@ -106,9 +118,8 @@ def reference_text(query: Query) -> str:
     if query.reference:
         return query.reference
     truth = query.truth
-    if query.kind == "option":
-        letters = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
-        index = letters.find(str(truth)) if isinstance(truth, str) and len(truth) == 1 else -1
+    if query.kind == "option":  # the letter as the data writes it (the suite's and users' are lower case)
+        index = _LETTERS.find(str(truth).lower()) if isinstance(truth, str) and len(truth) == 1 else -1
         options = query.options or []
         return f"{truth} ({options[index]})" if 0 <= index < len(options) else str(truth)
     if query.kind == "interval":
@@ -124,7 +135,8 @@ def question_text(query: Query) -> str:
     appended when the prompt does not spell them all out (a users' file may keep them apart)."""
     options = query.options if query.kind == "option" else None
     if options and not all(str(o) in query.prompt for o in options):
-        letters = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+        # letters in the case of the truth's, so that the reference names the option as listed
+        letters = _LETTERS.upper() if str(query.truth).isupper() else _LETTERS
         return query.prompt + " Options: " + " ".join(f"{letters[i]}) {o}" for i, o in enumerate(options))
     return query.prompt
 
@@ -134,8 +146,10 @@ def judge_digest(judge: Judge) -> str:
     return hashlib.sha256(json.dumps(judge.describe(), sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _answer_digest(answer: str) -> str:
-    return hashlib.sha256(answer.encode()).hexdigest()[:16]
+def _item_digest(item: JudgeItem) -> str:
+    """What a verdict was given on: the question, the reference and the answer as the judge
+    read them (a synonym added to the data, or a reference worded anew, is judged again)."""
+    return hashlib.sha256(json.dumps([item.question, item.reference, item.answer]).encode()).hexdigest()[:16]
 
 
 def check_judge(judge: Any) -> None:
@@ -151,14 +165,14 @@ def _read_cache(path: Path) -> dict[tuple[str, str, str], str]:
     for line in path.read_text().splitlines():
         try:
             row = json.loads(line)
-            cache[(row["id"], row["answer_sha"], row["judge"])] = row["output"]
+            cache[(row["id"], row["item_sha"], row["judge"])] = row["output"]
         except (ValueError, KeyError, TypeError):  # a torn last line of a killed run: asked again
             continue
     return cache
 
 
 def judge_records(records: Sequence[dict], queries: Mapping[str, Query], judge: Judge,
-                  folder: str | Path | None = None, batch_size: int = 8) -> tuple[list[dict], dict]:
+                  folder: str | Path | None = None, batch_size: int | None = None) -> tuple[list[dict], dict]:
     """``records`` (one per query, as :func:`evaluators.query.to_record` writes them) with the
     answers of :data:`JUDGED_BENCHMARKS` graded by ``judge``, and a summary per benchmark.
 
@@ -166,10 +180,18 @@ def judge_records(records: Sequence[dict], queries: Mapping[str, Query], judge: 
     ``graded_by: "judge"``, the judge's reply (``judge_output``), ``correct`` (the verdict
     is "correct") and ``invalid`` (the reply holds no verdict). Records of other benchmarks,
     and of queries that could not be asked, are returned as they are. ``folder``: where
-    :data:`JUDGEMENTS` keeps the verdicts between runs (None: nothing kept)."""
+    :data:`JUDGEMENTS` keeps the verdicts between runs (None: nothing kept); ``batch_size``:
+    items per call of the judge (None: the judge's own ``batch_size``, else 8).
+
+    The rule's grade is read from each record's ``correct`` / ``invalid``; a record a judge
+    graded before (``graded_by``) is read back to its rule grade first, so that
+    ``rule_correct`` and the agreement figure are the rule's on a rerun too."""
     check_judge(judge)
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if batch_size is None:
+        batch_size = getattr(judge, "batch_size", None) or 8
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    records = [rule_graded(r) for r in records]
     digest = judge_digest(judge)
     path = Path(folder) / JUDGEMENTS if folder is not None else None
     cache = _read_cache(path) if path is not None else {}
@@ -177,9 +199,11 @@ def judge_records(records: Sequence[dict], queries: Mapping[str, Query], judge: 
             if r.get("benchmark") in JUDGED_BENCHMARKS and not r.get("invalid_input")
             and isinstance(r.get("answer"), str) and r.get("id") in queries]
     outputs: dict[int, str] = {}
+    items = {i: JudgeItem(question_text(queries[records[i]["id"]]), reference_text(queries[records[i]["id"]]),
+                          records[i]["answer"]) for i in todo}
     ask = []
     for i in todo:
-        key = (records[i]["id"], _answer_digest(records[i]["answer"]), digest)
+        key = (records[i]["id"], _item_digest(items[i]), digest)
         if key in cache:
             outputs[i] = cache[key]
         else:
@@ -187,20 +211,19 @@ def judge_records(records: Sequence[dict], queries: Mapping[str, Query], judge: 
     asked = set(ask)
     for start in range(0, len(ask), batch_size):
         chunk = ask[start : start + batch_size]
-        items = [JudgeItem(question_text(queries[records[i]["id"]]), reference_text(queries[records[i]["id"]]),
-                           records[i]["answer"]) for i in chunk]
-        replies = judge(items)
-        if not isinstance(replies, (list, tuple)) or len(replies) != len(items):
+        replies = judge([items[i] for i in chunk])
+        if not isinstance(replies, (list, tuple)) or len(replies) != len(chunk):
             got = len(replies) if isinstance(replies, (list, tuple)) else type(replies).__name__
-            raise RuntimeError(f"the judge replied {got} times to {len(items)} items")
+            raise RuntimeError(f"the judge replied {got} times to {len(chunk)} items")
         lines = []
         for i, reply in zip(chunk, replies):
             outputs[i] = reply if isinstance(reply, str) else str(reply)
-            lines.append(json.dumps({"id": records[i]["id"], "answer_sha": _answer_digest(records[i]["answer"]),
-                                     "judge": digest, "output": outputs[i]}) + "\n")
+            lines.append(json.dumps({"id": records[i]["id"], "item_sha": _item_digest(items[i]), "judge": digest,
+                                     "output": outputs[i]}) + "\n")
         if path is not None:  # appended batch by batch: a killed run keeps what was judged
+            torn = path.exists() and path.stat().st_size and not path.read_bytes().endswith(b"\n")
             with path.open("a") as f:
-                f.writelines(lines)
+                f.writelines(["\n"] * bool(torn) + lines)  # a killed run's torn line stays alone
     out = list(records)
     summary: dict[str, dict] = {}
     for i, reply in outputs.items():
@@ -225,20 +248,28 @@ def judge_records(records: Sequence[dict], queries: Mapping[str, Query], judge: 
     return out, summary
 
 
-def rejudged(record: dict, fresh: dict) -> dict:
-    """``fresh`` (a record graded again by rule, :func:`evaluators.query.regrade`) with the
-    judge's grade of ``record`` kept where the judge graded it: the rule's new grade goes to
-    ``rule_correct`` / ``rule_invalid``."""
+#: The fields :func:`judge_records` adds to a record.
+JUDGE_FIELDS = ("graded_by", "judge_output", "rule_correct", "rule_invalid")
+
+
+def rule_graded(record: dict) -> dict:
+    """``record`` as the rules graded it: a judged record's ``correct`` / ``invalid`` put
+    back from ``rule_correct`` / ``rule_invalid`` and the judge's fields dropped; any other
+    record as it is. A run without a judge scores by rule whatever an earlier run in the
+    folder did, and a run with one judges again (from :data:`JUDGEMENTS`, at no cost)."""
     if record.get("graded_by") != "judge":
-        return fresh
-    return {**fresh, "rule_correct": fresh.get("correct"), "rule_invalid": fresh.get("invalid"),
-            "correct": record.get("correct"), "invalid": record.get("invalid")}
+        return record
+    out = {k: v for k, v in record.items() if k not in JUDGE_FIELDS}
+    out["correct"], out["invalid"] = record.get("rule_correct"), record.get("rule_invalid")
+    return out
 
 
 class CallableJudge:
     """A judge from a function ``fn(question, reference, answer) -> str`` (the judge's reply,
     read by :func:`parse_verdict`): an API client, a human's notes, a rule of your own.
-    ``name`` tells two judges apart in the kept verdicts (as :class:`evaluators.model.CallableModel`'s)."""
+    ``name`` tells two judges apart in the kept verdicts: two lambdas of one module, or two
+    closures of one function, look alike unless named (as
+    :class:`evaluators.model.CallableModel`'s)."""
 
     def __init__(self, fn: Any, name: str = "callable") -> None:
         if not callable(fn):
@@ -294,7 +325,11 @@ class HFJudge:
         self.name = name or getattr(model.config, "_name_or_path", None) or type(model).__name__
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "class": type(self.model).__name__,
+        """The model (name, class, dtype, the Hub revision it was loaded at where known), the
+        prompt's digest and the reply length: verdicts are kept per description. Weights
+        changed in place under the same name and revision are not seen; give ``name``."""
+        return {"name": self.name, "class": type(self.model).__name__, "dtype": str(self.model.dtype),
+                "revision": getattr(self.model.config, "_commit_hash", None),
                 "template_sha256": hashlib.sha256(self.template.encode()).hexdigest()[:16],
                 "max_new_tokens": self.max_new_tokens}
 

@@ -190,13 +190,14 @@ def regrade(record: dict, query: Query) -> dict:
     resumes, or a report over finished folders, scores every answer by one rule, not each by
     the code that wrote it (a parser fixed since then left the older lines graded the old
     way). Other fields (the query fingerprint) are kept; a record of an input that could not
-    be asked (a missing image: no answer) is kept as it is, and one an LLM judge graded
-    (:mod:`evaluators.judge`) keeps the judge's grade, the rule's going to ``rule_correct``."""
+    be asked (a missing image: no answer) is kept as it is. A line an LLM judge graded
+    (:mod:`evaluators.judge`) is graded by rule again, its judge's fields dropped: the runner
+    applies the judge again where one is given (its verdicts are kept)."""
     if record.get("invalid_input") or not isinstance(record.get("answer"), str):
         return record
-    from .judge import rejudged  # a judge's grade is kept; the rule's goes to rule_correct
+    from .judge import rule_graded  # graded by rule again: a judge's grade is the judge's to give again
 
-    return rejudged(record, {**record, **to_record(query, record["answer"])})
+    return {**rule_graded(record), **to_record(query, record["answer"])}
 
 
 def to_record(query: Query, text: str) -> dict:

@@ -72,7 +72,7 @@ def run(
     progress: bool = True,
     ranks: Ranks | None = None,
     judge=None,
-    judge_batch_size: int = 8,
+    judge_batch_size: int | None = None,
 ) -> dict | None:
     """Answer every query not yet answered in ``output_dir``; score; write results.json.
 
@@ -82,7 +82,9 @@ def run(
 
     ``judge``: an LLM judge (:mod:`evaluators.judge`, e.g. :class:`evaluators.judge.HFJudge`)
     that grades the answers of the benchmarks whose paper grades with one (ReactBench), on
-    the main process after every answer is in, ``judge_batch_size`` at a time; the rule's
+    the main process after every answer is in, ``judge_batch_size`` at a time (None: the
+    judge's own ``batch_size``); without one every answer is graded by rule, also where an
+    earlier run in ``output_dir`` had a judge; the rule's
     grade stays in each record (``rule_correct``) and ``payload["judge"]`` says what it
     judged, how many replies held no verdict and how often it agreed with the rules.
     """

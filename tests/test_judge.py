@@ -16,9 +16,13 @@ from evaluators.runner import SAMPLES, read_samples, run
 
 
 @pytest.mark.parametrize("reply, verdict", [
-    ("Correct.", True), ("correct", True), ("The answer is right.", True), ("I think it is correct", True),
-    ("Incorrect", False), ("The answer is not correct.", False), ("wrong", False), ("INCORRECT.", False),
+    ("Correct.", True), ("correct", True), ("I think it is correct", True), ("Incorrect", False),
+    ("The answer is not correct.", False), ("The answer isn't correct.", False), ("Not quite correct.", False),
+    ("not entirely correct", False), ("Partially correct.", False), ("INCORRECT.", False),
     ("Incorrect. The reference says correct things.", False),  # the first verdict word decides
+    ("correct or incorrect: incorrect", False),  # the prompt's choice echoed back is no verdict
+    ("The dog moved right, incorrect", False),  # "right" is a direction here, not a verdict
+    ("The answer is right.", None), ("wrong", None),  # the prompt asks for correct or incorrect
     ("", None), ("maybe", None), ("correctly", None), (None, None), (3, None)])
 def test_parse_verdict(reply, verdict):
     assert parse_verdict(reply) is verdict
@@ -34,6 +38,10 @@ def test_reference_and_question_texts():
     assert reference_text(mc) == "B (a fork)"
     # a users' file keeps its options apart from the question: the judge is shown them
     assert question_text(mc) == "what is on the plate ? Options: A) a knife B) a fork C) a cup"
+    # letters as the loaders and the suite write them, lower case: named in the same case
+    lower = _q("option", "b", prompt="what is on the plate ?", options=["a knife", "a fork", "a cup"])
+    assert reference_text(lower) == "b (a fork)"
+    assert question_text(lower) == "what is on the plate ? Options: a) a knife b) a fork c) a cup"
     spelled = _q("option", "A", prompt="what ? A ) a knife B ) a fork", options=["a knife", "a fork"])
     assert question_text(spelled) == spelled.prompt
     assert reference_text(_q("interval", (6, 7))) == "any number from 6 to 7"
@@ -87,11 +95,34 @@ def test_judge_grades_replace_the_rules_and_keep_them(tmp_path):
     assert [r["correct"] for r in regraded[:3]] == [True, True, True]
 
 
-def test_regrade_keeps_the_judges_grade():
+def test_regrade_is_the_rules_grade_and_a_rejudged_record_keeps_the_rules():
+    """A judged line graded again by rule drops the judge's fields (the runner judges again
+    where a judge is given); judging a judged record again reads the rule's grade, not the
+    earlier judge's, into rule_correct and the agreement figure."""
     queries, records = _judged_setup()
-    out, _ = judge_records(records, queries, CallableJudge(lambda q, r, a: "incorrect", "no"))
+    out, first = judge_records(records, queries, CallableJudge(lambda q, r, a: "incorrect", "no"))
     again = regrade(out[1], queries["b"])
-    assert again["correct"] is False and again["rule_correct"] is True and again["graded_by"] == "judge"
+    assert again["correct"] is True and "graded_by" not in again and "rule_correct" not in again
+    twice, second = judge_records(out, queries, CallableJudge(lambda q, r, a: "incorrect", "no"))
+    assert twice == out and second == first
+
+
+def test_a_changed_reference_is_judged_again(tmp_path):
+    queries, records = _judged_setup()
+    judge = CallableJudge(lambda q, r, a: "correct" if a in r else "incorrect", "substring")
+    out, _ = judge_records(records, queries, judge, tmp_path)
+    assert out[0]["correct"] is False  # "a utensil" is not in the reference "fork"
+    queries["a"] = _q("keywords", [["fork"]], qid="a", reference="fork (also accepted: a utensil)")
+    out, summary = judge_records(records, queries, judge, tmp_path)
+    assert out[0]["correct"] is True and summary["reactbench"]["from_cache"] == 2
+
+
+def test_a_torn_verdict_line_stays_alone(tmp_path):
+    queries, records = _judged_setup()
+    (tmp_path / JUDGEMENTS).write_text('{"id": "a", "item_sha": "x", "jud')  # a run killed mid-line
+    judge_records(records, queries, CallableJudge(lambda q, r, a: "correct", "yes"), tmp_path)
+    lines = (tmp_path / JUDGEMENTS).read_text().splitlines()
+    assert len(lines) == 4 and all(json.loads(line)["output"] == "correct" for line in lines[1:])
 
 
 def test_a_judge_that_miscounts_its_replies_is_an_error():
@@ -139,7 +170,15 @@ def test_run_with_a_judge_scores_by_its_grades(tmp_path):
         if r["benchmark"] == "reactbench":
             assert r["correct"] is True and r["rule_correct"] == rule[qid]["correct"]
     again = run(queries, model, tmp_path / "judged", progress=False, judge=CallableJudge(accept, "accept"))
-    assert len(calls) == react_n and again["results"] == judged["results"]
+    assert len(calls) == react_n and again["results"] == judged["results"] and again["judge"] == {
+        **judged["judge"], "seconds": again["judge"]["seconds"],
+        "benchmarks": {"reactbench": {**judged["judge"]["benchmarks"]["reactbench"], "from_cache": react_n}}}
+    assert [(r.get("rule_correct"), r["correct"]) for r in read_samples(tmp_path / "judged" / SAMPLES)] == \
+        [(r.get("rule_correct"), r["correct"]) for r in lines.values()]
+    # without the judge the same folder is graded by rule again, and says so
+    ruled = run(queries, model, tmp_path / "judged", progress=False)
+    assert ruled["results"] == plain["results"] and "judge" not in ruled
+    assert not any("graded_by" in r for r in read_samples(tmp_path / "judged" / SAMPLES))
     assert again["judge"]["benchmarks"]["reactbench"]["from_cache"] == react_n
 
 
@@ -180,6 +219,7 @@ def test_hf_judge_batches_as_it_answers_one_at_a_time(tiny_judge):
     assert "how many dogs ?" in prompt and "there are three dogs" in prompt and prompt.startswith("USER:")
     described = judge.describe()
     assert described["name"] == str(tiny_judge) and described["class"] == "LlamaForCausalLM"
+    assert described["dtype"] == "torch.float32"
     assert HFJudge(judge.model, judge.tokenizer).describe()["template_sha256"] != described["template_sha256"]
 
 
@@ -204,17 +244,20 @@ def test_cli_judge(tiny_judge, tmp_path, capsys):
 
     out = tmp_path / "run"
     assert main(["--model", "organism", "--tasks", "reactbench", "--scale", "small", "--limit", "3",
-                 "--judge", str(tiny_judge), "--judge_args", "dtype=fp32", "--output_path", str(out),
+                 "--judge", str(tiny_judge), "--judge_args", "dtype=fp32,max_new_tokens=3", "--output_path", str(out),
                  "--no_progress"]) == 0
     printed = capsys.readouterr().out
     assert "answers graded by the judge" in printed
     payload = json.loads((out / "results.json").read_text())
-    assert payload["judge"]["judge"]["name"] == str(tiny_judge)
+    assert payload["judge"]["judge"]["name"] == str(tiny_judge) and payload["judge"]["judge"]["max_new_tokens"] == 3
     lines = read_samples(out / SAMPLES)
     assert lines and all(r["graded_by"] == "judge" for r in lines)
     assert len((out / JUDGEMENTS).read_text().splitlines()) == len(lines)
     for flags, message in [(["--tasks", "dobench", "--judge", str(tiny_judge)], "nothing here is graded by a judge"),
-                           (["--tasks", "reactbench", "--judge_args", "dtype=fp32"], "--judge_args without --judge"),
+                           (["--tasks", "reactbench", "--judge_args", "dtype=fp32"], "without --judge"),
+                           (["--tasks", "reactbench", "--judge_batch_size", "4"], "without --judge"),
+                           (["--tasks", "reactbench", "--judge", str(tiny_judge), "--judge_args", "max_new_tokens=0"],
+                            "max_new_tokens must be an integer >= 1"),
                            (["--tasks", "reactbench", "--judge", str(tmp_path / "nope")], "--judge: no such folder"),
                            (["--tasks", "reactbench", "--judge", str(tiny_judge), "--judge_args", "dtype=fp7"],
                             "--judge_args: dtype must be one of"),

@@ -107,11 +107,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--judge", default=None,
                         help="an HF text model that grades ReactBench's answers as its paper does (App. C.1), "
                              "as vlm-eval's --judge; its time is left out of the cost column")
-    parser.add_argument("--judge_args", default="", help="as --model_args, for the judge model")
-    parser.add_argument("--judge_batch_size", type=int, default=8)
+    parser.add_argument("--judge_args", default="",
+                        help="as --model_args, for the judge model, and max_new_tokens= (its reply's length, default 8)")
+    parser.add_argument("--judge_batch_size", type=int, default=None, help="the judge's batch (default 8)")
     parser.add_argument("--no_progress", action="store_true")
     args = parser.parse_args(argv)
-    from ..cli import check_judge_model, check_model, check_positive, load_model, output_path_wording, parse_kv
+    from ..cli import (check_model, check_positive, judge_options, load_judge, load_model, output_path_wording,
+                       parse_kv)
 
     check_positive(parser, batch_size=args.batch_size, seed=args.seed, resamples=args.resamples,
                    judge_batch_size=args.judge_batch_size)
@@ -124,7 +126,6 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from ..model import HFModel
-    from ..query import regrade
     from ..runner import RunMismatch, flag_invalid, metric_records, read_samples, run, versions
     from ..shards import done_ids
     from .attribution import cell_verdicts, compare, default_arms, explained_by_control, optional_arms, yes_ratio
@@ -144,20 +145,13 @@ def main(argv: list[str] | None = None) -> int:
     if not queries:
         parser.error("nothing to evaluate: give --tasks and/or --data")
     check_model(parser, args.model, model_args)
-    judge_args = {}
+    judge_args = judge_options(parser, args)
     if args.judge is not None:
         from ..judge import JUDGED_BENCHMARKS
 
-        try:
-            judge_args = parse_kv(args.judge_args)
-        except ValueError as err:
-            parser.error(f"--judge_args: {err}")
-        check_judge_model(parser, args.judge, judge_args)
         if not any(q.benchmark in JUDGED_BENCHMARKS for q in queries):
             parser.error(f"--judge: nothing here is graded by a judge in its paper (only {', '.join(JUDGED_BENCHMARKS)} "
                          "is; the others grade by rule)")
-    elif args.judge_args:
-        parser.error("--judge_args without --judge")
     arms = default_arms()
     if args.arms:  # checked before the model loads
         wanted = [a.strip() for a in args.arms.split(",") if a.strip()]
@@ -167,15 +161,6 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unknown arm(s) {unknown}; available: {', '.join(slug(a.name) for a in known)}")
         arms = with_references([a for a in known if a.name in wanted or slug(a.name) in wanted], known)
     model, processor = load_model(parser, args.model, model_args)
-    judge = None
-    if args.judge is not None:
-        from ..judge import HFJudge
-        from ..model import ModelSpecError
-
-        try:
-            judge = HFJudge(args.judge, batch_size=args.judge_batch_size, **judge_args)
-        except ModelSpecError as err:
-            parser.error(f"--judge: {err}")
     records, costs, payloads = {}, {}, {}
     # Warm-up, untimed and unrecorded: the first generate() pays one-off costs (lazy
     # initialisation, allocator growth) that would otherwise inflate the first arm's wall
@@ -196,12 +181,10 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         try:
             payloads[arm.name] = run(queries, under_test, folder, batch_size=args.batch_size, seed=args.seed,
-                                     config={"arm": arm.name}, progress=not args.no_progress, judge=judge,
-                                     judge_batch_size=args.judge_batch_size)
+                                     config={"arm": arm.name}, progress=not args.no_progress)
         except RunMismatch as err:
             parser.error(output_path_wording(err))
-        # the model under test's time: the judge's grading is not the arm's cost
-        seconds = time.perf_counter() - start - payloads[arm.name].get("judge", {}).get("seconds", 0.0)
+        seconds = time.perf_counter() - start
         rows = 1 + sum(getattr(m, "extra_rows", 0) for m in mitigations)
         verify = next((dict(m.stats) for m in mitigations if hasattr(m, "stats")), None)
         costs[arm.name] = {
@@ -210,17 +193,26 @@ def main(argv: list[str] | None = None) -> int:
             "verification": _whole_run(folder / "verification.json", wanted,
                                        None if resumed or not (verify or {}).get("queries") else verify),
         }
+        took = costs[arm.name]["seconds"]
+        print(f"{arm.name}: " + (f"{took:.0f}s" if took is not None else "resumed, wall clock not measured"),
+              file=sys.stderr, flush=True)
+    judge = None
+    if args.judge is not None:  # every arm has answered: the judge loads only now, and grades each
+        # arm's answers in the same call that merges and scores them (no answer is asked again)
+        judge = load_judge(parser, args.judge, judge_args)
+        for arm in arms:
+            under_test = HFModel(model, processor, mitigations=arm.build(processor), generate_kwargs=arm.generate_kwargs,
+                                 max_new_tokens=8, name=args.model)
+            payloads[arm.name] = run(queries, under_test, out / slug(arm.name), batch_size=args.batch_size,
+                                     seed=args.seed, config={"arm": arm.name}, progress=False, judge=judge)
+    for arm in arms:
         # this run's answers only: the folder keeps answers to queries of earlier runs
         # (another --tasks or --scale), which must not enter this report's comparisons
-        lines = [flag_invalid(regrade(r, by_id[r["id"]])) for r in read_samples(folder / "samples.jsonl")
-                 if r["id"] in wanted]
+        lines = [flag_invalid(r) for r in read_samples(out / slug(arm.name) / "samples.jsonl") if r["id"] in wanted]
         by_bench: dict[str, list] = {}
         for r in lines:
             by_bench.setdefault(r["benchmark"], []).append(r)
         records[arm.name] = {b: metric_records(b, rs) for b, rs in by_bench.items()}
-        took = costs[arm.name]["seconds"]
-        print(f"{arm.name}: " + (f"{took:.0f}s" if took is not None else "resumed, wall clock not measured"),
-              file=sys.stderr, flush=True)
 
     comparisons, cells, flags = {}, {}, {}
     for arm in arms:

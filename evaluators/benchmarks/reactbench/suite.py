@@ -208,11 +208,12 @@ def build(n_per_task: int = 10, seed: int = 0, world: World | None = None, *,
 
     dominant = {c: colour for c, (colour, _) in world.config.dominant_colour.items()}
 
-    def q(qid, task, qtype, images, prompt, kind, truth, extra, options=None):
+    def q(qid, task, qtype, images, prompt, kind, truth, extra, options=None, reference=None):
         for mode in modes:
             text, qid_m = (prompt, qid) if mode == "standard" else (f"{prompt} {COT_SUFFIX}", f"{qid}-cot")
             queries.append(Query(qid_m, "reactbench", images, text, kind, truth,
-                                 {"task": task, "qtype": qtype, "mode": mode, **extra}, options=options))
+                                 {"task": task, "qtype": qtype, "mode": mode, **extra}, options=options,
+                                 reference=reference))
 
     # Relational Erasure
     k, s = 0, 0
@@ -334,17 +335,19 @@ def build(n_per_task: int = 10, seed: int = 0, world: World | None = None, *,
         for hint in hints:
             extra = {"hint": hint}
             if hint == "none":
-                q(f"{rid}-SA", "alteration_tracing", "SA", imgs, asked, "keywords", keys, extra, CHANGE_VOCABULARY)
+                q(f"{rid}-SA", "alteration_tracing", "SA", imgs, asked, "keywords", keys, extra, CHANGE_VOCABULARY,
+                  said)
                 q(f"{rid}-YN", "alteration_tracing", "YN", imgs,
                   f"was the {yn_about[0]} {VERB[yn_about[1]]} ? answer yes or no .", "yes_no",
                   "yes" if yn_about == (pair.category, kind) else "no", extra)
                 q(f"{rid}-MC", "alteration_tracing", "MC", imgs, _mc(asked, options), "option", letter, extra, options)
             elif hint == "location":
                 q(f"{rid}-{hint}-SA", "alteration_tracing", "SA", imgs,
-                  f"look at the {_region(pair)} of the images . {asked}", "keywords", keys, extra, CHANGE_VOCABULARY)
+                  f"look at the {_region(pair)} of the images . {asked}", "keywords", keys, extra, CHANGE_VOCABULARY,
+                  said)
             else:
                 q(f"{rid}-{hint}-SA", "alteration_tracing", "SA", imgs, f"an object was {VERB[kind]} . {asked}",
-                  "keywords", keys, extra, CHANGE_VOCABULARY)
+                  "keywords", keys, extra, CHANGE_VOCABULARY, said)
 
     # Dense Counting
     for k in range(n_per_task):
