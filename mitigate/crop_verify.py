@@ -201,7 +201,15 @@ def without_priors(prompt: str) -> str:
 @register
 @dataclass
 class CropVerify(Mitigation):
-    """``CropVerify(processor, tau=0.5, gate=0.9, margin=0.1, views=("crop", "cluster"), control=False)``.
+    """``CropVerify(processor, tau=0.8, gate=0.9, margin=0.1, views=("crop", "cluster"), control=False)``.
+
+    ``tau`` = 0.8 (session 40; 0.5 before): issue 6 allows the false "yes" on absent objects
+    (DO-Bench's B-series) to rise by at most 3 points, and on the organism the default
+    localiser at 0.5 raised it by +12.5, +7.5, +2.5 and +7.5 points on four sets of 40 scene
+    groups (suite seeds 0-3). 0.8 is the lowest threshold within 3 points on seeds 0 and 1
+    (0.6 and 0.7: +5.0 on seed 1), and held on seeds 2 and 3, not used to choose it (+0.0
+    both); the price is a smaller gain on the level-0 false "no" (-5.6 points pooled over the
+    four sets, against -14.4 at 0.5). ``docs/results/crop_verify_locate.md``, session 40.
 
     ``views``: a non-empty subset of :data:`VIEWS`; ``control``: also ask a same-size window
     away from the object and overturn only when a view beats it (module docstring);
@@ -221,7 +229,7 @@ class CropVerify(Mitigation):
     """
 
     processor: Any = field(repr=False)  # results.json records the config, not the processor (its repr holds paths)
-    tau: float = 0.5
+    tau: float = 0.8  # a view's "yes" must beat it to overturn a "no" (class docstring: why 0.8)
     gate: float = 0.9
     margin: float = 0.1
     views: Sequence[str] = ("crop", "cluster")
