@@ -157,6 +157,17 @@ def check_model(parser: argparse.ArgumentParser, spec: str, model_args: dict[str
         parser.error(f"--model_args: {err}")
 
 
+def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--judge``, ``--judge_args`` and ``--judge_batch_size``, as vlm-eval and vlm-report take them."""
+    parser.add_argument("--judge", default=None,
+                        help="an HF text model (folder or Hub id) that grades ReactBench's answers as its paper "
+                             "does (App. C.1), once every answer is in; the rule's grade is kept beside it "
+                             "(evaluators/judge.py)")
+    parser.add_argument("--judge_args", default="",
+                        help="as --model_args, for the judge model, and max_new_tokens= (its reply's length, default 8)")
+    parser.add_argument("--judge_batch_size", type=int, default=None, help="the judge's batch (default 8)")
+
+
 def judge_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
     """``--judge``, ``--judge_args`` and ``--judge_batch_size`` checked before any model
     loads, as :func:`check_model` checks the model's: the :class:`evaluators.judge.HFJudge`
@@ -240,12 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max_new_tokens", type=int, default=8)
     parser.add_argument("--gen_kwargs", default="", help="generate() arguments, e.g. do_sample=true,temperature=1")
-    parser.add_argument("--judge", default=None,
-                        help="an HF text model (folder or Hub id) that grades ReactBench's answers as its paper "
-                             "does (App. C.1); the rule's grade is kept beside it (evaluators/judge.py)")
-    parser.add_argument("--judge_args", default="",
-                        help="as --model_args, for the judge model, and max_new_tokens= (its reply's length, default 8)")
-    parser.add_argument("--judge_batch_size", type=int, default=None, help="the judge's batch (default 8)")
+    add_judge_arguments(parser)
     parser.add_argument("--no_progress", action="store_true")
     args = parser.parse_args(argv)
     if args.limit is not None and args.limit < 1:  # 0 read as "no limit", -3 as "all but the last 3"

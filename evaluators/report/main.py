@@ -104,16 +104,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resamples", type=int, default=1000,
                         help="paired-bootstrap resamples behind each 95%% interval (default 1000; at least "
                              "100, evaluators/report/stats.py MIN_RESAMPLES)")
-    parser.add_argument("--judge", default=None,
-                        help="an HF text model that grades ReactBench's answers as its paper does (App. C.1), "
-                             "as vlm-eval's --judge; its time is left out of the cost column")
-    parser.add_argument("--judge_args", default="",
-                        help="as --model_args, for the judge model, and max_new_tokens= (its reply's length, default 8)")
-    parser.add_argument("--judge_batch_size", type=int, default=None, help="the judge's batch (default 8)")
+    from ..cli import (add_judge_arguments, check_model, check_positive, judge_options, load_judge, load_model,
+                       output_path_wording, parse_kv)
+
+    add_judge_arguments(parser)  # it grades once every arm has answered: the cost column times the arms alone
     parser.add_argument("--no_progress", action="store_true")
     args = parser.parse_args(argv)
-    from ..cli import (check_model, check_positive, judge_options, load_judge, load_model, output_path_wording,
-                       parse_kv)
 
     check_positive(parser, batch_size=args.batch_size, seed=args.seed, resamples=args.resamples,
                    judge_batch_size=args.judge_batch_size)
