@@ -200,7 +200,7 @@ def run(
                    "batch_size": batch_size, "num_processes": ranks.world_size, "command": " ".join(sys.argv)},
     }
     if judge is not None:
-        # its time apart: vlm-report's cost column times the model under test, not its grader
+        # its own time: grading is not the model's cost (vlm-report judges after timing the arms)
         payload["judge"] = {"judge": judge.describe(), "benchmarks": judged or {}, "seconds": judge_seconds}
     (out / RESULTS).write_text(json.dumps(_json_safe(payload), indent=2) + "\n")
     return payload
