@@ -286,6 +286,8 @@ def test_report_with_a_judge(tiny_judge, tmp_path, capsys):
     for folder in out.iterdir():
         if folder.is_dir():
             assert all(r["graded_by"] == "judge" for r in read_samples(folder / SAMPLES))
+    page = (out / "report.html").read_text()
+    assert f"reactbench graded by the judge <code>{tiny_judge}</code>" in page
     with pytest.raises(SystemExit):
         main(["--tasks", "dobench", "--judge", str(tiny_judge), "--output_path", str(tmp_path / "x")])
     assert "nothing here is graded by a judge" in capsys.readouterr().err

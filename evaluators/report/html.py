@@ -119,6 +119,21 @@ def _examples(queries, records, arms) -> str:
     return "".join(cells)
 
 
+def _judged(result: dict) -> str:
+    """List items saying which answers an LLM judge graded (``vlm-report --judge``), per arm:
+    how many, how many replies held no verdict, and how often the judge agreed with the rules."""
+    items = ""
+    for arm, judged in (result.get("judge") or {}).items():
+        for bench, j in judged["benchmarks"].items():
+            agree = j.get("agreement_with_rules")
+            agreement = f"{agree:.1f}% agreement with the rules" if isinstance(agree, (int, float)) and \
+                j.get("answers_both_read") else "no answer both it and the rules could read"
+            items += (f"<li>{html.escape(arm)}: {html.escape(bench)} graded by the judge "
+                      f"<code>{html.escape(str(judged['judge'].get('name')))}</code> ({j['judged']} answers, "
+                      f"{j['unreadable_verdicts']} replies without a verdict, {agreement})</li>")
+    return items
+
+
 def write_html(result: dict, queries, records, path: Path) -> None:
     from ..benchmarks.dobench.metrics import curves
     from ..benchmarks.mioh.metrics import accuracy as mioh_accuracy
@@ -165,6 +180,7 @@ def write_html(result: dict, queries, records, path: Path) -> None:
                 f"<ul>{items}</ul>")
     flags = "".join(f"<li>{html.escape(a)}: the gain on {html.escape(', '.join(m))} is matched by its control</li>"
                     for a, m in result["explained_by_control"].items() if m)
+    flags += _judged(result)
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>Hallucination mechanism report</title>
 <style>body{{font-family:sans-serif;margin:24px;max-width:1200px}}table{{border-collapse:collapse}}
 td,th{{border:1px solid #ccc;padding:4px 8px;font-size:13px;text-align:center}}.ex{{display:inline-block;
