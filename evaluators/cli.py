@@ -168,16 +168,21 @@ def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--judge_batch_size", type=int, default=None, help="the judge's batch (default 8)")
 
 
-def judge_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
+def judge_options(parser: argparse.ArgumentParser, args: argparse.Namespace, queries: list) -> dict[str, Any]:
     """``--judge``, ``--judge_args`` and ``--judge_batch_size`` checked before any model
-    loads, as :func:`check_model` checks the model's: the :class:`evaluators.judge.HFJudge`
+    loads, as :func:`check_model` checks the model's, and against ``queries`` (one must be of
+    a benchmark its paper grades with a judge): the :class:`evaluators.judge.HFJudge`
     keyword arguments (``max_new_tokens`` and ``batch_size`` beside the loading ones)."""
+    from .judge import JUDGED_BENCHMARKS
     from .model import ModelSpecError, check_model_args, resolve_model
 
     if args.judge is None:
         if args.judge_args or args.judge_batch_size is not None:
             parser.error("--judge_args / --judge_batch_size without --judge")
         return {}
+    if not any(q.benchmark in JUDGED_BENCHMARKS for q in queries):
+        parser.error(f"--judge: nothing here is graded by a judge in its paper (only {', '.join(JUDGED_BENCHMARKS)} "
+                     "is; the others grade by rule)")
     try:
         resolve_model(args.judge)
     except ModelSpecError as err:
@@ -275,7 +280,6 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         parser.error(str(err))
     check_model(parser, args.model, model_args)
-    judge_args = judge_options(parser, args)
     if "max_new_tokens" in gen_kwargs:  # generate() would get it twice
         parser.error("--gen_kwargs: give max_new_tokens as --max_new_tokens")
     try:
@@ -301,12 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     if twice := repeated_ids(queries):
         parser.error(f"{len(twice)} query ids occur more than once (ids must be unique across --tasks and --data), "
                      f"e.g. {twice[:3]}")
-    if args.judge is not None:
-        from .judge import JUDGED_BENCHMARKS
-
-        if not any(q.benchmark in JUDGED_BENCHMARKS for q in queries):
-            parser.error(f"--judge: nothing here is graded by a judge in its paper (only {', '.join(JUDGED_BENCHMARKS)} "
-                         "is; the others grade by rule)")
+    judge_args = judge_options(parser, args, queries)
     ranks = distributed.init()  # one process, or this rank of an accelerate / torchrun launch
     torch.manual_seed(args.seed)
     model, processor = load_model(parser, args.model, distributed.placement(ranks, model_args))

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Protocol, Sequence
 
+from .answers import OPTION_LETTERS
 from .query import Query, keyword_alternatives
 
 #: Benchmarks whose paper grades answers with an LLM judge (module docstring).
@@ -65,8 +66,6 @@ JUDGE_TEMPLATE = (
 
 #: The file of a run's output folder that keeps the judge's verdicts.
 JUDGEMENTS = "judgements.jsonl"
-
-_LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 #: A verdict word with the qualifier before it that makes "correct" a "no" ("not correct",
 #: "isn't correct", "partially correct"); ``\bcorrect\b`` does not match inside "incorrect".
@@ -119,7 +118,7 @@ def reference_text(query: Query) -> str:
         return query.reference
     truth = query.truth
     if query.kind == "option":  # the letter as the data writes it (the suite's and users' are lower case)
-        index = _LETTERS.find(str(truth).lower()) if isinstance(truth, str) and len(truth) == 1 else -1
+        index = OPTION_LETTERS.find(str(truth).lower()) if isinstance(truth, str) and len(truth) == 1 else -1
         options = query.options or []
         return f"{truth} ({options[index]})" if 0 <= index < len(options) else str(truth)
     if query.kind == "interval":
@@ -136,7 +135,7 @@ def question_text(query: Query) -> str:
     options = query.options if query.kind == "option" else None
     if options and not all(str(o) in query.prompt for o in options):
         # letters in the case of the truth's, so that the reference names the option as listed
-        letters = _LETTERS.upper() if str(query.truth).isupper() else _LETTERS
+        letters = OPTION_LETTERS.upper() if str(query.truth).isupper() else OPTION_LETTERS
         return query.prompt + " Options: " + " ".join(f"{letters[i]}) {o}" for i, o in enumerate(options))
     return query.prompt
 

@@ -141,13 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     if not queries:
         parser.error("nothing to evaluate: give --tasks and/or --data")
     check_model(parser, args.model, model_args)
-    judge_args = judge_options(parser, args)
-    if args.judge is not None:
-        from ..judge import JUDGED_BENCHMARKS
-
-        if not any(q.benchmark in JUDGED_BENCHMARKS for q in queries):
-            parser.error(f"--judge: nothing here is graded by a judge in its paper (only {', '.join(JUDGED_BENCHMARKS)} "
-                         "is; the others grade by rule)")
+    judge_args = judge_options(parser, args, queries)
     arms = default_arms()
     if args.arms:  # checked before the model loads
         wanted = [a.strip() for a in args.arms.split(",") if a.strip()]
@@ -157,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unknown arm(s) {unknown}; available: {', '.join(slug(a.name) for a in known)}")
         arms = with_references([a for a in known if a.name in wanted or slug(a.name) in wanted], known)
     model, processor = load_model(parser, args.model, model_args)
-    records, costs, payloads = {}, {}, {}
+    records, costs, payloads, testers = {}, {}, {}, {}
     # Warm-up, untimed and unrecorded: the first generate() pays one-off costs (lazy
     # initialisation, allocator growth) that would otherwise inflate the first arm's wall
     # clock -- the baseline of every ratio in the cost column (measured: 15 s vs 6 s).
@@ -170,8 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     wanted = set(by_id)
     for arm in arms:
         mitigations = arm.build(processor)
-        under_test = HFModel(model, processor, mitigations=mitigations, generate_kwargs=arm.generate_kwargs,
-                             max_new_tokens=8, name=args.model)
+        under_test = testers[arm.name] = HFModel(model, processor, mitigations=mitigations,
+                                                 generate_kwargs=arm.generate_kwargs, max_new_tokens=8, name=args.model)
         folder = out / slug(arm.name)
         resumed = bool(wanted & done_ids(folder)) if folder.exists() else False
         start = time.perf_counter()
@@ -197,9 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         # arm's answers in the same call that merges and scores them (no answer is asked again)
         judge = load_judge(parser, args.judge, judge_args)
         for arm in arms:
-            under_test = HFModel(model, processor, mitigations=arm.build(processor), generate_kwargs=arm.generate_kwargs,
-                                 max_new_tokens=8, name=args.model)
-            payloads[arm.name] = run(queries, under_test, out / slug(arm.name), batch_size=args.batch_size,
+            payloads[arm.name] = run(queries, testers[arm.name], out / slug(arm.name), batch_size=args.batch_size,
                                      seed=args.seed, config={"arm": arm.name}, progress=False, judge=judge)
     for arm in arms:
         # this run's answers only: the folder keeps answers to queries of earlier runs
