@@ -650,6 +650,37 @@ def test_gate_replay_matches_crop_verify():
             assert replay[("A", i)] == (0.0 if parse_yes_no(r["answer"]) is True else 100.0)
 
 
+def test_view_subset_replay_matches_crop_verify():
+    """``crop_policy --settings view-subsets`` replays the default's run as if only some of
+    its views had been asked: the same answers as CropVerify(views=...) runs (the shipped
+    organism, every non-"yes" verified; on these scenes the Crop view overturns denials the
+    Cluster view does not, so the two subsets answer differently)."""
+    from evaluators.answers import parse_yes_no
+    from evaluators.benchmarks.dobench.suite import build
+    from evaluators.organism import ORGANISM_DIR, load_organism
+    from evaluators.organism.crop_policy import error_rates
+
+    if not (ORGANISM_DIR / "config.json").exists():
+        pytest.skip("organism checkpoint missing")
+    model, processor = load_organism()
+    queries = [q for q in build(n_scenes=4, seed=3) if q.record["view"] == "Full"][:16]
+    images, prompts = [q.images[0] for q in queries], [q.prompt for q in queries]
+    run = CropVerify(processor, tau=0.0, gate=1.0).answer(model, images, prompts, max_new_tokens=3)
+    records = [{"series": "A", "level": i, "first": parse_yes_no(r["first_answer"]), "verified": r["verified"],
+                "confidence": r["confidence"], "p_yes": [v["p_yes"] for v in r["views"].values()],
+                "views": list(r["views"])} for i, r in enumerate(run)]
+    assert all(r["views"] == ["crop", "cluster"] for r in records if r["verified"])
+    tau, replays = 0.5, {}
+    for views in (("crop",), ("cluster",)):
+        real = CropVerify(processor, tau=tau, gate=1.0, views=views).answer(model, images, prompts, max_new_tokens=3)
+        replays[views] = error_rates(records, tau, views=views)
+        for i, r in enumerate(real):
+            assert replays[views][("A", i)] == (0.0 if parse_yes_no(r["answer"]) is True else 100.0)
+    assert replays[("crop",)] != replays[("cluster",)]
+    with pytest.raises(ValueError, match="view names"):
+        error_rates([{k: v for k, v in r.items() if k != "views"} for r in records], tau, views=("crop",))
+
+
 def test_caption_mentions_are_verified_on_views_with_the_shipped_organism():
     """With a gate every answer passes, each mention's "no" is re-asked on the views (not the
     tau = 1 shortcut): the record holds what each view said, and a mention is confirmed

@@ -6,6 +6,7 @@
     python -m evaluators.organism.crop_policy --settings gate          # gate (cost) x tau (effect)
     python -m evaluators.organism.crop_policy --settings locate        # attention vs embedding localiser
     python -m evaluators.organism.crop_policy --settings zoom-views    # zoomed search: views, margin, control
+    python -m evaluators.organism.crop_policy --settings view-subsets  # the default's views, each alone, by gate
 
 Issue 6 asks that the Full-view false "no" on present objects fall while the false "yes"
 on absent ones (DO-Bench's B-series) rises by at most 3 points. Both depend on ``tau`` (a
@@ -67,7 +68,14 @@ SETTINGS = {
         "zoom 3x3, cluster only": {"locate": "zoom", "zoom_grid": 3, "views": ("cluster",)},
         "zoom 3x3, margin 0.2": {"locate": "zoom", "zoom_grid": 3, "margin": 0.2},
     },
+    # session 41: one run of the default, replayed with each of its views alone (view_subset_table)
+    "view-subsets": {"ViCrop (default)": {}},
 }
+#: ``--settings view-subsets``: what the default's run is replayed with -- the views kept
+#: (a subset of ``CropVerify.views``), the gates and the thresholds.
+VIEW_SUBSETS = (("crop", "cluster"), ("crop",), ("cluster",))
+SUBSET_GATES = (0.8, 0.85, 0.9)
+SUBSET_TAUS = (0.7, 0.8, 0.9)
 GATES = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
 
@@ -87,6 +95,7 @@ def collect(model, processor, scenes: int, seed: int, batch: int = 16, settings:
                 records.append({"series": q.record["series"], "level": q.record["level"],
                                 "first": parse_yes_no(r["first_answer"]), "verified": r["verified"],
                                 "confidence": r["confidence"], "p_yes": [v["p_yes"] for v in r["views"].values()],
+                                "views": list(r["views"]),
                                 "p_control": r["control"]["p_yes"] if "control" in r else None})
         out[name] = records
     return out
@@ -97,15 +106,27 @@ def _gated(record: dict, gate: float | None) -> bool:
     return record["verified"] and (gate is None or record["confidence"] < gate)
 
 
-def error_rates(records: list[dict], tau: float | None, gate: float | None = None) -> dict[tuple[str, int], float]:
+def _kept(record: dict, views: tuple[str, ...] | None) -> list[float]:
+    """The p(yes) of ``record``'s views named in ``views`` (None: all it was asked)."""
+    if views is None:
+        return record["p_yes"]
+    if "views" not in record:
+        raise ValueError("replaying a subset of views needs each record's view names (record['views'])")
+    return [p for name, p in zip(record["views"], record["p_yes"]) if name in views]
+
+
+def error_rates(records: list[dict], tau: float | None, gate: float | None = None,
+                views: tuple[str, ...] | None = None) -> dict[tuple[str, int], float]:
     """(series, level) -> error rate (%) under the overturn rule at ``tau`` (None: no
     overturn): a view's p(yes) must exceed ``tau`` and, when there is one, the control's;
-    ``gate`` replays a stricter confidence gate than the run's (exact: views do not depend on it)."""
+    ``gate`` replays a stricter confidence gate than the run's (exact: views do not depend on it);
+    ``views`` replays the run as if only the views it names had been asked (exact too: each
+    view is its own row of the views' ``generate()``, and the policy reads each alone)."""
     cells: dict[tuple[str, int], list[bool]] = {}
     for r in records:
         yes = r["first"] is True
         floor = None if tau is None else max(tau, r.get("p_control") or 0.0)
-        if floor is not None and _gated(r, gate) and r["first"] is False and any(p > floor for p in r["p_yes"]):
+        if floor is not None and _gated(r, gate) and r["first"] is False and any(p > floor for p in _kept(r, views)):
             yes = True
         cells.setdefault((r["series"], r["level"]), []).append(yes if r["series"] == "B" else not yes)
     return {k: 100.0 * sum(v) / len(v) for k, v in cells.items()}
@@ -146,6 +167,26 @@ def gate_table(records: list[dict], taus: tuple = (0.5, 0.7, 0.9)) -> str:
     return "\n".join(lines)
 
 
+def view_subset_table(records: list[dict], subsets: tuple = VIEW_SUBSETS, gates: tuple = SUBSET_GATES,
+                      taus: tuple = SUBSET_TAUS) -> str:
+    """One run of the default replayed with each subset of its views, per gate and tau: what
+    dropping a view (half the views' rows) or verifying fewer first answers costs in effect.
+    "verified" is the share of queries that pay for localisation and the views."""
+    base = error_rates(records, None)
+    lines = ["| views | gate | verified | tau | A FN level 0 / 1 / 2 / 3 | B FP level 0 / 1 / 2 / 3 | max B rise |",
+             "|---|---|---|---|---|---|---|",
+             f"| unmitigated | | 0% | | {_levels(base, 'A')} | {_levels(base, 'B')} | |"]
+    for views in subsets:
+        for gate in gates:
+            share = 100.0 * sum(_gated(r, gate) for r in records) / len(records)
+            for tau in taus:
+                rates = error_rates(records, tau, gate, views)
+                rise = max(rates[("B", lv)] - base[("B", lv)] for lv in range(4))
+                lines.append(f"| {' + '.join(views)} | {gate} | {share:.1f}% | {tau} | {_levels(rates, 'A')} | "
+                             f"{_levels(rates, 'B')} | {rise:+.1f} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> None:
     from .package import load_organism
 
@@ -156,12 +197,19 @@ def main(argv=None) -> None:
     parser.add_argument("--settings", choices=sorted(SETTINGS), default="policy",
                         help="policy: localiser x view prompt (session 6); views: pair view and control window; "
                              "gate, gate-embedding: the confidence gate's share of verified queries against its effect; "
-                             "locate: attention against embedding localisation (session 17)")
+                             "locate: attention against embedding localisation (session 17); view-subsets: the "
+                             "default's run replayed with each of its views alone, by gate and tau (session 41)")
     args = parser.parse_args(argv)
     torch.set_num_threads(2)
     model, processor = load_organism(args.path)
     data = collect(model, processor, args.scenes, args.seed, settings=args.settings)
-    print(gate_table(next(iter(data.values()))) if args.settings.startswith("gate") else table(data))
+    records = next(iter(data.values()))
+    if args.settings.startswith("gate"):
+        print(gate_table(records))
+    elif args.settings == "view-subsets":
+        print(view_subset_table(records))
+    else:
+        print(table(data))
 
 
 if __name__ == "__main__":
