@@ -4,6 +4,7 @@
     vlm-hooks inspect tiny:qwen2_vl --attn eager
     vlm-hooks inspect llava-hf/llava-1.5-7b-hf # any HF model id or local path (resolution only)
     vlm-hooks inspect organism                 # the shipped organism (as vlm-eval --model organism)
+    vlm-hooks support [MODEL_TYPE ...]         # how every VLM family of the installed transformers resolves
 
 For ``tiny:`` models a forward pass runs with a recording hook on every point and the
 shapes each point saw are printed; afterwards the model's hook dictionaries are checked
@@ -58,8 +59,22 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("inspect", help="resolve and print a model's hook points")
     p.add_argument("model", help="HF model id or path, 'organism', 'tiny:<model_type>', or 'tiny:all'")
     p.add_argument("--attn", default="sdpa", choices=["sdpa", "eager"], help="attention implementation")
+    s = sub.add_parser("support", help="how each image-text-to-text model type of the installed transformers "
+                                       "resolves (its default config, built on the meta device)")
+    s.add_argument("model_types", nargs="*", help="model types (default: all of them)")
     args = parser.parse_args(argv)
 
+    if args.command == "support":
+        from .support import image_text_to_text_types, markdown, support_matrix
+
+        known = image_text_to_text_types()
+        bad = [t for t in args.model_types if t not in known]
+        if bad:
+            from .errors import unknown
+
+            parser.error(unknown("model_type (image-text-to-text, installed transformers)", bad[0], known))
+        print(markdown(support_matrix(args.model_types or None)))
+        return 0
     specs = [args.model]
     if args.model == "tiny:all":
         from .testing import TINY_MODEL_TYPES
