@@ -6,12 +6,14 @@ import pytest
 import torch
 
 from hooks.adapters import get_adapter
-from hooks.testing import PIXEL_LAYOUTS, TINY_MODEL_TYPES, build_tiny_model, tiny_config, tiny_inputs, tiny_spec
+from hooks.testing import (
+    PIXEL_LAYOUTS, TINY_MODEL_TYPES, build_tiny_model, tiny_config, tiny_inputs, tiny_pixel_input_names, tiny_spec,
+)
 
 EXPECTED = {
     "llava", "llava_next", "llava_onevision", "qwen2_vl", "qwen2_5_vl", "qwen3_vl",
     "idefics3", "smolvlm", "paligemma", "gemma3", "mistral3", "internvl", "glm4v", "glm46v", "qwen3_5", "gemma4", "aya_vision",
-    "qwen3_5_moe", "qwen3_vl_moe", "glm4v_moe",
+    "qwen3_5_moe", "qwen3_vl_moe", "glm4v_moe", "vipllava", "llava_next_video", "video_llava",
 }  # fmt: skip
 BATCHES = {"single": (1, None), "padded": (3, [3, 9, 5])}
 TOKEN_TYPE_NAMES = ("token_type_ids", "mm_token_type_ids")
@@ -20,7 +22,7 @@ TOKEN_TYPE_NAMES = ("token_type_ids", "mm_token_type_ids")
 def _image_vector_count(model, inputs) -> int:
     """Vectors returned by the model's own vision path (the call generate() makes)."""
     encoder = model.base_model.get_image_features
-    names = tiny_spec(model.config.model_type)["inputs"]["pixel_inputs"]
+    names = tiny_pixel_input_names(model.config.model_type)
     with torch.no_grad():
         pooled = encoder(**{name: inputs[name] for name in names}, return_dict=True).pooler_output
     units = list(pooled) if isinstance(pooled, torch.Tensor) else pooled
@@ -78,8 +80,7 @@ def test_forward(model_type, attn, batch):
     assert model.config._attn_implementation == attn
     batch_size, text_lengths = BATCHES[batch]
     inputs = tiny_inputs(model, batch_size=batch_size, text_lengths=text_lengths)
-    spec = tiny_spec(model_type)["inputs"]
-    assert set(spec["pixel_inputs"]) <= set(inputs)
+    assert set(tiny_pixel_input_names(model_type)) <= set(inputs)
 
     ids, mask = inputs["input_ids"], inputs["attention_mask"].bool()
     image_id = model.config.image_token_id
@@ -140,7 +141,7 @@ def test_images_per_sample(model_type, images_per_sample):
     if images_per_sample:
         assert is_image.sum() == _image_vector_count(model, inputs)
     else:
-        assert not is_image.any() and not set(tiny_spec(model_type)["inputs"]["pixel_inputs"]) & set(inputs)
+        assert not is_image.any() and not set(tiny_pixel_input_names(model_type)) & set(inputs)
     with torch.no_grad():
         assert torch.isfinite(model(**inputs).logits).all()
 

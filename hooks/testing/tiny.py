@@ -7,6 +7,8 @@ Per-architecture facts live in ``tiny_configs/<model_type>.json``:
 * ``inputs``  -- how to build inputs: ``pixel_layout`` (a key of :data:`PIXEL_LAYOUTS`),
   ``pixel_inputs`` (the pixel/extra names the family's ``forward`` takes),
   ``image_sizes`` (``[height, width]`` per image, cycled over the batch), optional
+  ``rename`` (a pixel input's name as the family's processor returns it, e.g. Video-LLaVA's
+  ``pixel_values_images`` for ``pixel_values``), optional
   ``image_wrap`` (ids, or config attribute names, placed around each image's placeholder
   run), optional ``token_types`` (name and per-kind value of a token-type input) and
   ``prompt`` (segment order; ``"bos"``, ``"text"`` or ``"images"``);
@@ -42,6 +44,7 @@ __all__ = [
     "tiny_image_features",
     "tiny_image_processor",
     "tiny_inputs",
+    "tiny_pixel_input_names",
     "tiny_spec",
 ]
 
@@ -356,13 +359,21 @@ def _split_evenly(total: int, parts: int) -> list[int]:
     return [total // parts + (i < total % parts) for i in range(parts)]
 
 
+def tiny_pixel_input_names(model_type: str) -> list[str]:
+    """The pixel inputs :func:`tiny_inputs` gives ``model_type``'s model, by the names the
+    family's processor uses (the spec's ``rename``)."""
+    options = tiny_spec(model_type)["inputs"]
+    return [options.get("rename", {}).get(name, name) for name in options["pixel_inputs"]]
+
+
 def _pixel_inputs(model, options, batch_size, images_per_sample, generator):
     """The family's pixel inputs and the image-token count of every image (sample-major)."""
     layout = PIXEL_LAYOUTS[options["pixel_layout"]]
     sizes = options["image_sizes"]
     sizes = [tuple(sizes[i % len(sizes)]) for i in range(batch_size * images_per_sample)]
     built = layout.build(model.config, sizes, images_per_sample, generator, options)
-    pixel_inputs = {name: built[name] for name in options["pixel_inputs"]}
+    renamed = options.get("rename", {})  # the name the family's processor gives the input
+    pixel_inputs = {renamed.get(name, name): built[name] for name in options["pixel_inputs"]}
     return pixel_inputs, _image_feature_counts(model, pixel_inputs, layout, images_per_sample, options)
 
 
