@@ -798,9 +798,13 @@ def test_introspection_reads_the_pixel_and_per_image_inputs_from_the_forward(mon
     parameters (and named in the warning); VCD at alpha 0 gives the plain logits and
     tokens, and the distorted branch runs under generate()."""
     import hooks.points as points_module
+    from hooks import adapters
     from mitigate import VCD, attach
 
     monkeypatch.setattr(points_module, "_WARNED", set())
+    # Video-LLaVA has a table file since session 41 (pixel_values_images among its pixel
+    # inputs); without it, introspection must find that name by itself
+    monkeypatch.delitem(adapters._REGISTRY, "video_llava")
     clip = dict(model_type="clip_vision_model", hidden_size=32, intermediate_size=64, projection_dim=32,
                 num_hidden_layers=2, num_attention_heads=4, image_size=32, patch_size=8)
     video = _unregistered("video_llava", text_config=_LLAMA, vision_config=clip, image_token_index=250,
