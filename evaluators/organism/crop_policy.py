@@ -84,20 +84,23 @@ def collect(model, processor, scenes: int, seed: int, batch: int = 16, settings:
     the gate let it through, each view's p(yes) and (with ``control``) the control's."""
     from mitigate import CropVerify
 
+    return {name: full_view_records(CropVerify(processor, tau=0.0, **kwargs), model, scenes, seed, batch)
+            for name, kwargs in SETTINGS[settings].items()}
+
+
+def full_view_records(cv, model, scenes: int, seed: int, batch: int = 16) -> list[dict]:
+    """``cv``'s answers (a :class:`mitigate.CropVerify`, normally at ``tau = 0``) to DO-Bench's
+    Full-view queries of ``scenes`` scene groups, one record each (:func:`collect`)."""
     queries = [q for q in build(n_scenes=scenes, seed=seed) if q.record["view"] == "Full"]
-    out: dict[str, list[dict]] = {}
-    for name, kwargs in SETTINGS[settings].items():
-        cv = CropVerify(processor, tau=0.0, **kwargs)
-        records = []
-        for i in range(0, len(queries), batch):
-            chunk = queries[i : i + batch]
-            for q, r in zip(chunk, cv.answer(model, [q.images[0] for q in chunk], [q.prompt for q in chunk])):
-                records.append({"series": q.record["series"], "level": q.record["level"],
-                                "first": parse_yes_no(r["first_answer"]), "verified": r["verified"],
-                                "confidence": r["confidence"], "p_yes": [v["p_yes"] for v in r["views"].values()],
-                                "views": list(r["views"]),
-                                "p_control": r["control"]["p_yes"] if "control" in r else None})
-        out[name] = records
+    out = []
+    for i in range(0, len(queries), batch):
+        chunk = queries[i : i + batch]
+        for q, r in zip(chunk, cv.answer(model, [q.images[0] for q in chunk], [q.prompt for q in chunk])):
+            out.append({"series": q.record["series"], "level": q.record["level"],
+                        "first": parse_yes_no(r["first_answer"]), "verified": r["verified"],
+                        "confidence": r["confidence"], "p_yes": [v["p_yes"] for v in r["views"].values()],
+                        "views": list(r["views"]),
+                        "p_control": r["control"]["p_yes"] if "control" in r else None})
     return out
 
 

@@ -79,20 +79,10 @@ def collect(model, processor, scenes: int, seed: int, grid: int, box: str, batch
     """:func:`evaluators.organism.crop_policy.collect`'s records, with this localiser."""
     from mitigate import CropVerify
 
-    from ..answers import parse_yes_no
-    from ..benchmarks.dobench.suite import build
+    from .crop_policy import full_view_records
 
-    queries = [q for q in build(n_scenes=scenes, seed=seed) if q.record["view"] == "Full"]
     cv = CropVerify(processor, tau=0.0, localizer=tiled_vicrop_localizer(model, processor, grid, box))
-    records = []
-    for i in range(0, len(queries), batch):
-        chunk = queries[i : i + batch]
-        for q, r in zip(chunk, cv.answer(model, [q.images[0] for q in chunk], [q.prompt for q in chunk])):
-            records.append({"series": q.record["series"], "level": q.record["level"],
-                            "first": parse_yes_no(r["first_answer"]), "verified": r["verified"],
-                            "confidence": r["confidence"], "p_yes": [v["p_yes"] for v in r["views"].values()],
-                            "views": list(r["views"])})
-    return records
+    return full_view_records(cv, model, scenes, seed, batch)
 
 
 def main(argv=None) -> None:
