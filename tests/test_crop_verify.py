@@ -621,24 +621,33 @@ def test_policy_replay_matches_crop_verify(organism_like, control):
             assert replay[("A", i)] == (0.0 if parse_yes_no(r["answer"]) is True else 100.0)
 
 
+def _organism_full_view_run(seed: int):
+    """The shipped organism, 16 DO-Bench Full-view queries of ``seed``'s scenes, and a
+    tau = 0, gate = 1 run over them as replay records (one per query, its own "level")."""
+    from evaluators.answers import parse_yes_no
+    from evaluators.benchmarks.dobench.suite import build
+    from evaluators.organism import ORGANISM_DIR, load_organism
+
+    if not (ORGANISM_DIR / "config.json").exists():
+        pytest.skip("organism checkpoint missing")
+    model, processor = load_organism()
+    queries = [q for q in build(n_scenes=4, seed=seed) if q.record["view"] == "Full"][:16]
+    images, prompts = [q.images[0] for q in queries], [q.prompt for q in queries]
+    run = CropVerify(processor, tau=0.0, gate=1.0).answer(model, images, prompts, max_new_tokens=3)
+    records = [{"series": "A", "level": i, "first": parse_yes_no(r["first_answer"]), "verified": r["verified"],
+                "confidence": r["confidence"], "p_yes": [v["p_yes"] for v in r["views"].values()],
+                "views": list(r["views"])} for i, r in enumerate(run)]
+    return model, processor, images, prompts, records
+
+
 def test_gate_replay_matches_crop_verify():
     """``crop_policy --settings gate`` replays a stricter gate on one gate=1 run: exact,
     since what the views say does not depend on the gate (the shipped organism, whose
     first-token confidences spread across the gates tried)."""
     from evaluators.answers import parse_yes_no
-    from evaluators.benchmarks.dobench.suite import build
-    from evaluators.organism import ORGANISM_DIR, load_organism
     from evaluators.organism.crop_policy import error_rates
 
-    if not (ORGANISM_DIR / "config.json").exists():
-        pytest.skip("organism checkpoint missing")
-    model, processor = load_organism()
-    queries = [q for q in build(n_scenes=4, seed=2) if q.record["view"] == "Full"][:16]
-    images, prompts = [q.images[0] for q in queries], [q.prompt for q in queries]
-    run = CropVerify(processor, tau=0.0, gate=1.0).answer(model, images, prompts, max_new_tokens=3)
-    records = [{"series": "A", "level": i, "first": parse_yes_no(r["first_answer"]), "verified": r["verified"],
-                "confidence": r["confidence"], "p_yes": [v["p_yes"] for v in r["views"].values()]}
-               for i, r in enumerate(run)]
+    model, processor, images, prompts, records = _organism_full_view_run(seed=2)
     confidences = sorted(r["confidence"] for r in records if r["verified"])
     gates = [confidences[len(confidences) // 3], confidences[2 * len(confidences) // 3]]
     assert len(confidences) >= 3 and gates[0] < gates[1]
@@ -656,19 +665,9 @@ def test_view_subset_replay_matches_crop_verify():
     organism, every non-"yes" verified; on these scenes the Crop view overturns denials the
     Cluster view does not, so the two subsets answer differently)."""
     from evaluators.answers import parse_yes_no
-    from evaluators.benchmarks.dobench.suite import build
-    from evaluators.organism import ORGANISM_DIR, load_organism
     from evaluators.organism.crop_policy import error_rates
 
-    if not (ORGANISM_DIR / "config.json").exists():
-        pytest.skip("organism checkpoint missing")
-    model, processor = load_organism()
-    queries = [q for q in build(n_scenes=4, seed=3) if q.record["view"] == "Full"][:16]
-    images, prompts = [q.images[0] for q in queries], [q.prompt for q in queries]
-    run = CropVerify(processor, tau=0.0, gate=1.0).answer(model, images, prompts, max_new_tokens=3)
-    records = [{"series": "A", "level": i, "first": parse_yes_no(r["first_answer"]), "verified": r["verified"],
-                "confidence": r["confidence"], "p_yes": [v["p_yes"] for v in r["views"].values()],
-                "views": list(r["views"])} for i, r in enumerate(run)]
+    model, processor, images, prompts, records = _organism_full_view_run(seed=3)
     assert all(r["views"] == ["crop", "cluster"] for r in records if r["verified"])
     tau, replays = 0.5, {}
     for views in (("crop",), ("cluster",)):
