@@ -121,6 +121,57 @@ def token_regions(layout: str, config: Any, n_tokens: int, inputs: dict | None =
     return regions
 
 
+def visible_box(image_processor: Any, image_size: tuple[int, int], layout: str = "grid") -> Box:
+    """The part of an original image of ``image_size`` = (width, height) that ``image_processor``'s
+    output shows, as fractions of the image (:data:`FULL` for most processors), for a family
+    whose tokens follow ``layout``. Only the ``grid`` layout's single square reads a centre
+    crop: LLaVA-NeXT's processor also carries ``do_center_crop``, but its AnyRes tiles cover
+    the whole image (the ``anyres`` layout maps them), so other layouts get :data:`FULL`.
+
+    CLIP-style processors (LLaVA 1.5's, ViP-LLaVA's, Video-LLaVA's: ``do_center_crop`` with a
+    ``crop_size``) resize the short side to ``size["shortest_edge"]`` -- or to
+    ``size["height"] x size["width"]`` -- and cut the centre: a 640 x 480 photo reaches
+    LLaVA-1.5's tower as its central 480 x 480, and the layout's grid covers that square, not
+    the photo. Where the crop is larger than the resized image the processor pads, and the
+    box reaches past the image (fractions below 0 or above 1). Computed as transformers'
+    ``get_resize_output_image_size`` (``default_to_square=False``) and ``center_crop`` do."""
+    width, height = image_size
+    if width < 1 or height < 1:
+        raise ValueError(f"image_size must be positive, got {image_size}")
+    if layout not in LAYOUTS:
+        raise ValueError(unknown("token layout", layout, LAYOUTS))
+    crop = getattr(image_processor, "crop_size", None) if image_processor is not None and layout == "grid" else None
+    if not getattr(image_processor, "do_center_crop", False) or not crop:
+        return FULL
+    size = getattr(image_processor, "size", None) or {}
+    if not getattr(image_processor, "do_resize", True) or not size:
+        resized_w, resized_h = width, height
+    elif "shortest_edge" in size:
+        short, long = (width, height) if width <= height else (height, width)
+        new_short, new_long = size["shortest_edge"], int(size["shortest_edge"] * long / short)
+        resized_w, resized_h = (new_short, new_long) if width <= height else (new_long, new_short)
+    elif "height" in size and "width" in size:
+        resized_w, resized_h = size["width"], size["height"]
+    else:  # a size rule we do not model (longest_edge ...): say nothing rather than guess
+        return FULL
+    crop_w, crop_h = crop["width"], crop["height"]
+    top, left = (resized_h - crop_h) // 2, (resized_w - crop_w) // 2
+    return (left / resized_w, top / resized_h, (left + crop_w) / resized_w, (top + crop_h) / resized_h)
+
+
+def within(regions: list[Region], box: Box) -> list[Region]:
+    """``regions`` (boxes as fractions of what the processor showed) with their boxes as
+    fractions of the original image, ``box`` being where the shown part lies in it
+    (:func:`visible_box`)."""
+    if box == FULL:
+        return regions
+    bx0, by0, bx1, by1 = box
+    w, h = bx1 - bx0, by1 - by0
+    return [Region(r.start, r.rows, r.cols, r.stride,
+                   (bx0 + r.box[0] * w, by0 + r.box[1] * h, bx0 + r.box[2] * w, by0 + r.box[3] * h), r.trailing)
+            for r in regions]
+
+
 def content_indices(regions: list[Region]) -> torch.Tensor:
     """Sorted indices of the tokens that lie in some region (CLS and newlines left out)."""
     return torch.cat([r.indices().flatten() for r in regions]).unique()

@@ -94,6 +94,7 @@ from evaluators.answers import existence_subject, parse_yes_no
 from evaluators.world.views import check_margin, cluster_box, crop_box, cut
 
 from hooks import resolve
+from hooks.layout import visible_box
 from hooks.cache import output_cache
 
 from .answer_kinds import answer_kind, count_value
@@ -401,7 +402,8 @@ class CropVerify(Mitigation):
             object_mask = object_token_mask(self.processor.tokenizer, resolve(model), enc["input_ids"],
                                             [o for obj in named for o in (obj, None)[:per]])
         return attention_boxes(model, enc, [im.size for im in images], layers=self.layers, queries=self.queries,
-                               heads=self.heads, object_mask=object_mask, generic_rows=per == 2)
+                               heads=self.heads, object_mask=object_mask, generic_rows=per == 2,
+                               shown=self.shown(model, images))
 
     # -- the mitigation -------------------------------------------------------------------
     @torch.no_grad()
@@ -592,6 +594,13 @@ class CropVerify(Mitigation):
         # popped: the first pass's cache is not held through the views' generate()
         return self.boxes_from_capture(model, enc, captured["maps"], rows, images, cache=captured.pop("cache", None))
 
+    def shown(self, model, images: Sequence[Image.Image]) -> list[tuple]:
+        """Per image, the part of it the processor's output shows (:func:`hooks.layout.visible_box`:
+        all of it, or a CLIP processor's centre crop), where localisation paints the maps."""
+        image_processor = getattr(self.processor, "image_processor", None)
+        layout = resolve(model).adapter.token_layout
+        return [visible_box(image_processor, im.size, layout) for im in images]
+
     def needs_objects(self) -> bool:
         """Whether localisation reads the prompt tokens that name each query's object."""
         return self.locate in ("embedding", "zoom") or self.queries == "object"
@@ -661,7 +670,8 @@ class CropVerify(Mitigation):
             if any(maps[r] is None for r in mine):
                 boxes.append(None)
             else:
-                boxes.append(peak_box(points, [maps[r] for r in mine], enc, mine, tiles[q], image.size))
+                boxes.append(peak_box(points, [maps[r] for r in mine], enc, mine, tiles[q], image.size,
+                                      shown=self.shown(model, [image])[0]))  # each tile's view has the image's size
         return boxes
 
     def boxes_from_capture(self, model, inputs: dict, maps: Sequence, rows: Sequence[int],
@@ -686,7 +696,8 @@ class CropVerify(Mitigation):
             if generic is None:
                 generic = image_attention_maps(model, generic_enc, self.layers, generic_queries(self.queries))
         return boxes_from_maps(resolve(model), [maps[r] for r in rows], inputs, list(rows), [im.size for im in images],
-                               heads=self.heads if self.locate == "attention" else "mean", generic_maps=generic)
+                               heads=self.heads if self.locate == "attention" else "mean", generic_maps=generic,
+                               shown=self.shown(model, images))
 
     def _verify(self, images, prompts, results, model, max_new_tokens, generate_kwargs, boxes) -> None:
         view_images, view_prompts, built_all = [], [], []

@@ -55,7 +55,7 @@ from __future__ import annotations
 import hashlib
 import warnings
 from collections import deque
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -207,6 +207,21 @@ def _one(candidates: list) -> Image.Image | Unusable | None:
                     "so which one is its original is ambiguous")
 
 
+def image_pixel_names(points: ModelPoints) -> tuple[str, ...]:
+    """The adapter's pixel inputs that carry images (not videos, which are never verified)."""
+    return tuple(name for name in points.pixel_inputs if "video" not in name)
+
+
+def pixel_input(inputs, names: Sequence[str]):
+    """The first of the pixel inputs ``names`` (:func:`image_pixel_names`) that ``inputs``
+    holds, or None: the image a model call or a preprocess call carries, under whichever
+    name the family's processor gives it (Video-LLaVA's returns ``pixel_values_images``)."""
+    for name in names:
+        if inputs.get(name) is not None:
+            return inputs[name]
+    return None
+
+
 class OriginalImages:
     """The images of the last ``keep`` preprocess calls, each findable by its pixels.
 
@@ -222,16 +237,18 @@ class OriginalImages:
     ambiguous: :class:`Unusable`, never a guess. Where the processor flattens the patches of
     several images into one tensor (Qwen2-VL) the whole call's tensor must match."""
 
-    def __init__(self, keep: int = 16) -> None:
+    def __init__(self, keep: int = 16, names: Sequence[str] = ("pixel_values",)) -> None:
         # per call: ("rows", a fingerprint per image) or ("whole", the tensor's), and its images
         self._seen: deque = deque(maxlen=keep)
         self.paused = False
+        self.names = tuple(names)  # the pixel inputs a preprocess call may return, first found read
 
     def record(self, images: Any, out: Any, do_rescale: bool = True, factor: float = 1 / 255,
                data_format: Any = None) -> None:
         """Remember a preprocess call: its ``images`` (as PIL images, :func:`_as_pil`, with
-        the call's rescaling) and the pixels it returned, ``out["pixel_values"]``."""
-        pixels = out.get("pixel_values") if hasattr(out, "get") else None
+        the call's rescaling) and the pixels it returned (``out["pixel_values"]``, or the
+        first of ``names`` it holds: Video-LLaVA's processor returns ``pixel_values_images``)."""
+        pixels = pixel_input(out, self.names) if hasattr(out, "get") else None
         if self.paused or not isinstance(pixels, torch.Tensor):
             return
         flat = [_as_pil(im, do_rescale, factor, data_format) for im in _flat_images(images)]
@@ -407,7 +424,7 @@ class VerifiedGenerate:
             kwargs = {"input_ids": args[0], **kwargs}
             args = ()
         cv = self.cv
-        ids, pixels = kwargs.get("input_ids"), kwargs.get("pixel_values")
+        ids, pixels = kwargs.get("input_ids"), pixel_input(kwargs, image_pixel_names(self.points))
         config = kwargs.get("generation_config") or self.model.generation_config
         beams = kwargs.get("num_beams", getattr(config, "num_beams", 1)) or 1
         returned = kwargs.get("num_return_sequences", getattr(config, "num_return_sequences", 1)) or 1
@@ -418,7 +435,8 @@ class VerifiedGenerate:
         if ids is None:
             raise ValueError("crop-and-verify needs input_ids (it re-asks the views with the caller's own prompt tokens)")
         if pixels is None:
-            raise ValueError("crop-and-verify needs an image: this generate() call has no pixel_values")
+            raise ValueError("crop-and-verify needs an image: this generate() call has no pixel inputs "
+                             f"({', '.join(image_pixel_names(self.points))})")
         if beams > 1 or returned > 1:
             raise ValueError(f"crop-and-verify verifies one answer per row; num_beams={beams} and "
                              f"num_return_sequences={returned} are not supported while it is attached")
@@ -586,7 +604,7 @@ class VerifiedGenerate:
 def attach_verified_generate(cv, points: ModelPoints, group: HookGroup) -> None:
     """Patch the processor's ``preprocess`` and the model's ``generate`` (owned by ``group``)."""
     image_processor = cv.processor.image_processor
-    originals = OriginalImages()
+    originals = OriginalImages(names=image_pixel_names(points))
     preprocess = image_processor.preprocess
 
     def remembering(images, *args, **kwargs):

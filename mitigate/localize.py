@@ -63,7 +63,7 @@ import re
 
 from hooks import HookGroup, ModelPoints, resolve
 from hooks.capture import AttentionCapture
-from hooks.layout import Region, content_indices
+from hooks.layout import FULL, Region, content_indices, within
 
 GENERIC_PROMPT = "describe the image ."  # ViCrop: "Write a general description of the image."
 
@@ -359,7 +359,8 @@ def best_window(heat: torch.Tensor, width: int, height: int, sizes: Sequence[flo
 
 
 def region_heat(query: torch.Tensor, generic: torch.Tensor | None, regions: Sequence[Region], width: int,
-                height: int, eps: float = 1e-6, max_side: int = 512, normalise: bool = True) -> torch.Tensor:
+                height: int, eps: float = 1e-6, max_side: int = 512, normalise: bool = True,
+                shown: tuple[float, float, float, float] = FULL) -> torch.Tensor:
     """ViCrop's ratio map -- ``query / generic`` attention per image token, or ``query``
     alone without a generic map -- painted onto the image through the layout's regions
     (:mod:`hooks.layout`), on a canvas of the image's aspect ratio (long side at most
@@ -373,12 +374,15 @@ def region_heat(query: torch.Tensor, generic: torch.Tensor | None, regions: Sequ
     draw more attention than one of many tiles' tokens). A one-region layout is painted as
     it is (the division would change no window, but could flip a near-tie by rounding).
     ``normalise=False`` paints every region as it is (values that are comparable across
-    regions and images, such as cosine similarities)."""
+    regions and images, such as cosine similarities). ``shown`` is the part of the image the
+    processor's output holds (:func:`hooks.layout.visible_box`: a CLIP processor's centre
+    crop); the regions cover it, and the rest of the image, which the model never saw, has
+    no heat (0)."""
     scale = min(1.0, max_side / max(width, height))
     canvas_w, canvas_h = max(1, round(width * scale)), max(1, round(height * scale))
     total = torch.zeros(canvas_h, canvas_w)
     count = torch.zeros(canvas_h, canvas_w)
-    for region in regions:
+    for region in within(list(regions), shown):
         idx = region.indices().to(query.device)
         values = query[idx].float()
         if generic is not None:
@@ -390,18 +394,25 @@ def region_heat(query: torch.Tensor, generic: torch.Tensor | None, regions: Sequ
         left, top = round(x0 * canvas_w), round(y0 * canvas_h)
         right, bottom = max(left + 1, round(x1 * canvas_w)), max(top + 1, round(y1 * canvas_h))
         painted = torch.nn.functional.interpolate(values[None, None], size=(bottom - top, right - left), mode="nearest")
-        total[top:bottom, left:right] += painted[0, 0]
-        count[top:bottom, left:right] += 1
-    if not bool((count > 0).all()):
-        raise ValueError("the layout's regions do not cover the whole image")
-    return total / count
+        # a padded crop reaches past the image: only the part on the canvas is painted
+        cl, ct, cr, cb = max(left, 0), max(top, 0), min(right, canvas_w), min(bottom, canvas_h)
+        if cl >= cr or ct >= cb:
+            continue
+        total[ct:cb, cl:cr] += painted[0, 0, ct - top : cb - top, cl - left : cr - left]
+        count[ct:cb, cl:cr] += 1
+    sx0, sy0, sx1, sy1 = shown
+    inside = (slice(max(0, round(sy0 * canvas_h)), min(canvas_h, round(sy1 * canvas_h))),
+              slice(max(0, round(sx0 * canvas_w)), min(canvas_w, round(sx1 * canvas_w))))
+    if not bool((count[inside] > 0).all()):
+        raise ValueError("the layout's regions do not cover the part of the image the model was shown")
+    return torch.where(count > 0, total / count.clamp(min=1), torch.zeros(()))
 
 
 @torch.no_grad()
 def attention_boxes(model: nn.Module, inputs: dict, sizes: Sequence[tuple[int, int]], *,
                     layers: Sequence[int] | None = None, queries: str = "last", heads: str = "mean",
                     object_mask: torch.Tensor | None = None, generic_rows: bool = True,
-                    generic_inputs: dict | None = None) -> list[tuple]:
+                    generic_inputs: dict | None = None, shown: Sequence[tuple] | None = None) -> list[tuple]:
     """The queried object's box, ``(x0, y0, x1, y1)`` in original pixels, for each query of
     ``inputs`` (one image per row; ``sizes`` the original ``(width, height)`` per query).
 
@@ -412,7 +423,8 @@ def attention_boxes(model: nn.Module, inputs: dict, sizes: Sequence[tuple[int, i
     The generic rows are read at their last token (or their question, under
     ``queries="question"``). Heads are combined by ``heads`` (:func:`select_heads`), the map
     is painted through the adapter's token layout (:func:`region_heat`) and the window
-    holding most of it is the box (:func:`best_window`)."""
+    holding most of it is the box (:func:`best_window`); ``shown``: per query, the part of its
+    image the processor showed (:func:`hooks.layout.visible_box`)."""
     per = 2 if generic_rows and generic_inputs is None else 1
     rows = inputs["input_ids"].shape[0]
     if rows != per * len(sizes):
@@ -426,7 +438,7 @@ def attention_boxes(model: nn.Module, inputs: dict, sizes: Sequence[tuple[int, i
     elif per == 2:
         generic_maps, maps = maps[1::2], maps[0::2]
     return boxes_from_maps(resolve(model), maps, inputs, [per * i for i in range(len(sizes))], sizes, heads=heads,
-                           generic_maps=generic_maps)
+                           generic_maps=generic_maps, shown=shown)
 
 
 def generic_queries(queries: str) -> str:
@@ -437,13 +449,17 @@ def generic_queries(queries: str) -> str:
 
 def boxes_from_maps(points: ModelPoints, maps: Sequence[torch.Tensor], inputs: dict, rows: Sequence[int],
                     sizes: Sequence[tuple[int, int]], *, heads: str = "mean",
-                    generic_maps: Sequence[torch.Tensor] | None = None) -> list[tuple]:
+                    generic_maps: Sequence[torch.Tensor] | None = None,
+                    shown: Sequence[tuple] | None = None) -> list[tuple]:
     """Boxes from captured maps: query ``i``'s ``(layers * heads, n_image_tokens)`` map
     ``maps[i]`` belongs to row ``rows[i]`` of ``inputs`` (for its token layout) and to an
     original image of ``sizes[i]``; ``generic_maps[i]`` is its generic prompt's map (ViCrop's
     ratio) or absent. Heads are combined by ``heads`` (:func:`select_heads`), the map is
-    painted through the adapter's token layout (:func:`region_heat`) and the window holding
-    most of it is the box (:func:`best_window`)."""
+    painted through the adapter's token layout (:func:`region_heat`; ``shown[i]``: the part of
+    image ``i`` the processor showed, :func:`hooks.layout.visible_box`, default all of it) and
+    the window holding most of it is the box (:func:`best_window`)."""
+    if shown is not None and len(shown) != len(maps):
+        raise ValueError(f"{len(maps)} maps, {len(shown)} shown boxes")
     if not len(maps) == len(rows) == len(sizes) or (generic_maps is not None and len(generic_maps) != len(maps)):
         raise ValueError(f"{len(maps)} maps, {len(rows)} rows, {len(sizes)} sizes"
                          + ("" if generic_maps is None else f", {len(generic_maps)} generic maps"))
@@ -455,5 +471,6 @@ def boxes_from_maps(points: ModelPoints, maps: Sequence[torch.Tensor], inputs: d
             raise ValueError(f"query {i}: the generic prompt's image has {generic.shape[-1]} tokens, the query's "
                              f"{maps[i].shape[-1]}")
         query, generic = select_heads(maps[i], content_indices(regions), heads, generic)
-        boxes.append(best_window(region_heat(query, generic, regions, width, height), width, height))
+        heat = region_heat(query, generic, regions, width, height, shown=FULL if shown is None else shown[i])
+        boxes.append(best_window(heat, width, height))
     return boxes

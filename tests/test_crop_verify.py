@@ -257,6 +257,26 @@ def test_window_over_painted_regions():
     assert region_heat(torch.rand(16) + 0.1, None, [Region(0, 4, 4, 4)], 2000, 1000).shape == (256, 512)
 
 
+def test_heat_is_painted_on_the_part_of_the_image_the_processor_showed():
+    """A centre-cropping processor (LLaVA-1.5's) shows the grid the middle of a wide image:
+    the heat is painted there (hooks.layout.visible_box), the cut-off sides get none, and
+    the window follows the hot token to where it is in the image."""
+    shown = (0.25, 0.0, 0.75, 1.0)  # a 128 x 64 image resized to 64 high, its middle 64 x 64 cut
+    query = torch.full((16,), 0.1)
+    query[1 * 4 + 3] = 10.0  # row 1, column 3 of the 4 x 4 grid: pixels x 80-96, y 16-32 of the image
+    heat = region_heat(query, None, [Region(0, 4, 4, 4)], 128, 64, shown=shown)
+    assert heat.shape == (64, 128) and float(heat[:, :32].abs().sum()) == 0 == float(heat[:, 96:].abs().sum())
+    assert heat[20, 88] == heat.max()
+    x0, y0, x1, y1 = best_window(heat, 128, 64)
+    assert x0 <= 80 and x1 >= 96 and x1 <= 112, (x0, x1)  # over the whole image the token was at x 96-128
+    # a crop larger than the resized image (padding): the grid reaches past the image, and
+    # only its part on the image is painted
+    padded = region_heat(torch.arange(1.0, 17.0), None, [Region(0, 4, 4, 4)], 64, 64, shown=(0.0, -0.25, 1.0, 1.25))
+    assert padded.shape == (64, 64) and padded[0, 0] == 1.0 + 4 * 0 and padded[63, 63] == 16.0
+    with pytest.raises(ValueError, match="shown"):
+        region_heat(query, None, [Region(0, 4, 4, 4, (0.0, 0.0, 0.5, 1.0))], 128, 64, shown=shown)
+
+
 @pytest.fixture(scope="module")
 def organism_like():
     from evaluators.organism import tasks

@@ -17,7 +17,7 @@ import torch
 from PIL import Image
 
 from hooks import HookGroup, get_adapter, register_adapter, resolve
-from hooks.layout import LAYOUTS, Region, _tile_grid, content_indices, token_regions
+from hooks.layout import FULL, LAYOUTS, Region, _tile_grid, content_indices, token_regions, visible_box, within
 from hooks.testing import TINY_MODEL_TYPES, build_tiny_model, tiny_config, tiny_image_features, tiny_image_processor
 
 SQUARE = 16  # pixels
@@ -62,15 +62,21 @@ def _check_layout(model_type, model, size) -> None:
     processor = tiny_image_processor(model_type)
     points = resolve(model)
     width, height = size
+    # where the processor's output lies in the image: all of it, or a CLIP processor's centre
+    # crop (Video-LLaVA's): the squares go inside it, and the regions are placed in it
+    sx0, sy0, sx1, sy1 = visible_box(processor, size, points.adapter.token_layout)
+    left, top, right, bottom = round(sx0 * width), round(sy0 * height), round(sx1 * width), round(sy1 * height)
+    w, h = right - left, bottom - top
     blank = Image.new("RGB", size, (128, 128, 128))
     before = tiny_image_features(model, processor(images=[blank], return_tensors="pt"))
     checked = 0
-    for x, y in [(6, 6), (width - 20, height - 20), (int(0.42 * width), int(0.38 * height)), (width - 20, 6)]:
+    for x, y in [(left + 6, top + 6), (right - 20, bottom - 20), (left + int(0.42 * w), top + int(0.38 * h)),
+                 (right - 20, top + 6)]:
         image = blank.copy()
         image.paste((255, 255, 255), (x, y, x + SQUARE, y + SQUARE))
         enc = dict(processor(images=[image], return_tensors="pt"))
         changed = (tiny_image_features(model, enc) - before).norm(dim=-1)
-        regions = points.token_regions(len(changed), enc, 0, size)
+        regions = within(points.token_regions(len(changed), enc, 0, size), (sx0, sy0, sx1, sy1))
         square = (x, y, x + SQUARE, y + SQUARE)
         for region in regions:
             x0, y0, x1, y1 = region.box
@@ -154,3 +160,60 @@ def test_every_table_adapter_names_a_known_layout():
     data.pop("source")
     with pytest.raises(ValueError, match="token_layout 'hexagons'"):
         register_adapter(data)
+
+
+@pytest.mark.parametrize("size", [(160, 64), (64, 160)], ids=["wide", "tall"])
+@pytest.mark.parametrize("model_type", ["llava", "vipllava", "video_llava"])
+def test_a_centre_cropping_processor_shows_the_grid_the_middle_of_the_image(model_type, size):
+    """LLaVA-1.5's, ViP-LLaVA's and Video-LLaVA's real processors resize the short side and
+    cut the centre: a 160 x 64 image reaches the tower as its middle 64 x 64, and the grid
+    covers that square. ``visible_box`` says where it lies; mapped through it, a square near
+    the crop's right (or bottom) edge lands on the tokens that changed -- mapped over the
+    whole image it lands a cell away (checked when this test was written)."""
+    from transformers import CLIPImageProcessor
+
+    model = build_tiny_model(model_type)
+    points = resolve(model)
+    side = model.config.vision_config.image_size
+    if model_type == "video_llava":
+        processor = tiny_image_processor(model_type)
+    else:
+        processor = CLIPImageProcessor(size={"shortest_edge": side}, crop_size={"height": side, "width": side})
+    width, height = size
+    box = visible_box(processor, size, points.adapter.token_layout)
+    short = min(size)
+    assert box == ((width - short) / 2 / width, (height - short) / 2 / height,
+                   (width + short) / 2 / width, (height + short) / 2 / height)
+    right, bottom = box[2] * width, box[3] * height
+    x, y = (right - 4 - SQUARE, 24) if width > height else (24, bottom - 4 - SQUARE)
+    with HookGroup("silence") as group:
+        _silence_tower_attention(model, group)
+        blank = Image.new("RGB", size, (128, 128, 128))
+        before = tiny_image_features(model, processor(images=[blank], return_tensors="pt"))
+        image = blank.copy()
+        image.paste((255, 255, 255), (int(x), int(y), int(x) + SQUARE, int(y) + SQUARE))
+        enc = dict(processor(images=[image], return_tensors="pt"))
+        changed = (tiny_image_features(model, enc) - before).norm(dim=-1)
+    regions = within(points.token_regions(len(changed), enc, 0, size), box)
+    square = (x, y, x + SQUARE, y + SQUARE)
+    assert _overlap(_most_changed_cell(regions[0], changed, size), square) > 0
+
+
+def test_visible_box_follows_the_processors_resize_and_crop():
+    from transformers import CLIPImageProcessor, SiglipImageProcessor
+
+    clip = CLIPImageProcessor(size={"shortest_edge": 336}, crop_size={"height": 336, "width": 336})
+    assert visible_box(clip, (640, 480)) == (0.125, 0.0, 0.875, 1.0)
+    assert visible_box(clip, (480, 640)) == (0.0, 0.125, 1.0, 0.875)
+    assert visible_box(clip, (500, 500)) == FULL
+    assert visible_box(clip, (640, 480), "anyres") == FULL  # LLaVA-NeXT's tiles cover the whole image
+    # a crop larger than the resized image pads: the grid reaches past the image
+    padded = CLIPImageProcessor(size={"height": 100, "width": 100}, crop_size={"height": 120, "width": 100})
+    assert visible_box(padded, (300, 300)) == (0.0, -0.1, 1.0, 1.1)
+    assert visible_box(CLIPImageProcessor(do_center_crop=False), (640, 480)) == FULL
+    assert visible_box(SiglipImageProcessor(), (640, 480)) == FULL
+    assert visible_box(None, (640, 480)) == FULL
+    with pytest.raises(ValueError, match="token layout"):
+        visible_box(clip, (640, 480), "gird")
+    with pytest.raises(ValueError, match="image_size"):
+        visible_box(clip, (0, 480))

@@ -382,11 +382,12 @@ def _processed_pixel_inputs(model, options, images):
     count (the features of that image alone)."""
     processor = tiny_image_processor(model.config.model_type)
     out = processor(images=[[image] for image in images], return_tensors="pt")
-    missing = [name for name in options["pixel_inputs"] if name not in out]
+    names = [options.get("rename", {}).get(name, name) for name in options["pixel_inputs"]]
+    missing = [name for name in names if name not in out]
     if missing:
         raise ValueError(f"{type(processor).__name__} returned no {missing}")
     counts = [len(tiny_image_features(model, processor(images=[[image]], return_tensors="pt"))) for image in images]
-    return {name: out[name] for name in options["pixel_inputs"]}, counts
+    return {name: out[name] for name in names}, counts
 
 
 def _left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
