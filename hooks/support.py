@@ -26,7 +26,9 @@ minute for all of them) and given to :func:`hooks.resolve`. The answer is one of
 
 A default config stands in for the type's checkpoints, and a checkpoint's config may differ:
 Gemma 4's default has no vision tower (so it reads ``refused`` here, while its checkpoints
-resolve through ``gemma4.json``). ``vlm-hooks inspect MODEL`` resolves a given checkpoint.
+resolve through ``gemma4.json``), and LFM2-VL's makes every decoder layer an attention layer
+(so it reads ``introspected``, while its checkpoints, which mix convolution layers in, are
+refused). ``vlm-hooks inspect MODEL`` resolves a given checkpoint.
 """
 
 from __future__ import annotations

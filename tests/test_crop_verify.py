@@ -698,6 +698,8 @@ def test_view_subset_replay_matches_crop_verify():
     assert replays[("crop",)] != replays[("cluster",)]
     with pytest.raises(ValueError, match="view names"):
         error_rates([{k: v for k, v in r.items() if k != "views"} for r in records], tau, views=("crop",))
+    with pytest.raises(ValueError, match=r"\['crops'\] were not asked"):  # a typo is not the unmitigated run
+        error_rates(records, tau, views=("crops",))
 
 
 def test_caption_mentions_are_verified_on_views_with_the_shipped_organism():

@@ -22,11 +22,12 @@ def test_an_adapter_registered_at_run_time_is_reported_as_such(monkeypatch):
     import dataclasses
 
     llava = adapters.get_adapter("llava")
-    monkeypatch.setitem(adapters._REGISTRY, "vipllava",
-                        dataclasses.replace(llava, model_type="vipllava", source="registered"))
+    monkeypatch.setitem(adapters._REGISTRY, "vipllava", adapters.get_adapter("vipllava"))  # restored after
+    # a copy of a table adapter, as a user would make one: reported as registered, not as a table file
+    adapters.register_adapter(dataclasses.replace(llava, model_type="vipllava"), overwrite=True)
     row = support("vipllava")
     # VipLLaVA keeps LLaVA's module paths, so LLaVA's facts resolve it (in place of its own file)
-    assert row.status == "registered" and "'grid'" in row.detail
+    assert row.status == "registered" and "'grid'" in row.detail and "from table:llava.json" in row.detail
 
 
 def test_a_family_that_does_not_build_is_reported_with_the_reason(monkeypatch):

@@ -28,6 +28,7 @@ def test_boxes_lie_inside_the_image_and_differ_by_rule(organism):
         assert 0 <= x0 < x1 <= image.width and 0 <= y0 < y1 <= image.height
     side = PEAK_SIDE * min(image.size)
     assert boxes["peak"][2] - boxes["peak"][0] == pytest.approx(side)
+    assert boxes["window"] != boxes["peak"]
 
 
 def test_bad_rule_is_refused(organism):
@@ -43,4 +44,5 @@ def test_collect_runs_the_default_policy_with_it(organism):
 
     model, processor = organism
     records = collect(model, processor, scenes=1, seed=0, grid=2, box="peak")
+    assert any(r["verified"] for r in records)
     assert records and all(set(r["views"]) == {"crop", "cluster"} for r in records if r["verified"])

@@ -110,11 +110,16 @@ def _gated(record: dict, gate: float | None) -> bool:
 
 
 def _kept(record: dict, views: tuple[str, ...] | None) -> list[float]:
-    """The p(yes) of ``record``'s views named in ``views`` (None: all it was asked)."""
+    """The p(yes) of ``record``'s views named in ``views`` (None: all it was asked). A view the
+    run did not ask cannot be replayed: a ``ValueError``, not the unmitigated answer."""
     if views is None:
         return record["p_yes"]
     if "views" not in record:
         raise ValueError("replaying a subset of views needs each record's view names (record['views'])")
+    if record["views"]:  # a verified record: every view replayed must have been asked
+        missing = sorted(set(views) - set(record["views"]))
+        if missing:
+            raise ValueError(f"views {missing} were not asked in this run (it asked {record['views']})")
     return [p for name, p in zip(record["views"], record["p_yes"]) if name in views]
 
 
@@ -123,8 +128,9 @@ def error_rates(records: list[dict], tau: float | None, gate: float | None = Non
     """(series, level) -> error rate (%) under the overturn rule at ``tau`` (None: no
     overturn): a view's p(yes) must exceed ``tau`` and, when there is one, the control's;
     ``gate`` replays a stricter confidence gate than the run's (exact: views do not depend on it);
-    ``views`` replays the run as if only the views it names had been asked (exact too: each
-    view is its own row of the views' ``generate()``, and the policy reads each alone)."""
+    ``views`` replays the run as if only the views it names had been asked (each view is its
+    own row of the views' ``generate()`` and the policy reads each alone, so this is exact up
+    to float rounding between batch shapes; the test finds the same answers as real runs)."""
     cells: dict[tuple[str, int], list[bool]] = {}
     for r in records:
         yes = r["first"] is True
