@@ -65,15 +65,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.command == "support":
-        from .support import image_text_to_text_types, markdown, support_matrix
+        from .support import UnknownModelType, markdown, support_matrix
 
-        known = image_text_to_text_types()
-        bad = [t for t in args.model_types if t not in known]
-        if bad:
-            from .errors import unknown
-
-            parser.error(unknown("model_type (image-text-to-text, installed transformers)", bad[0], known))
-        print(markdown(support_matrix(args.model_types or None)))
+        try:
+            print(markdown(support_matrix(args.model_types or None)))
+        except UnknownModelType as error:  # support() says which, with the close matches
+            parser.error(str(error))
         return 0
     specs = [args.model]
     if args.model == "tiny:all":

@@ -396,14 +396,14 @@ class CropVerify(Mitigation):
         rows_images = [im for im in images for _ in range(per)]
         rows_prompts = [q for p in prompts for q in (p, self.generic_prompt)[:per]]
         enc = dict(self._inputs(rows_images, rows_prompts, model))
-        object_mask = None
+        points, object_mask = resolve(model), None
         if self.queries == "object":
             named = self._objects(prompts, objects)
-            object_mask = object_token_mask(self.processor.tokenizer, resolve(model), enc["input_ids"],
+            object_mask = object_token_mask(self.processor.tokenizer, points, enc["input_ids"],
                                             [o for obj in named for o in (obj, None)[:per]])
         return attention_boxes(model, enc, [im.size for im in images], layers=self.layers, queries=self.queries,
                                heads=self.heads, object_mask=object_mask, generic_rows=per == 2,
-                               shown=self.shown(model, images))
+                               shown=self.shown(points, images))
 
     # -- the mitigation -------------------------------------------------------------------
     @torch.no_grad()
@@ -594,12 +594,12 @@ class CropVerify(Mitigation):
         # popped: the first pass's cache is not held through the views' generate()
         return self.boxes_from_capture(model, enc, captured["maps"], rows, images, cache=captured.pop("cache", None))
 
-    def shown(self, model, images: Sequence[Image.Image]) -> list[tuple]:
+    def shown(self, points, images: Sequence[Image.Image]) -> list[tuple]:
         """Per image, the part of it the processor's output shows (:func:`hooks.layout.visible_box`:
-        all of it, or a CLIP processor's centre crop), where localisation paints the maps."""
+        all of it, or a CLIP processor's centre crop), where localisation paints the maps
+        (``points``: the model's :class:`hooks.ModelPoints`, for its token layout)."""
         image_processor = getattr(self.processor, "image_processor", None)
-        layout = resolve(model).adapter.token_layout
-        return [visible_box(image_processor, im.size, layout) for im in images]
+        return [visible_box(image_processor, im.size, points.adapter.token_layout) for im in images]
 
     def needs_objects(self) -> bool:
         """Whether localisation reads the prompt tokens that name each query's object."""
@@ -665,13 +665,13 @@ class CropVerify(Mitigation):
         mask = self._object_mask(model, enc, [objects[q] for q in rows], strict=strict)
         maps = embedding_maps(model, enc, mask, shift=False)
         points, boxes = resolve(model), []
+        shown = self.shown(points, images)  # each tile's view has its image's size
         for q, image in enumerate(images):
             mine = list(range(q * per, (q + 1) * per))
             if any(maps[r] is None for r in mine):
                 boxes.append(None)
             else:
-                boxes.append(peak_box(points, [maps[r] for r in mine], enc, mine, tiles[q], image.size,
-                                      shown=self.shown(model, [image])[0]))  # each tile's view has the image's size
+                boxes.append(peak_box(points, [maps[r] for r in mine], enc, mine, tiles[q], image.size, shown=shown[q]))
         return boxes
 
     def boxes_from_capture(self, model, inputs: dict, maps: Sequence, rows: Sequence[int],
@@ -695,9 +695,10 @@ class CropVerify(Mitigation):
             self.stats["generic_from_cache"] = self.stats.get("generic_from_cache", 0) + reused
             if generic is None:
                 generic = image_attention_maps(model, generic_enc, self.layers, generic_queries(self.queries))
-        return boxes_from_maps(resolve(model), [maps[r] for r in rows], inputs, list(rows), [im.size for im in images],
+        points = resolve(model)
+        return boxes_from_maps(points, [maps[r] for r in rows], inputs, list(rows), [im.size for im in images],
                                heads=self.heads if self.locate == "attention" else "mean", generic_maps=generic,
-                               shown=self.shown(model, images))
+                               shown=self.shown(points, images))
 
     def _verify(self, images, prompts, results, model, max_new_tokens, generate_kwargs, boxes) -> None:
         view_images, view_prompts, built_all = [], [], []

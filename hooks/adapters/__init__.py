@@ -163,10 +163,9 @@ def register_adapter(adapter: Adapter | dict, *, overwrite: bool = False) -> Ada
     """Add an architecture at run time (a dict with the JSON files' fields, or an :class:`Adapter`)."""
     if isinstance(adapter, dict):
         adapter = Adapter.from_dict(adapter, source="registered")
-    elif adapter.source not in ("registered", "table"):  # a copy of a table adapter: say it was registered
-        adapter = dataclasses.replace(adapter, source=f"registered (from {adapter.source})")
-    else:
-        adapter = dataclasses.replace(adapter, source="registered")
+    else:  # a copy of a table adapter says where it came from
+        origin = adapter.source not in ("registered", "table")
+        adapter = dataclasses.replace(adapter, source=f"registered (from {adapter.source})" if origin else "registered")
     if adapter.model_type in _REGISTRY and not overwrite:
         raise ValueError(f"an adapter for model_type {adapter.model_type!r} exists; pass overwrite=True to replace it")
     _REGISTRY[adapter.model_type] = adapter

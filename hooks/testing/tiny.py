@@ -362,7 +362,11 @@ def _split_evenly(total: int, parts: int) -> list[int]:
 def tiny_pixel_input_names(model_type: str) -> list[str]:
     """The pixel inputs :func:`tiny_inputs` gives ``model_type``'s model, by the names the
     family's processor uses (the spec's ``rename``)."""
-    options = tiny_spec(model_type)["inputs"]
+    return _renamed(tiny_spec(model_type)["inputs"])
+
+
+def _renamed(options: dict) -> list[str]:
+    """The spec's ``pixel_inputs``, each by the name the family's processor gives it (``rename``)."""
     return [options.get("rename", {}).get(name, name) for name in options["pixel_inputs"]]
 
 
@@ -372,8 +376,7 @@ def _pixel_inputs(model, options, batch_size, images_per_sample, generator):
     sizes = options["image_sizes"]
     sizes = [tuple(sizes[i % len(sizes)]) for i in range(batch_size * images_per_sample)]
     built = layout.build(model.config, sizes, images_per_sample, generator, options)
-    renamed = options.get("rename", {})  # the name the family's processor gives the input
-    pixel_inputs = {renamed.get(name, name): built[name] for name in options["pixel_inputs"]}
+    pixel_inputs = {name: built[spec_name] for name, spec_name in zip(_renamed(options), options["pixel_inputs"])}
     return pixel_inputs, _image_feature_counts(model, pixel_inputs, layout, images_per_sample, options)
 
 
@@ -382,7 +385,7 @@ def _processed_pixel_inputs(model, options, images):
     count (the features of that image alone)."""
     processor = tiny_image_processor(model.config.model_type)
     out = processor(images=[[image] for image in images], return_tensors="pt")
-    names = [options.get("rename", {}).get(name, name) for name in options["pixel_inputs"]]
+    names = _renamed(options)
     missing = [name for name in names if name not in out]
     if missing:
         raise ValueError(f"{type(processor).__name__} returned no {missing}")
