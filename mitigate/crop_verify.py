@@ -84,6 +84,7 @@ them, on both routes). ``stats`` reports how often verification ran and overturn
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
@@ -91,10 +92,10 @@ import torch
 from PIL import Image
 
 from evaluators.answers import existence_subject, parse_yes_no
-from evaluators.world.views import check_margin, cluster_box, crop_box, cut
+from evaluators.world.views import check_margin, cluster_box, crop_box, pixel_bounds
 
 from hooks import resolve
-from hooks.layout import visible_box
+from hooks.layout import FULL, visible_box
 from hooks.cache import output_cache
 
 from .answer_kinds import answer_kind, count_value
@@ -160,13 +161,52 @@ def ask_by_limit(limits: Sequence, k: int, ask: Callable[[list[int], Any], list]
     return items
 
 
-def view_image(image: Image.Image, box: tuple) -> Image.Image:
+def view_image(image: Image.Image, box: tuple, shown: tuple = FULL) -> Image.Image:
     """The view of ``image`` inside ``box``: cut from the original, then resized back to the
     original's size (bicubic). Both routes ask the model this one image -- ``answer()`` and
     the ``generate()`` path, which needs the resize so that the family's processor gives a
     view exactly as many image tokens as its original and the caller's prompt ids can be
-    reused (``tests/test_crop_verify_generate.py`` checks the count on every family)."""
-    return cut(image, box).resize(image.size, Image.BICUBIC)
+    reused (``tests/test_crop_verify_generate.py`` checks the count on every family).
+
+    ``shown``: the part of an image of the original's size that the processor keeps
+    (:func:`hooks.layout.visible_box`; :data:`hooks.layout.FULL` for most processors). A
+    CLIP-style processor (LLaVA-1.5's) cuts the centre square of what it is given, so a
+    square view stretched to a 640 x 480 original's size would lose 12.5% of its width on
+    each side -- a small object at the crop's edge cut away with it. There the view is
+    framed instead (:func:`view_source`): the original's pixels around the box are taken
+    with it, so that what the processor keeps is exactly the box, at the original's aspect
+    (no stretch for a square box on a centre-square processor). The frame's part past the
+    image is black, and lies where the processor cuts (a padding processor's ``shown``
+    reaching past the image is clipped to it: everything it is given is shown)."""
+    window = pixel_bounds(box, image.width, image.height)
+    if tuple(shown) == FULL:
+        return image.crop(window).resize(image.size, Image.BICUBIC)
+    x0, y0, x1, y1 = view_source(window, shown)
+    # resize's box must lie inside its image: pad with black as far as the frame reaches out
+    left, top = max(0, -math.floor(x0)), max(0, -math.floor(y0))
+    right, bottom = max(0, math.ceil(x1) - image.width), max(0, math.ceil(y1) - image.height)
+    if left or top or right or bottom:
+        canvas = Image.new(image.mode, (image.width + left + right, image.height + top + bottom))
+        canvas.paste(image, (left, top))
+    else:
+        canvas = image
+    return canvas.resize(image.size, Image.BICUBIC, box=(x0 + left, y0 + top, x1 + left, y1 + top))
+
+
+def view_source(window: tuple, shown: tuple) -> tuple[float, float, float, float]:
+    """The region of the original (pixels, may reach past it) whose resize to the original's
+    size puts ``window`` exactly on ``shown``, the part of that size a processor keeps
+    (fractions, clipped to [0, 1]): on each axis the window's length over the shown
+    fraction, starting the shown fraction's offset before the window."""
+    sx0, sy0, sx1, sy1 = max(shown[0], 0.0), max(shown[1], 0.0), min(shown[2], 1.0), min(shown[3], 1.0)
+    if not (sx1 > sx0 and sy1 > sy0):
+        raise ValueError(f"shown {shown!r} keeps no part of the image")
+    out = []
+    for lo, hi, a, b in ((window[0], window[2], sx0, sx1), (window[1], window[3], sy0, sy1)):
+        length = (hi - lo) / (b - a)
+        out.append((lo - a * length, lo - a * length + length))
+    (x0, x1), (y0, y1) = out
+    return (x0, y0, x1, y1)
 
 
 def emitted_probability(probs: torch.Tensor, first_tokens: torch.Tensor) -> torch.Tensor:
@@ -330,7 +370,6 @@ class CropVerify(Mitigation):
         # the first step's scores are read from a dict output: set here whatever the caller passed
         kwargs = {"do_sample": False, **generate_kwargs, "max_new_tokens": max_new_tokens, "output_scores": True,
                   "return_dict_in_generate": True}
-        maps = None
         if capture_objects is None:
             out = model.generate(**enc, **kwargs)
         else:
@@ -656,7 +695,10 @@ class CropVerify(Mitigation):
         the ``generate()`` route reuses the caller's prompt ids)."""
         tiles = [tile_boxes(im.width, im.height, self.zoom_grid) for im in images]
         per = len(tiles[0]) if tiles else 0
-        tile_images = [view_image(im, t) for im, ts in zip(images, tiles) for t in ts]
+        points = resolve(model)
+        # each tile framed so that what the processor keeps is the tile: its map covers it
+        shown = self.shown(points, images)
+        tile_images = [view_image(im, t, s) for im, ts, s in zip(images, tiles, shown) for t in ts]
         rows = [q for q in range(len(images)) for _ in range(per)]
         if tile_inputs is None:
             enc = dict(self._inputs(tile_images, [prompts[q] for q in rows], model))
@@ -664,14 +706,13 @@ class CropVerify(Mitigation):
             enc = tile_inputs(rows, tile_images)
         mask = self._object_mask(model, enc, [objects[q] for q in rows], strict=strict)
         maps = embedding_maps(model, enc, mask, shift=False)
-        points, boxes = resolve(model), []
-        shown = self.shown(points, images)  # each tile's view has its image's size
+        boxes = []
         for q, image in enumerate(images):
             mine = list(range(q * per, (q + 1) * per))
             if any(maps[r] is None for r in mine):
                 boxes.append(None)
             else:
-                boxes.append(peak_box(points, [maps[r] for r in mine], enc, mine, tiles[q], image.size, shown=shown[q]))
+                boxes.append(peak_box(points, [maps[r] for r in mine], enc, mine, tiles[q], image.size))
         return boxes
 
     def boxes_from_capture(self, model, inputs: dict, maps: Sequence, rows: Sequence[int],
@@ -705,11 +746,11 @@ class CropVerify(Mitigation):
         if self.strip_priors:
             prompts = [without_priors(p) for p in prompts]
         asked = self.asked_views()
-        for image, prompt, box in zip(images, prompts, boxes):
+        for image, prompt, box, shown in zip(images, prompts, boxes, self.shown(resolve(model), images)):
             built = self.view_boxes(image, box)
             built_all.append(built)
-            view_images += [[image, view_image(image, built["crop"])] if v == "pair" else view_image(image, built[v])
-                            for v in asked]
+            view_images += [[image, view_image(image, built["crop"], shown)] if v == "pair"
+                            else view_image(image, built[v], shown) for v in asked]
             view_prompts += [prompt] * len(asked)
         k = len(asked)
         floor = generate_kwargs.get("min_new_tokens")

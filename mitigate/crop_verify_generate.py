@@ -521,7 +521,9 @@ class VerifiedGenerate:
             k = len(asked)
             built_all = [cv.view_boxes(image, box) for image, box in zip(images, boxes)]
             # resized to the original's size: the same number of image tokens, the same prompt ids
-            view_images = [view_image(image, built[v]) for image, built in zip(images, built_all) for v in asked]
+            # framed where the processor cuts a centre square, so that it keeps the whole view
+            view_images = [view_image(image, built[v], shown) for image, built, shown
+                           in zip(images, built_all, cv.shown(self.points, images)) for v in asked]
             # a yes/no question's views answer with fewer tokens (CropVerify.view_tokens): one
             # generate() per token limit, each with its rows' inputs
             # the caller's limits as this call sees them (keyword, its generation_config, the model's)

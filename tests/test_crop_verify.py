@@ -1003,3 +1003,96 @@ def test_the_default_keeps_issue_6s_limit_on_absent_objects(seed):
         first, final = wrong[("B", level)]
         assert 100.0 * (final - first) / 40 <= 3.0, (level, first, final)
     assert sum(wrong[("A", level)][1] for level in range(4)) < sum(wrong[("A", level)][0] for level in range(4))
+
+
+def _smooth_image(size: tuple[int, int], seed: int = 0):
+    """Upsampled noise: every region differs, yet resampling routes agree closely."""
+    import numpy as np
+    from PIL import Image
+
+    small = (np.random.default_rng(seed).random((size[1] // 16, size[0] // 16, 3)) * 255).astype(np.uint8)
+    return Image.fromarray(small).resize(size, Image.BICUBIC)
+
+
+def _centre_cropping_clip(side: int):
+    from transformers import CLIPImageProcessorPil
+
+    return CLIPImageProcessorPil(size={"shortest_edge": side}, crop_size={"height": side, "width": side},
+                                 image_mean=[0.5] * 3, image_std=[0.5] * 3)
+
+
+@pytest.mark.parametrize("size", [(640, 480), (480, 640)], ids=["wide", "tall"])
+def test_a_view_reaches_a_centre_cropping_processor_whole(size):
+    """LLaVA-1.5's processor cuts the centre square of what it is given. A square view
+    stretched to a 640 x 480 original's size lost 12.5% of its width on each side there;
+    framed by ``view_image(..., shown)`` the processor keeps exactly the view, as it would
+    the view cut alone -- in the middle, at the image's edge and corner, and for a view
+    clipped to the image. Processors that keep everything get the plain resize, unchanged."""
+    from PIL import Image
+
+    from evaluators.world.views import cut
+    from hooks.layout import FULL, visible_box
+    from mitigate.crop_verify import view_image, view_source
+
+    image, clip = _smooth_image(size), _centre_cropping_clip(336)
+    shown = visible_box(clip, size)
+    assert shown != FULL
+    pixels = lambda im: clip(images=[im], return_tensors="pt")["pixel_values"]
+    w, h = size
+    for box in [(300, 200, 400, 300), (0, 0, 100, 100), (w - 100, h - 100, w, h), (0, 0, min(size), min(size))]:
+        alone = pixels(cut(image, box))
+        framed = float((pixels(view_image(image, box, shown)) - alone).abs().mean())
+        stretched = float((pixels(view_image(image, box)) - alone).abs().mean())
+        assert framed < 0.02 and stretched > 0.1, (box, framed, stretched)
+    assert view_image(image, (10, 10, 50, 50), FULL).tobytes() == \
+        cut(image, (10, 10, 50, 50)).resize(size, Image.BICUBIC).tobytes()
+    # the frame: the window over the shown fraction; a padding processor's shown is clipped
+    assert view_source((300, 200, 400, 300), (0.125, 0.0, 0.875, 1.0)) == pytest.approx((283.333, 200, 416.667, 300), abs=1e-3)
+    assert view_source((0, 0, 100, 100), (0.0, -0.1, 1.0, 1.1)) == (0, 0, 100, 100)
+    with pytest.raises(ValueError, match="shown"):
+        view_source((0, 0, 10, 10), (0.5, 0.0, 0.5, 1.0))
+
+
+def _tower_pixels(model):
+    """A hook group recording every pixel tensor the vision tower receives, in call order."""
+    seen: list[torch.Tensor] = []
+
+    def record(module, args, kwargs):
+        seen.append((args[0] if args else kwargs["pixel_values"]).detach().clone())
+
+    group = HookGroup("tower pixels")
+    group.add_forward_pre_hook(resolve(model).vision_encoder, record)
+    return group, seen
+
+
+def test_answer_asks_a_centre_cropping_processor_the_whole_view(organism_like):
+    """``CropVerify.answer`` on a processor that cuts the centre square (the organism's
+    architecture with LLaVA-1.5's kind of preprocessing): the tower receives each view as the
+    view cut alone would reach it, not its middle."""
+    import copy
+
+    from PIL import Image
+
+    from evaluators.world.views import cluster_box, crop_box, cut
+
+    model, processor, _ = organism_like
+    processor = copy.deepcopy(processor)
+    processor.image_processor = _centre_cropping_clip(32)
+    image = _smooth_image((160, 96), seed=3)
+    box = (112.0, 40.0, 140.0, 68.0)  # near the right edge, where the centre square ends (128)
+    cv = CropVerify(processor, gate=1.0, tau=0.0, localizer=lambda im, p: box)
+    group, seen = _tower_pixels(model)
+    with group:
+        (result,) = cv.answer(model, [image], ["is there a dog in the image ? answer yes or no ."], max_new_tokens=1)
+    if not result["verified"]:
+        pytest.skip("the random model answered yes: nothing to verify")
+    views = seen[-1]  # the views' rows, in cv.views order
+    expected = [crop_box(box, 160, 96, cv.margin), cluster_box(box, [], 160, 96, cv.margin)]
+    assert len(views) == len(cv.views) == 2
+    assert expected[1] == (0.0, 0.0, 160.0, 96.0)  # the Cluster view, clipped to the image: not square
+    for got, view_box in zip(views, expected):
+        # a view that cannot be square is squashed into the kept square, all of it shown
+        # (the object at x 112-140 lies outside the image's own centre square, x 32-128)
+        alone = cut(image, view_box).resize((96, 96), Image.BICUBIC)
+        alone = processor.image_processor(images=[alone], return_tensors="pt")["pixel_values"][0]
+        assert float((got - alone).abs().mean()) < 0.05, view_box

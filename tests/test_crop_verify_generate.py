@@ -14,7 +14,7 @@ from PIL import Image
 from hooks import hook_state
 from hooks.testing import TINY_MODEL_TYPES, build_tiny_model, tiny_image_features, tiny_image_processor
 from mitigate import CropVerify, attach
-from mitigate.answer_kinds import answer_kind, count_value
+from mitigate.answer_kinds import count_value
 
 
 @pytest.fixture(scope="module")
@@ -680,3 +680,46 @@ def test_anyres_images_too_thin_for_a_tile_column_are_verified(model_type):
         image_processor(images=[[im] for im in images], return_tensors="pt")
         model.generate(**inputs, max_new_tokens=2, do_sample=False)
     assert cv.stats["verified"] == 2 and "no_original" not in cv.stats
+
+
+def test_generate_path_asks_a_centre_cropping_processor_the_whole_view():
+    """Video-LLaVA's processor (like LLaVA-1.5's) cuts the centre square of each image. Under
+    ``attach()`` the views are framed for it (``view_image(..., shown)``): the tower receives
+    each square view as that view cut alone would reach it, on a wide and a tall image, with
+    the object near the edge the centre square cuts off. Stretched to the image's size, as
+    before, the same views lost a side each."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from evaluators.world.views import cluster_box, crop_box, cut
+    from hooks import HookGroup, resolve
+    from hooks.testing import tiny_inputs
+
+    model = build_tiny_model("video_llava")
+    text_config = model.config.get_text_config()
+    image_processor = tiny_image_processor("video_llava")
+    processor = SimpleNamespace(tokenizer=_word_tokenizer(text_config.vocab_size, text_config.pad_token_id),
+                                image_processor=image_processor)
+    rng = np.random.default_rng(5)
+    images = [Image.fromarray((rng.random((h // 16, w // 16, 3)) * 255).astype(np.uint8)).resize((w, h), Image.BICUBIC)
+              for w, h in ((192, 128), (128, 192))]
+    boxes = {(192, 128): (150.0, 50.0, 170.0, 70.0), (128, 192): (50.0, 150.0, 70.0, 170.0)}
+    cv = CropVerify(processor, gate=1.0, tau=0.0, localizer=lambda im, p: boxes[im.size])
+    inputs = tiny_inputs(model, images=images)
+    seen = []
+    group = HookGroup("tower pixels")
+    group.add_forward_pre_hook(resolve(model).vision_encoder,
+                               lambda module, args, kwargs: seen.append((args[0] if args else kwargs["pixel_values"]).clone()))
+    with attach(model, cv), group, torch.no_grad():
+        image_processor(images=images, return_tensors="pt")  # the caller's preprocessing
+        model.generate(**inputs, max_new_tokens=2, do_sample=False)
+    assert cv.stats["verified"] == 2, cv.stats
+    views = seen[-1]  # the views' prefill: query by query, cv.views in order
+    assert len(views) == 2 * len(cv.views)
+    for q, image in enumerate(images):
+        box = boxes[image.size]
+        for v, view_box in enumerate([crop_box(box, *image.size, cv.margin), cluster_box(box, [], *image.size, cv.margin)]):
+            alone = image_processor(images=[cut(image, view_box)], return_tensors="pt")
+            alone = next(t for k, t in alone.items() if k.startswith("pixel_values"))[0]
+            assert float((views[q * len(cv.views) + v] - alone).abs().mean()) < 0.05, (image.size, view_box)

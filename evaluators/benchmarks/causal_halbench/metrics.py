@@ -72,8 +72,6 @@ import re
 from collections import defaultdict
 from typing import Any, Iterable, Mapping, Sequence
 
-import numpy as np
-
 from ...metrics.fields import flag
 from ...metrics.registry import metric
 
