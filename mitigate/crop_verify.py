@@ -182,15 +182,11 @@ def view_image(image: Image.Image, box: tuple, shown: tuple = FULL) -> Image.Ima
     if tuple(shown) == FULL:
         return image.crop(window).resize(image.size, Image.BICUBIC)
     x0, y0, x1, y1 = view_source(window, shown)
-    # resize's box must lie inside its image: pad with black as far as the frame reaches out
-    left, top = max(0, -math.floor(x0)), max(0, -math.floor(y0))
-    right, bottom = max(0, math.ceil(x1) - image.width), max(0, math.ceil(y1) - image.height)
-    if left or top or right or bottom:
-        canvas = Image.new(image.mode, (image.width + left + right, image.height + top + bottom))
-        canvas.paste(image, (left, top))
-    else:
-        canvas = image
-    return canvas.resize(image.size, Image.BICUBIC, box=(x0 + left, y0 + top, x1 + left, y1 + top))
+    # the frame's whole pixels (crop fills what lies past the image with black), then its
+    # fractional box resized: resize's box must lie inside the image it resizes
+    fx0, fy0 = math.floor(x0), math.floor(y0)
+    frame = image.crop((fx0, fy0, math.ceil(x1), math.ceil(y1)))
+    return frame.resize(image.size, Image.BICUBIC, box=(x0 - fx0, y0 - fy0, x1 - fx0, y1 - fy0))
 
 
 def view_source(window: tuple, shown: tuple) -> tuple[float, float, float, float]:
