@@ -383,33 +383,75 @@ def parse_choice(text: str, choices: Sequence[str], asked: Sequence[str] = ()) -
     return next((c for c in said if c not in asked), said[0] if said else None)
 
 
+#: PaliGemma's location tokens: 1024 bins, ``y0 x0 y1 x1`` (big_vision's PaliGemma README)
+LOC_BINS = 1024
+_LOC = re.compile(r"<loc(\d{4})>")
+#: Qwen2-VL's text form of a box, ``(x0,y0),(x1,y1)`` (its box tokens decoded away)
+_PAIRS = re.compile(r"\(\s*(-?[\d.]+)\s*,\s*(-?[\d.]+)\s*\)\s*,?\s*\(\s*(-?[\d.]+)\s*,\s*(-?[\d.]+)\s*\)")
+
+
 def parse_box(
-    text: str, size: float, bins: int = 16, *, height: float | None = None
+    text: str, size: float, bins: int = 16, *, height: float | None = None, frame: str = "pixels"
 ) -> tuple[float, float, float, float] | str | None:
-    """A box from coordinate tokens ``<c3> <c5> <c9> <c12>`` (bin index, inclusive end; bins
-    of ``size`` -- the width -- and of ``height``, default ``size``) or a JSON list
-    ``[x0, y0, x1, y1]`` in pixels; ``"none"`` for an explicit abstention; None if
-    unreadable. Corners out of order (a token ``x1 < x0``, a JSON ``x1 <= x0``), a bin
-    past the grid (``<c16>`` of 16 bins) or a non-finite value is not a box: None."""
+    """A box in pixels of an image ``size`` wide (and ``height`` high, default ``size``) from:
+
+    * coordinate tokens ``<c3> <c5> <c9> <c12>`` (``bins`` bins per side, inclusive end);
+    * PaliGemma's location tokens ``<loc0256><loc0128><loc0768><loc0512>`` (1024 bins,
+      ``y0 x0 y1 x1``);
+    * a list ``[x0, y0, x1, y1]`` (JSON, also nested or under a key such as Qwen's
+      ``bbox_2d``: the first innermost list of four numbers) or Qwen2-VL's ``(x0,y0),(x1,y1)``,
+      in ``frame`` (:mod:`evaluators.box_frames`: ``pixels`` of the image by default,
+      ``relative_1000`` for Qwen2-VL / Qwen3-VL / InternVL / GLM-4.xV, ``relative_1``).
+
+    ``"none"`` for an explicit abstention; None if unreadable. Corners out of order (a token
+    ``x1 < x0``, a written ``x1 <= x0``), a bin past the grid (``<c16>`` of 16 bins) or a
+    non-finite value is not a box: None. The token forms say their own frame, so ``frame``
+    applies to written numbers only."""
+    from .box_frames import get_box_frame
+
+    box_frame = get_box_frame(frame)  # an unknown frame is an error before any answer is read
+    height = size if height is None else height
     tokens = [int(b) for b in re.findall(r"<c(\d+)>", text)]
     if len(tokens) >= 4:
         x0, y0, x1, y1 = tokens[:4]
         if max(x0, y0, x1, y1) >= bins or x1 < x0 or y1 < y0:
             return None
-        sx, sy = size / bins, (size if height is None else height) / bins
+        sx, sy = size / bins, height / bins
         return (x0 * sx, y0 * sy, (x1 + 1) * sx, (y1 + 1) * sy)
-    found = re.search(r"\[[^\[\]]+\]", text)
-    if found:
-        try:
-            vals = [float(v) for v in json.loads(found.group(0))]
-            if len(vals) == 4:
-                if not all(math.isfinite(v) for v in vals) or vals[2] <= vals[0] or vals[3] <= vals[1]:
-                    return None
-                return tuple(vals)  # type: ignore[return-value]
-        except (ValueError, TypeError):
-            pass
+    locs = [int(v) for v in _LOC.findall(text)]
+    if len(locs) >= 4:
+        y0, x0, y1, x1 = locs[:4]
+        if max(locs[:4]) >= LOC_BINS or x1 <= x0 or y1 <= y0:
+            return None
+        return (x0 * size / LOC_BINS, y0 * height / LOC_BINS, x1 * size / LOC_BINS, y1 * height / LOC_BINS)
+    vals = _written_box(text)
+    if vals is not None:
+        if not all(math.isfinite(v) for v in vals) or vals[2] <= vals[0] or vals[3] <= vals[1]:
+            return None
+        return box_frame.to_pixels(vals, size, height)
     if words(text)[:1] in (["none"], ["no"]):
         return "none"
+    return None
+
+
+def _written_box(text: str) -> tuple[float, float, float, float] | None:
+    """The first box written as numbers: the first innermost ``[...]`` holding exactly four
+    numbers (so ``[[x0, y0, x1, y1]]`` and ``{"bbox_2d": [...]}`` read their box), else
+    Qwen2-VL's ``(x0,y0),(x1,y1)``."""
+    for found in re.finditer(r"\[[^\[\]]+\]", text):
+        try:
+            vals = [float(v) for v in json.loads(found.group(0))]
+        except (ValueError, TypeError):
+            continue
+        if len(vals) == 4:
+            return tuple(vals)  # type: ignore[return-value]
+        return None  # a list of another length is not a box (the first one decides, as before)
+    pairs = _PAIRS.search(text)
+    if pairs:
+        try:
+            return tuple(float(v) for v in pairs.groups())  # type: ignore[return-value]
+        except ValueError:
+            return None
     return None
 
 

@@ -230,6 +230,15 @@ def check_positive(parser: argparse.ArgumentParser, **flags: int | None) -> None
             parser.error(f"--{flag} must be {what}, got {value}")
 
 
+def add_box_frame_argument(parser: argparse.ArgumentParser) -> None:
+    """``--box_frame``: the coordinate frame the model writes boxes in (HalluSegBench)."""
+    from .box_frames import BOX_FRAMES
+
+    parser.add_argument("--box_frame", default=None, choices=sorted(BOX_FRAMES),
+                        help="the frame the model writes boxes in (evaluators/box_frames.py); default: its "
+                             "family's (relative_1000 for Qwen2-VL / Qwen3-VL / InternVL / GLM-4.xV, else pixels)")
+
+
 def output_path_wording(err: Exception) -> str:
     """A refusal to resume, in the flag's words (the runner calls the folder ``output_dir``)."""
     return re.sub(r"\boutput_dir\b", "--output_path", str(err))
@@ -256,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max_new_tokens", type=int, default=8)
     parser.add_argument("--gen_kwargs", default="", help="generate() arguments, e.g. do_sample=true,temperature=1")
+    add_box_frame_argument(parser)
     add_judge_arguments(parser)
     parser.add_argument("--no_progress", action="store_true")
     args = parser.parse_args(argv)
@@ -314,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:  # a value a mitigation refuses once it has the processor
         parser.error(f"--mitigations: {err}")
     under_test = HFModel(model, processor, mitigations=mitigations, max_new_tokens=args.max_new_tokens,
-                         generate_kwargs=gen_kwargs, name=args.model)
+                         generate_kwargs=gen_kwargs, name=args.model, box_frame=args.box_frame)
     config = {"tasks": tasks, "limit": args.limit, "mitigations": args.mitigations}
     try:
         payload = run(queries, under_test, args.output_path, batch_size=args.batch_size, seed=args.seed,

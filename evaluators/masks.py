@@ -14,8 +14,9 @@ What a model may answer (checked in this order):
   ``{"polygon": ...}`` / ``{"polygons": ...}`` wrapping any of these. Filled with PIL's polygon fill (boundary pixels
   included), on a grid of the ``shape`` the caller gives (the HalluSegBench protocol passes
   the ground-truth mask's shape, which is the asked image's size in its data and suite).
-* a **box** -- coordinate tokens ``<c3> <c5> <c9> <c12>`` or JSON ``[x0, y0, x1, y1]``
-  (:func:`evaluators.answers.parse_box`), filled ``[y0:y1, x0:x1]``.
+* a **box** -- coordinate tokens ``<c3> <c5> <c9> <c12>``, PaliGemma's ``<loc....>`` tokens,
+  or ``[x0, y0, x1, y1]`` / ``(x0,y0),(x1,y1)`` in the model's coordinate frame
+  (:func:`evaluators.answers.parse_box`, :mod:`evaluators.box_frames`), filled ``[y0:y1, x0:x1]``.
 * **"none"** / **"no"** as the first word (:func:`~evaluators.answers.parse_box`'s rule) -- an explicit abstention: an empty mask, a
   valid answer (HalluSegBench scores abstention on the counterfactual as right).
 
@@ -149,10 +150,11 @@ def _json_values(text: str) -> list:
         pos = end
 
 
-def answer_mask(answer: Any, shape: Sequence[int]) -> tuple[np.ndarray, bool]:
+def answer_mask(answer: Any, shape: Sequence[int], frame: str = "pixels") -> tuple[np.ndarray, bool]:
     """``(mask, invalid)`` for a segmentation answer asked on an image of ``shape``
     (``(height, width)``, or an int for a square image). The returned mask has the RLE's own
-    size for RLE answers, ``shape`` otherwise."""
+    size for RLE answers, ``shape`` otherwise. ``frame``: the coordinate frame of a box
+    written as numbers (:mod:`evaluators.box_frames`; polygons are read in pixels)."""
     height, width = (shape, shape) if isinstance(shape, int) else (int(shape[0]), int(shape[1]))
     empty = np.zeros((height, width), dtype=bool)
     if answer is None:
@@ -172,7 +174,7 @@ def answer_mask(answer: Any, shape: Sequence[int]) -> tuple[np.ndarray, bool]:
         if polygons is not None:
             filled = fill_polygons(polygons, (height, width))
             return filled, not filled.any()
-    box = parse_box(answer, width, height=height)
+    box = parse_box(answer, width, height=height, frame=frame)
     if box == "none":
         return empty, False
     if isinstance(box, tuple):

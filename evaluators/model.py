@@ -16,6 +16,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from .box_frames import DEFAULT_FRAME, default_box_frame, get_box_frame
 from .query import Query
 
 
@@ -60,13 +61,16 @@ def stable_repr(obj: Any) -> str:
 
 class HFModel:
     def __init__(self, model, processor, *, mitigations: Sequence = (), max_new_tokens: int = 16,
-                 generate_kwargs: dict | None = None, name: str | None = None) -> None:
+                 generate_kwargs: dict | None = None, name: str | None = None, box_frame: str | None = None) -> None:
+        """``box_frame``: the coordinate frame the model writes boxes in
+        (:mod:`evaluators.box_frames`; default: its family's, by ``config.model_type``)."""
         self.model = model.eval()
         self.processor = processor
         self.mitigations = list(mitigations)
         self.max_new_tokens = max_new_tokens
         self.generate_kwargs = {"do_sample": False, **(generate_kwargs or {})}
         self.name = name or getattr(model.config, "_name_or_path", "") or type(model).__name__
+        self.box_frame = get_box_frame(box_frame or default_box_frame(model)).name
 
     def describe(self) -> dict[str, Any]:
         """What the answers depend on, the same in every process (a run resumes by it):
@@ -77,6 +81,8 @@ class HFModel:
             "mitigations": [stable_repr(m) for m in self.mitigations],
             "max_new_tokens": self.max_new_tokens,
             "generate_kwargs": self.generate_kwargs,
+            # only where boxes are not read as pixels: runs from before frames existed resume
+            **({"box_frame": self.box_frame} if self.box_frame != DEFAULT_FRAME else {}),
         }
 
     @torch.no_grad()
@@ -174,15 +180,19 @@ class CallableModel:
     (:func:`callable_name`), so another function is refused on resume as another HF model
     is. Two closures of one function (``make_model("a")`` and ``make_model("b")``), or two
     instances of one callable class, look alike unless named: pass each its own ``name``.
+
+    ``box_frame``: the coordinate frame of the boxes it writes as numbers
+    (:mod:`evaluators.box_frames`; default pixels of the asked image).
     """
 
-    def __init__(self, fn: Callable[[list, str], Any], name: str = "callable") -> None:
+    def __init__(self, fn: Callable[[list, str], Any], name: str = "callable", box_frame: str = DEFAULT_FRAME) -> None:
         if not callable(fn):
             raise ValueError("fn must be callable: fn(images, prompt) -> str or mask")
-        self.fn, self.name = fn, name
+        self.fn, self.name, self.box_frame = fn, name, get_box_frame(box_frame).name
 
     def describe(self) -> dict[str, Any]:
-        return {"model": self.name, "model_class": "callable", "fn": callable_name(self.fn)}
+        return {"model": self.name, "model_class": "callable", "fn": callable_name(self.fn),
+                **({"box_frame": self.box_frame} if self.box_frame != DEFAULT_FRAME else {})}
 
     def __call__(self, queries: Sequence[Query]) -> list[str]:
         from .masks import encode_mask

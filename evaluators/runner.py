@@ -163,7 +163,7 @@ def run(
             if len(answers) != len(batch):
                 raise RuntimeError(f"the model answered {len(answers)} of {len(batch)} queries")
             for q, text in zip(batch, answers):
-                record = flag_invalid(to_record(q, text))
+                record = flag_invalid(with_box_frame(to_record(q, text), model))
                 f.write(json.dumps(_json_safe({**record, "query_fingerprint": prints[q.id]})) + "\n")
             f.flush()
             bar.update(len(batch))
@@ -243,6 +243,17 @@ def _read_identity(folder: Path) -> dict | None:
     if not path.exists():
         return None  # a new folder, or one written before run.json existed: adopted as is
     return json.loads(path.read_text())
+
+
+def with_box_frame(record: dict, model) -> dict:
+    """``record`` with ``box_frame``, the coordinate frame ``model`` writes boxes in
+    (its ``box_frame`` attribute, :mod:`evaluators.box_frames`), where its benchmark's
+    metrics read boxes (``READS_BOXES``: HalluSegBench): stored with the answer, so that a
+    rescore reads the answer as it was meant. A model without the attribute writes pixels."""
+    frame = getattr(model, "box_frame", None)
+    if frame is None or not _metrics_attr(record["benchmark"], "READS_BOXES"):
+        return record
+    return {**record, "box_frame": frame}
 
 
 def flag_invalid(record: dict) -> dict:

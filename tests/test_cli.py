@@ -169,7 +169,8 @@ def test_vlm_report_flag_values_are_usage_errors_before_the_model_loads(flags, m
 class _Scripted:
     """A stand-in for HFModel (no weights: this is about the CLI's messages)."""
 
-    def __init__(self, model, processor, mitigations=(), generate_kwargs=None, max_new_tokens=8, name="scripted"):
+    def __init__(self, model, processor, mitigations=(), generate_kwargs=None, max_new_tokens=8, name="scripted",
+                 box_frame=None):
         self.mitigations, self.generate_kwargs, self.name = list(mitigations), generate_kwargs or {}, name
 
     def describe(self):

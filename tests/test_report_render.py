@@ -75,7 +75,8 @@ class _Scripted:
     """A stand-in for HFModel in vlm-report: unmitigated it answers by id parity, mitigated
     it answers every yes/no question right (no weights involved: this is about bookkeeping)."""
 
-    def __init__(self, model, processor, mitigations=(), generate_kwargs=None, max_new_tokens=8, name="scripted"):
+    def __init__(self, model, processor, mitigations=(), generate_kwargs=None, max_new_tokens=8, name="scripted",
+                 box_frame=None):
         self.mitigations, self.generate_kwargs, self.name = list(mitigations), generate_kwargs or {}, name
 
     def describe(self):

@@ -107,9 +107,10 @@ def _examples(queries, records, arms) -> str:
             continue
         rows = []
         for k, a in enumerate(arms):
-            ans = answers[a].get(q.id, {}).get("answer")
+            record = answers[a].get(q.id, {})
+            ans = record.get("answer")
             if q.benchmark == "hallusegbench" and ans:
-                box = parse_box(ans, image.width)
+                box = parse_box(ans, image.width, height=image.height, frame=record.get("box_frame", "pixels"))
                 if isinstance(box, tuple):
                     ImageDraw.Draw(image).rectangle(box, outline=COLOURS[k % len(COLOURS)], width=2)
             rows.append(f"<tr><td>{html.escape(a)}</td><td>{html.escape(str(ans))}</td></tr>")

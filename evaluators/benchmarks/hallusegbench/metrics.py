@@ -305,6 +305,10 @@ def scores_by_split(records: Iterable[Mapping[str, Any]], alpha: float = ALPHA) 
 # reports the referring and reasoning splits apart)
 REPORTED_APART = "split"
 
+# answers are boxes: the runner stores in each record the frame its model writes them in
+# (evaluators.box_frames), which answer_invalid and the pairs' masks read
+READS_BOXES = True
+
 
 def answer_invalid(record: Mapping[str, Any]) -> bool:
     """Is one query's answer (a per-query record of ``samples.jsonl``) unreadable as these
@@ -321,7 +325,7 @@ def answer_invalid(record: Mapping[str, Any]) -> bool:
 
     if record.get("invalid_input"):
         return True
-    return answer_mask(record.get("answer"), answer_grid(record))[1]
+    return answer_mask(record.get("answer"), answer_grid(record), record.get("box_frame", "pixels"))[1]
 
 
 def _mean_of(key: str):

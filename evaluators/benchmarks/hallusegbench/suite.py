@@ -15,7 +15,8 @@ queries per pair, as the metrics need (Eqs. 1-3):
 * ``visual``: "where is the c ?" on the counterfactual I'      -> M^'_c   vs M'_{c'}
 
 Answers become masks through :func:`evaluators.masks.answer_mask`: a box (the organism:
-coordinate tokens, or "none" to abstain) is rasterised on the grid of the query's
+coordinate tokens, or "none" to abstain; numbers in the record's ``box_frame``, the frame
+its model writes boxes in, :mod:`evaluators.box_frames`) is rasterised on the grid of the query's
 ground-truth mask (our choice for box-only models; the loader refuses a mask of another
 size than its image, so that is the asked image's source resolution, I' for ``visual``), a
 polygon is filled, a returned or run-length-encoded mask is used as it is (resized to the
@@ -126,7 +127,7 @@ def assemble(records: list[dict]) -> list[dict]:
         preds, unreadable = {}, []
         for role in ("fact", "textual", "visual"):
             answer = None if roles[role].get("invalid_input") else roles[role]["answer"]
-            preds[role], bad = answer_mask(answer, grids[role].shape)
+            preds[role], bad = answer_mask(answer, grids[role].shape, roles[role].get("box_frame", "pixels"))
             if bad or roles[role].get("invalid_input"):
                 unreadable.append(role)
         out.append({"id": sid, "split": first["split"], "gt_fact": gt_fact, "gt_counterfact": gt_counterfact,
