@@ -55,6 +55,7 @@ from __future__ import annotations
 import hashlib
 import warnings
 from collections import deque
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -190,15 +191,25 @@ def _matches(probe: frozenset, recorded: frozenset) -> bool:
     return not probe.isdisjoint(recorded)
 
 
+@dataclass(frozen=True)
+class Original:
+    """An image a preprocess call received, and the keyword settings of that call."""
+
+    image: Image.Image
+    settings: dict
+
+
 def _same_image(a: Any, b: Any) -> bool:
+    a, b = (x.image if isinstance(x, Original) else x for x in (a, b))
     return a is b or (isinstance(a, Image.Image) and isinstance(b, Image.Image) and a.size == b.size
                       and a.mode == b.mode and a.tobytes() == b.tobytes())
 
 
-def _one(candidates: list) -> Image.Image | Unusable | None:
+def _one(candidates: list) -> Original | Unusable | None:
     """A row's original among the images whose pixels it matched (the most recent
     first): None when none did; :class:`Unusable` when they are different images -- pixels
-    that several images share (a detail lost to the resize) do not say which it is."""
+    that several images share (a detail lost to the resize) do not say which it is. The same
+    image preprocessed with other settings has other pixels, so a match is one call's."""
     if not candidates:
         return None
     if all(_same_image(candidates[0], c) for c in candidates[1:]):
@@ -238,20 +249,24 @@ class OriginalImages:
     several images into one tensor (Qwen2-VL) the whole call's tensor must match."""
 
     def __init__(self, keep: int = 16, names: Sequence[str] = ("pixel_values",)) -> None:
-        # per call: ("rows", a fingerprint per image) or ("whole", the tensor's), and its images
+        # per call: ("rows", a fingerprint per image) or ("whole", the tensor's), its images
+        # (each as an Original: the PIL image and the call's preprocessing settings)
         self._seen: deque = deque(maxlen=keep)
         self.paused = False
         self.names = tuple(names)  # the pixel inputs a preprocess call may return, first found read
 
     def record(self, images: Any, out: Any, do_rescale: bool = True, factor: float = 1 / 255,
-               data_format: Any = None) -> None:
+               data_format: Any = None, settings: dict | None = None) -> None:
         """Remember a preprocess call: its ``images`` (as PIL images, :func:`_as_pil`, with
-        the call's rescaling) and the pixels it returned (``out["pixel_values"]``, or the
-        first of ``names`` it holds: Video-LLaVA's processor returns ``pixel_values_images``)."""
+        the call's rescaling), the pixels it returned (``out["pixel_values"]``, or the
+        first of ``names`` it holds: Video-LLaVA's processor returns ``pixel_values_images``)
+        and the keyword ``settings`` it was called with, which the views are preprocessed
+        with again (:func:`preprocess_settings`)."""
         pixels = pixel_input(out, self.names) if hasattr(out, "get") else None
         if self.paused or not isinstance(pixels, torch.Tensor):
             return
-        flat = [_as_pil(im, do_rescale, factor, data_format) for im in _flat_images(images)]
+        settings = dict(settings or {})
+        flat = [Original(_as_pil(im, do_rescale, factor, data_format), settings) for im in _flat_images(images)]
         if pixels.dim() >= 2 and len(pixels) == len(flat):  # one row per image
             self._seen.append(("rows", [_fingerprint(row, _CASTS) for row in pixels], flat))
         else:
@@ -260,6 +275,11 @@ class OriginalImages:
     def find(self, pixels: torch.Tensor) -> list[Image.Image | Unusable | None] | None:
         """Per image row of ``pixels``, its original (a PIL image), :class:`Unusable` (it
         cannot be cut, or is ambiguous) or None (not found); None when nothing matches."""
+        found = self.find_originals(pixels)
+        return None if found is None else [f.image if isinstance(f, Original) else f for f in found]
+
+    def find_originals(self, pixels: torch.Tensor) -> list[Original | Unusable | None] | None:
+        """:meth:`find`, each image with the settings of the preprocess call it came from."""
         calls = list(reversed(self._seen))  # the most recent first
         rows_calls = [(fps, images) for kind, fps, images in calls if kind == "rows"]
         if rows_calls and pixels.dim() >= 2:
@@ -285,12 +305,57 @@ class OriginalImages:
         return None
 
 
-def _row_inputs(kwargs: dict, rows: list[int], images: list[Image.Image], image_processor, device) -> dict:
+def _same_settings(a: dict, b: dict) -> bool:
+    """Whether two preprocess calls' settings agree (by ``repr`` where ``==`` is ambiguous:
+    an array among them)."""
+    try:
+        return bool(a == b)
+    except (ValueError, RuntimeError):
+        return repr(a) == repr(b)
+
+
+def one_setting(found: list | None) -> tuple[list | None, dict]:
+    """The rows' originals (:meth:`OriginalImages.find_originals`) as images, and the one
+    preprocessing setting their views are made with: the first found row's call's. A row
+    whose original was preprocessed with other settings is :class:`Unusable` (answered
+    unverified, said why): its views would get other token counts than its prompt holds."""
+    if found is None:
+        return None, {}
+    first = next((f for f in found if isinstance(f, Original)), None)
+    settings = first.settings if first is not None else {}
+    images = []
+    for f in found:
+        if isinstance(f, Original) and not _same_settings(f.settings, settings):
+            images.append(Unusable("its image was preprocessed with other settings than this call's other rows "
+                                   f"({f.settings} vs {settings}); one call's views are preprocessed with one setting"))
+        else:
+            images.append(f.image if isinstance(f, Original) else f)
+    return images, settings
+
+
+#: keyword arguments of a preprocess call that are not settings to repeat for the views:
+#: what to return, and how the *caller's* input arrays were laid out (views are PIL images)
+_NOT_SETTINGS = ("images", "return_tensors", "input_data_format")
+
+
+def preprocess_settings(kwargs: dict) -> dict:
+    """The keyword settings of a preprocess call to repeat when its images' views are
+    preprocessed. A family's processor adds settings of its own at call time, which its image
+    processor's saved config does not hold: InternVL's and Aya Vision's ``crop_to_patches=True``,
+    Pixtral's (Mistral 3's) ``patch_size`` times the merge size, LLaVA-NeXT's ``do_pad`` --
+    the views of such a call, preprocessed without them, got other token counts than the
+    caller's prompt holds (1 tile instead of 7; 17 token rows instead of 18)."""
+    return {k: v for k, v in kwargs.items() if k not in _NOT_SETTINGS}
+
+
+def _row_inputs(kwargs: dict, rows: list[int], images: list[Image.Image], image_processor, device,
+                settings: dict | None = None) -> dict:
     """The model inputs of ``rows`` of a call, with each row's image replaced by ``images``:
     per-token tensors (ids, masks, token types) are taken row by row, the pixel inputs are
-    the image processor's output for the new images."""
+    the image processor's output for the new images, with the ``settings`` of the preprocess
+    call that made the caller's pixels (:func:`preprocess_settings`)."""
     ids = kwargs["input_ids"]
-    with_pixels = dict(image_processor(images=[[im] for im in images], return_tensors="pt"))
+    with_pixels = dict(image_processor(images=[[im] for im in images], return_tensors="pt", **(settings or {})))
     out: dict = {}
     index = torch.tensor(rows, device=ids.device)
     for key, value in kwargs.items():
@@ -443,7 +508,7 @@ class VerifiedGenerate:
         streamer = kwargs.pop("streamer", None)
         want_dict = kwargs.get("return_dict_in_generate", getattr(config, "return_dict_in_generate", False))
         tok = cv.processor.tokenizer
-        images = self.originals.find(pixels)
+        images, settings = one_setting(self.originals.find_originals(pixels))
         if images is not None:  # as answer() does: refuse images too small for views before any pass
             cv.check_view_size([im for im in images if isinstance(im, Image.Image)])
         first = {**kwargs, "output_scores": True, "return_dict_in_generate": True}
@@ -470,7 +535,7 @@ class VerifiedGenerate:
         elif gated and cv.localizer is None and cv.locate == "zoom":
             gated, boxes = cv.located(gated, self._zoom_boxes(kwargs, gated, [images[i] for i in gated],
                                                                     [prompts[i] for i in gated],
-                                                                    [objects[i] for i in gated]))
+                                                                    [objects[i] for i in gated], settings))
         elif gated and objects is not None:
             # named by no question (answer() refuses them) or in words the tokenizer does not
             # know: queries="object" reads their last token instead; counted
@@ -478,7 +543,7 @@ class VerifiedGenerate:
             cv.count_unnamed(gated, captured)
         if gated:
             out.sequences = self._verify(kwargs, gated, [images[i] for i in gated], texts, confidence, out.sequences,
-                                         captured["maps"], boxes, cache=output_cache(out))
+                                         captured["maps"], boxes, cache=output_cache(out), settings=settings)
         if streamer is not None:
             _replay(streamer, out.sequences, start)
         return out if want_dict else out.sequences
@@ -508,7 +573,8 @@ class VerifiedGenerate:
                           f"{why}", stacklevel=3)
         return left
 
-    def _verify(self, kwargs, gated, images, texts, confidence, sequences, maps, boxes=None, cache=None) -> torch.Tensor:
+    def _verify(self, kwargs, gated, images, texts, confidence, sequences, maps, boxes=None, cache=None,
+                settings: dict | None = None) -> torch.Tensor:
         cv, model, tok = self.cv, self.model, self.cv.processor.tokenizer
         device = kwargs["input_ids"].device
         image_processor = cv.processor.image_processor
@@ -536,7 +602,7 @@ class VerifiedGenerate:
                 queries = [j for j, other in enumerate(limits) if other == limit]
                 groups[limit] = _row_inputs(kwargs, [gated[j] for j in queries for _ in asked],
                                             [view_images[j * k + v] for j in queries for v in range(k)],
-                                            image_processor, device)
+                                            image_processor, device, settings)
         finally:
             self.originals.paused = False
         per_image = {*self.points.pixel_inputs, *self.points.image_inputs}
@@ -579,14 +645,15 @@ class VerifiedGenerate:
         return _pad_cat([r.to(sequences.device) for r in rows], int(pad if pad is not None else 0))
 
     def _zoom_boxes(self, kwargs: dict, gated: list[int], images: list[Image.Image], prompts: list[str],
-                    objects: list[str | None]) -> list:
+                    objects: list[str | None], settings: dict | None = None) -> list:
         """``locate="zoom"``'s boxes for the gated rows, the tiles asked with the caller's own
-        prompt ids (as the views are); None where no object is named."""
+        prompt ids and preprocessing ``settings`` (as the views are); None where no object is named."""
         cv = self.cv
         device = kwargs["input_ids"].device
 
         def tile_inputs(rows, tile_images):
-            return _row_inputs(kwargs, [gated[r] for r in rows], tile_images, cv.processor.image_processor, device)
+            return _row_inputs(kwargs, [gated[r] for r in rows], tile_images, cv.processor.image_processor, device,
+                               settings)
 
         self.originals.paused = True
         try:
@@ -618,7 +685,8 @@ def attach_verified_generate(cv, points: ModelPoints, group: HookGroup) -> None:
             return default if value is None else value
 
         originals.record(images, out, do_rescale=bool(setting("do_rescale", True)),
-                         factor=float(setting("rescale_factor", 1 / 255)), data_format=kwargs.get("input_data_format"))
+                         factor=float(setting("rescale_factor", 1 / 255)), data_format=kwargs.get("input_data_format"),
+                         settings=preprocess_settings(kwargs))
         return out
 
     group.patch_attribute(image_processor, "preprocess", remembering)

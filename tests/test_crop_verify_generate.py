@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 
 from hooks import hook_state
-from hooks.testing import TINY_MODEL_TYPES, build_tiny_model, tiny_image_features, tiny_image_processor
+from hooks.testing import TINY_MODEL_TYPES, build_tiny_model, tiny_image_features, tiny_image_processor, tiny_preprocess
 from mitigate import CropVerify, attach
 from mitigate.answer_kinds import count_value
 
@@ -322,7 +322,7 @@ def test_a_view_resized_to_its_original_keeps_the_token_count(model_type):
     for size in ((96, 64), (64, 96), (80, 80)):
         original = Image.new("RGB", size, (30, 90, 160))
         view = original.crop((10, 5, 50, 40)).resize(size, Image.BICUBIC)
-        counts = [len(tiny_image_features(model, processor(images=[[im]], return_tensors="pt"))) for im in (original, view)]
+        counts = [len(tiny_image_features(model, tiny_preprocess(model_type, [[im]], processor))) for im in (original, view)]
         assert counts[0] == counts[1], (model_type, size, counts)
 
 
@@ -414,7 +414,7 @@ def test_generate_path_localises_and_reasks_on_every_family(model_type):
         plain = model.generate(**inputs, max_new_tokens=3, do_sample=False)
     cv = CropVerify(processor, gate=1.0, tau=0.0, generic_prompt=None, heads="peak")  # verify every row
     with attach(model, cv), torch.no_grad():
-        image_processor(images=[[im] for im in images], return_tensors="pt")  # the caller's preprocessing
+        tiny_preprocess(model_type, [[im] for im in images], image_processor)  # the caller's preprocessing, as its processor runs it
         out = model.generate(**inputs, max_new_tokens=3, do_sample=False)
     start = inputs["input_ids"].shape[1]
     assert cv.stats["queries"] == 2 and cv.stats["verified"] == 2, cv.stats
@@ -559,6 +559,29 @@ def test_each_row_gets_its_own_original_even_when_the_pixels_nearly_agree():
     assert apart.find(torch.rand(2, 3, 32, 32)) is None
 
 
+def test_views_are_preprocessed_with_the_settings_of_their_originals_call():
+    """Each recorded image keeps the keyword settings its preprocess call had (InternVL's
+    processor adds crop_to_patches=True at call time); the views of a generate() call are
+    made with them. Rows preprocessed with other settings than the call's first row are not
+    verified (their views would get other token counts) and say why."""
+    from mitigate.crop_verify_generate import OriginalImages, Unusable, one_setting, preprocess_settings
+
+    torch.manual_seed(1)
+    x, y = torch.rand(3, 8, 8), torch.rand(3, 8, 8)
+    a, b = Image.new("RGB", (64, 64), "white"), Image.new("RGB", (64, 64), "black")
+    seen = OriginalImages()
+    kwargs = {"return_tensors": "pt", "crop_to_patches": True, "input_data_format": "channels_last"}
+    assert preprocess_settings(kwargs) == {"crop_to_patches": True}
+    seen.record([a], {"pixel_values": x[None]}, settings=preprocess_settings(kwargs))
+    seen.record([b], {"pixel_values": y[None]}, settings={})
+    images, settings = one_setting(seen.find_originals(x[None]))
+    assert images == [a] and settings == {"crop_to_patches": True}
+    images, settings = one_setting(seen.find_originals(torch.stack([x, y])))
+    assert images[0] == a and settings == {"crop_to_patches": True}
+    assert isinstance(images[1], Unusable) and "other settings" in images[1].reason
+    assert one_setting(None) == (None, {})
+
+
 def _counterfactual_pair():
     """The reviewer's pair: a scene's background at 2048 px, and the same with its object
     pasted small (12 px) into it; a detector's box around the paste."""
@@ -677,7 +700,7 @@ def test_anyres_images_too_thin_for_a_tile_column_are_verified(model_type):
     inputs = tiny_inputs(model, images=images)
     cv = CropVerify(processor, gate=1.0, tau=0.0, generic_prompt=None, heads="peak")
     with attach(model, cv), torch.no_grad():
-        image_processor(images=[[im] for im in images], return_tensors="pt")
+        tiny_preprocess(model_type, [[im] for im in images], image_processor)
         model.generate(**inputs, max_new_tokens=2, do_sample=False)
     assert cv.stats["verified"] == 2 and "no_original" not in cv.stats
 

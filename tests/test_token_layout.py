@@ -18,7 +18,9 @@ from PIL import Image
 
 from hooks import HookGroup, get_adapter, register_adapter, resolve
 from hooks.layout import FULL, LAYOUTS, Region, _tile_grid, content_indices, token_regions, visible_box, within
-from hooks.testing import TINY_MODEL_TYPES, build_tiny_model, tiny_config, tiny_image_features, tiny_image_processor
+from hooks.testing import (
+    TINY_MODEL_TYPES, build_tiny_model, tiny_config, tiny_image_features, tiny_image_processor, tiny_preprocess,
+)
 
 SQUARE = 16  # pixels
 
@@ -68,13 +70,13 @@ def _check_layout(model_type, model, size) -> None:
     left, top, right, bottom = round(sx0 * width), round(sy0 * height), round(sx1 * width), round(sy1 * height)
     w, h = right - left, bottom - top
     blank = Image.new("RGB", size, (128, 128, 128))
-    before = tiny_image_features(model, processor(images=[blank], return_tensors="pt"))
+    before = tiny_image_features(model, tiny_preprocess(model_type, [blank], processor))
     checked = 0
     for x, y in [(left + 6, top + 6), (right - 20, bottom - 20), (left + int(0.42 * w), top + int(0.38 * h)),
                  (right - 20, top + 6)]:
         image = blank.copy()
         image.paste((255, 255, 255), (x, y, x + SQUARE, y + SQUARE))
-        enc = dict(processor(images=[image], return_tensors="pt"))
+        enc = dict(tiny_preprocess(model_type, [image], processor))
         changed = (tiny_image_features(model, enc) - before).norm(dim=-1)
         regions = within(points.token_regions(len(changed), enc, 0, size), (sx0, sy0, sx1, sy1))
         square = (x, y, x + SQUARE, y + SQUARE)
@@ -95,7 +97,7 @@ def test_anyres_images_that_unpad_to_nothing_keep_their_base_image(model_type, s
     maps that (it built a Region with cols=0, a ValueError) from the family's own processor's
     output and the model's own token count."""
     model = build_tiny_model(model_type)
-    enc = dict(tiny_image_processor(model_type)(images=[Image.new("RGB", size, (120, 30, 200))], return_tensors="pt"))
+    enc = dict(tiny_preprocess(model_type, [Image.new("RGB", size, (120, 30, 200))]))
     n_tokens = len(tiny_image_features(model, enc))
     regions = resolve(model).token_regions(n_tokens, enc, 0, size)
     assert max(r.end for r in regions) == n_tokens and all(r.rows > 0 and r.cols > 0 for r in regions)
@@ -189,10 +191,10 @@ def test_a_centre_cropping_processor_shows_the_grid_the_middle_of_the_image(mode
     with HookGroup("silence") as group:
         _silence_tower_attention(model, group)
         blank = Image.new("RGB", size, (128, 128, 128))
-        before = tiny_image_features(model, processor(images=[blank], return_tensors="pt"))
+        before = tiny_image_features(model, tiny_preprocess(model_type, [blank], processor))
         image = blank.copy()
         image.paste((255, 255, 255), (int(x), int(y), int(x) + SQUARE, int(y) + SQUARE))
-        enc = dict(processor(images=[image], return_tensors="pt"))
+        enc = dict(tiny_preprocess(model_type, [image], processor))
         changed = (tiny_image_features(model, enc) - before).norm(dim=-1)
     regions = within(points.token_regions(len(changed), enc, 0, size), box)
     square = (x, y, x + SQUARE, y + SQUARE)

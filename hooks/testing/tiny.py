@@ -13,7 +13,11 @@ Per-architecture facts live in ``tiny_configs/<model_type>.json``:
   run), optional ``token_types`` (name and per-kind value of a token-type input) and
   ``prompt`` (segment order; ``"bos"``, ``"text"`` or ``"images"``);
 * ``image_processor`` -- the family's transformers image processor (``class``) with
-  ``kwargs`` sizing it for the tiny tower (:func:`tiny_image_processor`).
+  ``kwargs`` sizing it for the tiny tower (:func:`tiny_image_processor`; the settings the
+  family's checkpoints save), and optional ``call_kwargs``: what the family's *processor*
+  adds at call time, which the saved image-processor config does not hold (InternVL's and
+  Aya Vision's ``crop_to_patches``, Pixtral's patch size times the merge size;
+  :func:`tiny_preprocess`).
 
 The number of image placeholder tokens is never computed from a formula: :func:`tiny_inputs`
 runs the model's own ``get_image_features`` on the pixel inputs -- the same call
@@ -45,6 +49,7 @@ __all__ = [
     "tiny_image_processor",
     "tiny_inputs",
     "tiny_pixel_input_names",
+    "tiny_preprocess",
     "tiny_spec",
 ]
 
@@ -128,6 +133,16 @@ def tiny_image_processor(model_type: str):
     # that the result does not depend on whether torchvision happens to be installed
     cls = getattr(transformers, spec["class"] + "Pil", None) or getattr(transformers, spec["class"])
     return cls(**spec["kwargs"])
+
+
+def tiny_preprocess(model_type: str, images: list, image_processor=None, **kwargs) -> dict:
+    """The family's image preprocessing as its processor runs it: ``image_processor``
+    (default :func:`tiny_image_processor`) called on ``images`` with the spec's
+    ``call_kwargs`` -- the settings the family's processor adds that its image processor's
+    saved config lacks -- and ``kwargs``; tensors returned."""
+    image_processor = image_processor or tiny_image_processor(model_type)
+    call = (tiny_spec(model_type).get("image_processor") or {}).get("call_kwargs", {})
+    return image_processor(images=images, return_tensors="pt", **{**call, **kwargs})
 
 
 def tiny_image_features(model: PreTrainedModel, pixel_inputs: dict) -> torch.Tensor:
@@ -383,13 +398,14 @@ def _pixel_inputs(model, options, batch_size, images_per_sample, generator):
 def _processed_pixel_inputs(model, options, images):
     """The image processor's pixel inputs for one image per row, and each image's token
     count (the features of that image alone)."""
-    processor = tiny_image_processor(model.config.model_type)
-    out = processor(images=[[image] for image in images], return_tensors="pt")
+    model_type = model.config.model_type
+    processor = tiny_image_processor(model_type)
+    out = tiny_preprocess(model_type, [[image] for image in images], processor)
     names = _renamed(options)
     missing = [name for name in names if name not in out]
     if missing:
         raise ValueError(f"{type(processor).__name__} returned no {missing}")
-    counts = [len(tiny_image_features(model, processor(images=[[image]], return_tensors="pt"))) for image in images]
+    counts = [len(tiny_image_features(model, tiny_preprocess(model_type, [[image]], processor))) for image in images]
     return {name: out[name] for name in names}, counts
 
 
