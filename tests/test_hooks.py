@@ -865,3 +865,26 @@ def test_introspection_says_what_it_found_instead_of_what_it_missed(monkeypatch)
     del model.model.vision_tower
     with pytest.raises(HookPointError, match=r"No vision encoder was found.*VQ tokenizer.*top-level modules: .*vqmodel"):
         resolve(model)
+
+
+def test_a_llava_checkpoint_on_a_pixtral_tower_is_refused_not_mapped_as_a_grid():
+    """pixtral-12b is model_type "llava" with a Pixtral tower: its tokens follow each image's
+    size, so the llava table's square grid would place a 16:9 image's 36 x 64 tokens as 48 x
+    48 without a word. resolve() refuses it, naming the tower; a CLIP-tower LLaVA resolves,
+    and an adapter the caller passes is used as given."""
+    import dataclasses
+
+    from transformers import LlavaConfig, LlavaForConditionalGeneration
+
+    from hooks import get_adapter
+    from hooks.testing import tiny_config, tiny_spec
+
+    clip = tiny_config("llava")
+    config = LlavaConfig(vision_config=tiny_spec("mistral3")["config"]["vision_config"], text_config=clip.text_config.to_dict(),
+                         image_token_index=clip.image_token_index, vision_feature_layer=-1)
+    model = LlavaForConditionalGeneration(config)
+    with pytest.raises(HookPointError, match="'llava' with a 'pixtral' vision tower.*image_sizes"):
+        resolve(model)
+    assert resolve(build_tiny_model("llava")).adapter.token_layout == "grid"
+    mine = dataclasses.replace(get_adapter("mistral3"), model_type="llava")
+    assert resolve(model, adapter=mine).adapter.token_layout == "pixtral"

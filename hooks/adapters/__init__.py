@@ -104,6 +104,11 @@ class Adapter:
     # a 2-D mask their positions do not enter the mask. Sliding-window layers are checked
     # on the config at attach time.
     shared_causal_mask: bool = False
+    # vision_config.model_type -> why this table does not describe the architecture with that
+    # tower (a checkpoint of this model_type built on another tower: pixtral-12b is "llava"
+    # with a Pixtral tower, whose tokens follow each image's size); resolve() refuses it
+    # rather than map its image tokens as this table's layout would
+    refused_vision_towers: dict = field(default_factory=dict, hash=False)
     notes: str = ""
     source: str = field(default="table", compare=False)
 
@@ -138,6 +143,10 @@ class Adapter:
             raise ValueError(f"adapter {self.model_type!r}: image_token_id must name at least one config attribute")
         if self.linear_attention is not None and (not isinstance(self.linear_attention, str) or not self.linear_attention):
             raise ValueError(f"adapter {self.model_type!r}: linear_attention must be a module name or null")
+        if not isinstance(self.refused_vision_towers, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) and v for k, v in self.refused_vision_towers.items()):
+            raise ValueError(f"adapter {self.model_type!r}: refused_vision_towers must map vision model types to "
+                             f"reasons, got {self.refused_vision_towers!r}")
         for name in ("causal_image_prefix", "shared_causal_mask"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"adapter {self.model_type!r}: {name} must be true or false")
