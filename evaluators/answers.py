@@ -168,6 +168,30 @@ def final_sentence(text: str) -> str | None:
     return parts[-1] if len(parts) > 1 else None
 
 
+#: the reasoning block of a "thinking" VLM: ``<think> ... </think>`` (Qwen3-VL-Thinking,
+#: GLM-4.1V-Thinking, InternVL3.5's thinking mode) or ``◁think▷ ... ◁/think▷`` (Kimi-VL-Thinking)
+_THINK_END = re.compile(r"</think>|◁/think▷", re.I)
+_THINK_START = re.compile(r"<think>|◁think▷", re.I)
+#: GLM-4.1V-Thinking puts its answer after the reasoning in ``<answer> ... </answer>``
+_ANSWER_BLOCK = re.compile(r"<answer>(.*?)(?:</answer>|\Z)", re.I | re.S)
+
+
+def after_reasoning(text: str) -> str | None:
+    """What a reasoning model answered: the text after its last closing think tag, or inside
+    its last ``<answer>`` block where it writes one; None when a think block opened and never
+    closed -- the token limit cut the reasoning off, so no answer was given (read as
+    unreadable, not from the reasoning, which weighs yes and no on its way). Text without
+    these tags comes back as it is. (A chat template that opens the block in the prompt
+    leaves only the closing tag in the answer: read after it the same way.)"""
+    ends = list(_THINK_END.finditer(text))
+    if ends:
+        text = text[ends[-1].end():]
+    elif _THINK_START.search(text):
+        return None
+    blocks = _ANSWER_BLOCK.findall(text)
+    return blocks[-1] if blocks else text
+
+
 def tail_first(text: str, read: Callable[[str], Any], *, yes_no: bool = False, final: bool = False) -> Any:
     """``read`` applied to the closing "answer is ..." part of ``text`` (:func:`answer_tail`)
     when that part reads (not None, not []), else to the whole text. With ``yes_no`` the part
@@ -176,8 +200,13 @@ def tail_first(text: str, read: Callable[[str], Any], *, yes_no: bool = False, f
     the whole text: a chain-of-thought prompt asks for the final answer in a sentence of its
     own (ReactBench App. B.4: "explicitly stating the final answer in a standalone sentence"), and the
     reasoning before it names other counts ("in 2 rows ... in total there are 9") and says
-    yes and no on the way. One rule for the evaluators' grading and the mitigations'
-    reading of an answer."""
+    yes and no on the way. A reasoning model's think block is never read
+    (:func:`after_reasoning`; one cut off before its end reads as nothing). One rule for the
+    evaluators' grading and the mitigations' reading of an answer."""
+    answered = after_reasoning(text)
+    if answered is None:
+        return read("")
+    text = answered
     tail = answer_tail(text)
     if tail is not None and yes_no and words(tail)[0] not in ("yes", "no"):
         tail = None

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Protocol, Sequence
 
-from .answers import OPTION_LETTERS
+from .answers import OPTION_LETTERS, after_reasoning
 from .query import Query, keyword_alternatives
 
 #: Benchmarks whose paper grades answers with an LLM judge (module docstring).
@@ -198,8 +198,9 @@ def judge_records(records: Sequence[dict], queries: Mapping[str, Query], judge: 
             if r.get("benchmark") in JUDGED_BENCHMARKS and not r.get("invalid_input")
             and isinstance(r.get("answer"), str) and r.get("id") in queries]
     outputs: dict[int, str] = {}
+    # the judge grades what was answered, not a reasoning model's think block (after_reasoning)
     items = {i: JudgeItem(question_text(queries[records[i]["id"]]), reference_text(queries[records[i]["id"]]),
-                          records[i]["answer"]) for i in todo}
+                          after_reasoning(records[i]["answer"]) or "") for i in todo}
     ask = []
     for i in todo:
         key = (records[i]["id"], _item_digest(items[i]), digest)

@@ -41,7 +41,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .answers import parse_box
+from .answers import after_reasoning, parse_box
 
 
 def as_mask(value: Any) -> np.ndarray:
@@ -164,6 +164,9 @@ def answer_mask(answer: Any, shape: Sequence[int], frame: str = "pixels") -> tup
             return as_mask(answer), False
         except ValueError:
             return empty, True
+    answer = after_reasoning(answer)  # a reasoning model's think block is no answer
+    if answer is None:  # cut off while thinking: nothing was answered
+        return empty, True
     for value in _json_values(answer):
         if isinstance(value, dict) and "counts" in value:
             try:

@@ -245,3 +245,33 @@ def test_a_premise_colour_is_read_last_and_places_are_not_claims():
     added = Query("q", "reactbench", [], "what changed ?", "keywords", ["tree", "added"], options=vocabulary)
     assert parse(added, "a tree was added next to the knife") == ["added", "tree"]
     assert parse(added, "a tree and a knife were added") == ["added", "knife", "tree"]  # still a claim
+
+
+def test_a_reasoning_models_think_block_is_never_read():
+    """Thinking VLMs write their reasoning in a think block before the answer; the reasoning
+    weighs yes and no, other counts and boxes on its way. Only what follows it (or GLM-4.1V-
+    Thinking's <answer> block) is read; a block the token limit cut off answers nothing."""
+    import numpy as np
+
+    from evaluators.answers import after_reasoning
+    from evaluators.masks import answer_mask
+    from evaluators.query import Query, parse
+
+    yes_no = Query("q", "dobench", [], "is there a dog in the image ?", "yes_no", "yes")
+    count = Query("q", "reactbench", [], "how many banana are there ?", "number", 9)
+    thought = "<think>No dog at first sight... wait, there is one behind the bench, so no is wrong.</think>\n\nYes."
+    assert parse(yes_no, thought) is True
+    assert parse(yes_no, "The user asks about a dog. No, I see no dog. Hmm, yes I do.</think>Yes") is True  # opened by the template
+    assert parse(yes_no, "◁think▷Is it a dog? No... it is.◁/think▷Yes, there is a dog.") is True  # Kimi-VL
+    assert parse(yes_no, "<think>I see no dog</think><answer>Yes</answer>") is True  # GLM-4.1V-Thinking
+    assert parse(yes_no, "<think>Let me look. No dog on the left. Now the right") is None  # cut off
+    assert parse(count, "<think>3 in row one, 3 in row two, maybe 6 in all</think>There are 9 bananas.") == 9
+    assert after_reasoning("Yes, a dog.") == "Yes, a dog."
+    mask, invalid = answer_mask("<think>maybe [0, 0, 5, 5]</think>[10, 10, 20, 20]", (32, 32))
+    assert not invalid and mask.sum() == 100 and mask[15, 15] and not mask[2, 2]
+    mask, invalid = answer_mask("<think>it could be at [0, 0, 5, 5]", (32, 32))
+    assert invalid and not np.any(mask)
+    from evaluators.benchmarks.causal_halbench.suite import assemble
+
+    (caption,) = assemble([{"objects": ["dog"], "answer": "<think>a cat? a bird?</think>A dog on a bench."}])
+    assert caption["caption"] == "A dog on a bench."  # CHAIR reads no object the reasoning named

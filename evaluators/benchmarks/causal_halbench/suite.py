@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...answers import after_reasoning
 from ...organism.tasks import existence_question
 from ...query import Query
 from ...world import BIASED, World, check_count, check_seed, derive_seed, edits
@@ -150,7 +151,8 @@ def assemble(rows: list[dict]) -> list[dict]:
         if r.get("invalid_input") or (r.get("pair_id") is not None and r["pair_id"] in broken):
             continue
         if "objects" in r and "question_type" not in r:
-            out.append({**r, "caption": r.get("answer") or ""})
+            # a reasoning model's think block is no caption (evaluators.answers.after_reasoning)
+            out.append({**r, "caption": after_reasoning(r.get("answer") or "") or ""})
         else:
             out.append(r)
     return out
