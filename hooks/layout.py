@@ -125,8 +125,9 @@ def visible_box(image_processor: Any, image_size: tuple[int, int], layout: str =
     """The part of an original image of ``image_size`` = (width, height) that ``image_processor``'s
     output shows, as fractions of the image (:data:`FULL` for most processors), for a family
     whose tokens follow ``layout``. Only the ``grid`` layout's single square reads a centre
-    crop: LLaVA-NeXT's processor also carries ``do_center_crop``, but its AnyRes tiles cover
-    the whole image (the ``anyres`` layout maps them), so other layouts get :data:`FULL`.
+    crop or a pad: LLaVA-NeXT's processor also carries ``do_center_crop``, but its AnyRes
+    tiles cover the whole image (the ``anyres`` layout maps them), so other layouts get
+    :data:`FULL`.
 
     CLIP-style processors (LLaVA 1.5's, ViP-LLaVA's, Video-LLaVA's: ``do_center_crop`` with a
     ``crop_size``) resize the short side to ``size["shortest_edge"]`` -- or to
@@ -134,13 +135,39 @@ def visible_box(image_processor: Any, image_size: tuple[int, int], layout: str =
     LLaVA-1.5's tower as its central 480 x 480, and the layout's grid covers that square, not
     the photo. Where the crop is larger than the resized image the processor pads, and the
     box reaches past the image (fractions below 0 or above 1). Computed as transformers'
-    ``get_resize_output_image_size`` (``default_to_square=False``) and ``center_crop`` do."""
+    ``get_resize_output_image_size`` (``default_to_square=False``) and ``center_crop`` do.
+
+    A processor that pads to a square first (``LlavaImageProcessor(do_pad=True)``, LLaVA-1.5's
+    original "pad" preprocessing: ``do_pad`` with a ``pad_to_square`` method) shows the whole
+    image inside the square of its long side, centred as ``pad_to_square`` places it: the
+    640 x 480 photo's grid covers (0, -1/6, 1, 7/6)."""
     width, height = image_size
     if width < 1 or height < 1:
         raise ValueError(f"image_size must be positive, got {image_size}")
     if layout not in LAYOUTS:
         raise ValueError(unknown("token layout", layout, LAYOUTS))
-    crop = getattr(image_processor, "crop_size", None) if image_processor is not None and layout == "grid" else None
+    if image_processor is None or layout != "grid":
+        return FULL
+    frame_w, frame_h, left, top = width, height, 0, 0  # the image the resize and crop act on
+    if getattr(image_processor, "do_pad", False) and callable(getattr(image_processor, "pad_to_square", None)) \
+            and width != height:
+        side = max(width, height)
+        frame_w, frame_h, left, top = side, side, (side - width) // 2, (side - height) // 2
+    box = _crop_of(image_processor, frame_w, frame_h)
+    if box is None:
+        return FULL
+    if (frame_w, frame_h) == (width, height):
+        return box
+    # from fractions of the padded square to fractions of the image inside it
+    return ((box[0] * frame_w - left) / width, (box[1] * frame_h - top) / height,
+            (box[2] * frame_w - left) / width, (box[3] * frame_h - top) / height)
+
+
+def _crop_of(image_processor: Any, width: int, height: int) -> Box | None:
+    """The part of a ``width`` x ``height`` image a resize and centre crop keep (fractions),
+    :data:`FULL` where the processor does not crop, None where its resize rule is not one
+    we model (``longest_edge`` ...): say nothing rather than guess."""
+    crop = getattr(image_processor, "crop_size", None)
     if not getattr(image_processor, "do_center_crop", False) or not crop:
         return FULL
     size = getattr(image_processor, "size", None) or {}
@@ -152,8 +179,8 @@ def visible_box(image_processor: Any, image_size: tuple[int, int], layout: str =
         resized_w, resized_h = (new_short, new_long) if width <= height else (new_long, new_short)
     elif "height" in size and "width" in size:
         resized_w, resized_h = size["width"], size["height"]
-    else:  # a size rule we do not model (longest_edge ...): say nothing rather than guess
-        return FULL
+    else:
+        return None
     crop_w, crop_h = crop["width"], crop["height"]
     top, left = (resized_h - crop_h) // 2, (resized_w - crop_w) // 2
     return (left / resized_w, top / resized_h, (left + crop_w) / resized_w, (top + crop_h) / resized_h)

@@ -201,6 +201,41 @@ def test_a_centre_cropping_processor_shows_the_grid_the_middle_of_the_image(mode
     assert _overlap(_most_changed_cell(regions[0], changed, size), square) > 0
 
 
+@pytest.mark.parametrize("size", [(160, 64), (64, 160)], ids=["wide", "tall"])
+def test_a_padding_processor_shows_the_grid_the_whole_image_in_its_square(size):
+    """LLaVA-1.5's original "pad" preprocessing (``LlavaImageProcessor(do_pad=True)``) pads
+    the image to the square of its long side before the resize and crop: the grid covers
+    that square, the image a band across its middle. A square near the image's far edge
+    lands on the tokens that changed when mapped through ``visible_box``; read as the
+    processor's centre crop (as before the pad was modelled) it lands elsewhere."""
+    from transformers import LlavaImageProcessorPil
+
+    model = build_tiny_model("llava")
+    points = resolve(model)
+    side = model.config.vision_config.image_size
+    processor = LlavaImageProcessorPil(do_pad=True, size={"shortest_edge": side}, crop_size={"height": side, "width": side},
+                                       image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    width, height = size
+    long, short = max(size), min(size)
+    band = (long - short) / 2 / short
+    box = visible_box(processor, size, points.adapter.token_layout)
+    assert box == ((0.0, -band, 1.0, 1.0 + band) if width > height else (-band, 0.0, 1.0 + band, 1.0))
+    x, y = (width - 4 - SQUARE, 40) if width > height else (40, height - 4 - SQUARE)
+    with HookGroup("silence") as group:
+        _silence_tower_attention(model, group)
+        blank = Image.new("RGB", size, (128, 128, 128))
+        before = tiny_image_features(model, processor(images=[blank], return_tensors="pt"))
+        image = blank.copy()
+        image.paste((255, 255, 255), (int(x), int(y), int(x) + SQUARE, int(y) + SQUARE))
+        enc = dict(processor(images=[image], return_tensors="pt"))
+        changed = (tiny_image_features(model, enc) - before).norm(dim=-1)
+    square = (x, y, x + SQUARE, y + SQUARE)
+    regions = points.token_regions(len(changed), enc, 0, size)
+    assert _overlap(_most_changed_cell(within(regions, box)[0], changed, size), square) > 0
+    centre = (0.3, 0.0, 0.7, 1.0) if width > height else (0.0, 0.3, 1.0, 0.7)  # the crop alone
+    assert _overlap(_most_changed_cell(within(regions, centre)[0], changed, size), square) == 0
+
+
 def test_visible_box_follows_the_processors_resize_and_crop():
     from transformers import CLIPImageProcessor, SiglipImageProcessor
 
