@@ -60,8 +60,8 @@ def test_tokens_map_to_where_the_image_changed(model_type, size):
         _check_layout(model_type, model, size)
 
 
-def _check_layout(model_type, model, size) -> None:
-    processor = tiny_image_processor(model_type)
+def _check_layout(model_type, model, size, processor=None) -> None:
+    processor = processor or tiny_image_processor(model_type)
     points = resolve(model)
     width, height = size
     # where the processor's output lies in the image: all of it, or a CLIP processor's centre
@@ -87,6 +87,30 @@ def _check_layout(model_type, model, size) -> None:
                 assert _overlap(cell, square) > 0, f"{model_type} {size}: square {square}, region {region}: cell {cell}"
                 checked += 1
     assert checked >= 4  # every square was in some region
+
+
+def test_onevision_images_of_more_than_nine_tiles_are_pooled_and_still_mapped():
+    """LLaVA-OneVision's checkpoints tile up to 6 x 6 (``anyres_max_9``): past nine tiles the
+    model pools the high-resolution tokens down (bilinear) before adding the newlines, a
+    branch the tiny spec's 2 x 2 pinpoints never reach. With the checkpoints' grid of
+    pinpoints scaled to the tiny tile, a 190 x 170 image takes 6 x 6 tiles, the layout's
+    token count equals the model's and a painted square lands on the tokens that changed."""
+    pins = [[32 * i, 32 * j] for i in range(1, 7) for j in range(1, 7)]
+    model = build_tiny_model("llava_onevision")
+    model.config.image_grid_pinpoints = pins
+    processor = tiny_image_processor("llava_onevision")
+    processor.image_grid_pinpoints = pins
+    size = (190, 170)
+    enc = dict(tiny_preprocess("llava_onevision", [Image.new("RGB", size, (120, 30, 200))], processor))
+    assert enc["pixel_values"].shape[1] == 1 + 36  # the base image and 6 x 6 tiles
+    n_tokens = len(tiny_image_features(model, enc))
+    regions = resolve(model).token_regions(n_tokens, enc, 0, size)
+    assert max(r.end for r in regions) == n_tokens
+    per_tile = (model.config.vision_config.image_size // model.config.vision_config.patch_size) ** 2
+    assert n_tokens < (1 + 36) * per_tile  # fewer than the base image's and the tiles' patches: pooled
+    with HookGroup("silence") as group:
+        _silence_tower_attention(model, group)
+        _check_layout("llava_onevision", model, size, processor)
 
 
 @pytest.mark.parametrize("size", [(20, 1000), (1000, 20), (21, 1000)], ids=["tall", "wide", "tall-odd"])
