@@ -246,8 +246,11 @@ def _one_image_per_row(inputs: dict, row: int, image_count_inputs: tuple[str, ..
     for name in image_count_inputs:
         value = inputs.get(name)
         if value is not None and len(value) != ids.shape[0]:
+            # Gemma3Processor drops num_crops from its output, so its pan-and-scan crops show here
+            hint = ("; crops a processor adds to an image count as images (Gemma 3's pan-and-scan: "
+                    "do_pan_and_scan=False)") if len(value) > ids.shape[0] else ""
             raise ValueError(f"{len(value)} images for {ids.shape[0]} rows ({name!r} has an entry per image): "
-                             "image-token positions are mapped for one image per row, each row with its image")
+                             f"image-token positions are mapped for one image per row, each row with its image{hint}")
 
 
 @register_layout("unknown")

@@ -619,6 +619,26 @@ def test_several_images_in_one_row_are_refused_not_mapped_as_one():
     assert len(points.token_regions(64, one, row=1)) == 1
 
 
+def test_gemma3_pan_and_scan_through_its_processor_is_refused_saying_so():
+    """Gemma3Processor drops ``num_crops`` from its output, so its pan-and-scan crops reach
+    the layout only as more images than rows: the refusal says what they are (from a
+    helper's audit: the dedicated message was unreachable through the processor)."""
+    from PIL import Image
+
+    from hooks.testing import tiny_processor
+
+    model = build_tiny_model("gemma3")
+    processor = tiny_processor("gemma3", model.config)
+    prompt = processor.apply_chat_template([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "hi"}]}],
+                                           add_generation_prompt=True)
+    enc = dict(processor(text=[prompt], images=[[Image.new("RGB", (1200, 400), (1, 2, 3))]], return_tensors="pt",
+                         do_pan_and_scan=True, pan_and_scan_min_crop_size=32))
+    assert "num_crops" not in enc and len(enc["pixel_values"]) > 1
+    points = resolve(model)
+    with pytest.raises(ValueError, match="images for 1 rows.*Gemma 3's pan-and-scan"):
+        points.token_regions(int(points.image_token_mask(enc["input_ids"])[0].sum()), enc, 0, (1200, 400))
+
+
 @pytest.mark.parametrize("model_type", supported_model_types())
 def test_images_that_do_not_pair_with_rows_are_refused_for_every_adapter_that_counts_them(model_type):
     """Row 0 with two images beside row 1 with one: per-image entries are read by row, so
