@@ -636,6 +636,15 @@ class CropVerify(Mitigation):
         image_processor = getattr(self.processor, "image_processor", None)
         return [visible_box(image_processor, im.size, points.adapter.token_layout) for im in images]
 
+    def shown_for(self, model, images: Sequence[Image.Image]) -> list[tuple]:
+        """:meth:`shown`, resolving ``model`` only where the processor may show part of an
+        image (a centre crop or a pad, which only the ``grid`` layout reads): a caller's
+        detector boxes need no hook points, and a model the hooks refuse keeps its views."""
+        image_processor = getattr(self.processor, "image_processor", None)
+        if all(visible_box(image_processor, im.size) == FULL for im in images):
+            return [FULL] * len(images)
+        return self.shown(resolve(model), images)
+
     def needs_objects(self) -> bool:
         """Whether localisation reads the prompt tokens that name each query's object."""
         return self.locate in ("embedding", "zoom") or self.queries == "object"
@@ -742,7 +751,7 @@ class CropVerify(Mitigation):
         if self.strip_priors:
             prompts = [without_priors(p) for p in prompts]
         asked = self.asked_views()
-        for image, prompt, box, shown in zip(images, prompts, boxes, self.shown(resolve(model), images)):
+        for image, prompt, box, shown in zip(images, prompts, boxes, self.shown_for(model, images)):
             built = self.view_boxes(image, box)
             built_all.append(built)
             view_images += [[image, view_image(image, built["crop"], shown)] if v == "pair"

@@ -334,8 +334,11 @@ def one_setting(found: list | None) -> tuple[list | None, dict]:
 
 
 #: keyword arguments of a preprocess call that are not settings to repeat for the views:
-#: what to return, and how the *caller's* input arrays were laid out (views are PIL images)
-_NOT_SETTINGS = ("images", "return_tensors", "input_data_format")
+#: its data and what to return, and how the *caller's* inputs were given -- their layout and
+#: value range: the views are PIL images in 0-255 (:func:`_as_pil` brings arrays and tensors
+#: there), so a caller's ``do_rescale=False`` for [0, 1] tensors must not reach them (their
+#: pixels reached the model 255 times too large)
+_NOT_SETTINGS = ("images", "videos", "return_tensors", "input_data_format", "do_rescale", "rescale_factor")
 
 
 def preprocess_settings(kwargs: dict) -> dict:

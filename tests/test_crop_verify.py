@@ -1096,3 +1096,21 @@ def test_answer_asks_a_centre_cropping_processor_the_whole_view(organism_like):
         alone = cut(image, view_box).resize((96, 96), Image.BICUBIC)
         alone = processor.image_processor(images=[alone], return_tensors="pt")["pixel_values"][0]
         assert float((got - alone).abs().mean()) < 0.05, view_box
+
+
+def test_the_shown_part_needs_no_hook_points_where_the_processor_shows_everything(organism_like):
+    """A caller's detector boxes need no hook points: where the processor keeps the whole
+    image (the organism's), the views' frame is found without resolving the model -- a
+    model the hooks refuse (a llava checkpoint on a Pixtral tower) keeps crop-and-verify
+    with a localizer; a centre-cropping processor resolves it for its token layout."""
+    import copy
+
+    from hooks.layout import FULL
+
+    _, processor, images = organism_like
+    cv = CropVerify(processor, localizer=lambda im, p: (0, 0, 8, 8))
+    assert cv.shown_for(object(), images) == [FULL] * len(images)  # not a model: never resolved
+    cropping = copy.deepcopy(processor)
+    cropping.image_processor = _centre_cropping_clip(32)
+    with pytest.raises(TypeError, match="torch.nn.Module"):
+        CropVerify(cropping).shown_for(object(), [_smooth_image((160, 96))])

@@ -570,7 +570,8 @@ def test_views_are_preprocessed_with_the_settings_of_their_originals_call():
     x, y = torch.rand(3, 8, 8), torch.rand(3, 8, 8)
     a, b = Image.new("RGB", (64, 64), "white"), Image.new("RGB", (64, 64), "black")
     seen = OriginalImages()
-    kwargs = {"return_tensors": "pt", "crop_to_patches": True, "input_data_format": "channels_last"}
+    kwargs = {"return_tensors": "pt", "crop_to_patches": True, "input_data_format": "channels_last",
+              "do_rescale": False}  # how the caller's inputs came is not the views' (PIL, 0-255)
     assert preprocess_settings(kwargs) == {"crop_to_patches": True}
     seen.record([a], {"pixel_values": x[None]}, settings=preprocess_settings(kwargs))
     seen.record([b], {"pixel_values": y[None]}, settings={})
@@ -648,19 +649,30 @@ def test_array_and_tensor_images_are_verified_as_their_pil_images():
     prompts = _templated(processor, ["is there a dog in the image ? answer yes or no ."] * 2)
     arrays = [np.array(im) for im in images]
 
+    from hooks import HookGroup, resolve
+
+    seen = []
+
     def run(given, **kwargs):
         cv = CropVerify(processor, gate=1.0, tau=0.0)
-        with attach(model, cv):
+        group = HookGroup("tower pixels")
+        group.add_forward_pre_hook(resolve(model).vision_encoder,
+                                   lambda m, args, kw: seen.append((args[0] if args else kw["pixel_values"]).clone()))
+        with attach(model, cv), group:
             enc = processor(text=prompts, images=given, return_tensors="pt", padding=True, **kwargs)
             out = model.generate(**enc, max_new_tokens=2, do_sample=False)
         return _decode(processor, out, enc), cv.stats
 
     expected, stats = run(images)
+    pil_views = seen[-1]  # the views' prefill
     assert stats["verified"] == 2
     for given in ([torch.from_numpy(a).permute(2, 0, 1) for a in arrays], np.stack(arrays)):
         assert run(given) == (expected, stats)
     got, float_stats = run([torch.from_numpy(a).permute(2, 0, 1).float() / 255 for a in arrays], do_rescale=False)
     assert float_stats["verified"] == 2 and "no_original" not in float_stats
+    # the views are PIL images in 0-255: the caller's do_rescale=False is not theirs (a
+    # review found them reaching the model 255 times too large, max |x| 441)
+    torch.testing.assert_close(seen[-1], pil_views, atol=1e-5, rtol=0)
     with pytest.warns(UserWarning, match=r"torch tensor image of shape \(3, \d+, \d+\) and dtype float32 has "
                                          r"float values in \[0, 1\]"):
         _, stats = run([torch.from_numpy(a).permute(2, 0, 1).float() / 255 for a in arrays])
