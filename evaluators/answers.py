@@ -13,6 +13,8 @@ import math
 import re
 from typing import Any, Callable, Sequence
 
+from .box_frames import DEFAULT_FRAME, get_box_frame
+
 _WORD = re.compile(r"[a-z0-9]+")
 NUMBER_WORDS = {
     "zero": 0, "none": 0, "no": 0, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7,
@@ -420,7 +422,7 @@ _PAIRS = re.compile(r"\(\s*(-?[\d.]+)\s*,\s*(-?[\d.]+)\s*\)\s*,?\s*\(\s*(-?[\d.]
 
 
 def parse_box(
-    text: str, size: float, bins: int = 16, *, height: float | None = None, frame: str = "pixels"
+    text: str, size: float, bins: int = 16, *, height: float | None = None, frame: str = DEFAULT_FRAME
 ) -> tuple[float, float, float, float] | str | None:
     """A box in pixels of an image ``size`` wide (and ``height`` high, default ``size``) from:
 
@@ -436,8 +438,6 @@ def parse_box(
     ``x1 < x0``, a written ``x1 <= x0``), a bin past the grid (``<c16>`` of 16 bins) or a
     non-finite value is not a box: None. The token forms say their own frame, so ``frame``
     applies to written numbers only."""
-    from .box_frames import get_box_frame
-
     box_frame = get_box_frame(frame)  # an unknown frame is an error before any answer is read
     height = size if height is None else height
     tokens = [int(b) for b in re.findall(r"<c(\d+)>", text)]
@@ -465,8 +465,8 @@ def parse_box(
 
 def _written_box(text: str) -> tuple[float, float, float, float] | None:
     """The first box written as numbers: the first innermost ``[...]`` holding exactly four
-    numbers (so ``[[x0, y0, x1, y1]]`` and ``{"bbox_2d": [...]}`` read their box), else
-    Qwen2-VL's ``(x0,y0),(x1,y1)``."""
+    numbers (so ``[[x0, y0, x1, y1]]`` and ``{"point_2d": [x, y], "bbox_2d": [...]}`` read
+    their box), else Qwen2-VL's ``(x0,y0),(x1,y1)``."""
     for found in re.finditer(r"\[[^\[\]]+\]", text):
         try:
             vals = [float(v) for v in json.loads(found.group(0))]
@@ -474,7 +474,6 @@ def _written_box(text: str) -> tuple[float, float, float, float] | None:
             continue
         if len(vals) == 4:
             return tuple(vals)  # type: ignore[return-value]
-        return None  # a list of another length is not a box (the first one decides, as before)
     pairs = _PAIRS.search(text)
     if pairs:
         try:

@@ -194,13 +194,14 @@ def judge_records(records: Sequence[dict], queries: Mapping[str, Query], judge: 
     digest = judge_digest(judge)
     path = Path(folder) / JUDGEMENTS if folder is not None else None
     cache = _read_cache(path) if path is not None else {}
+    # the judge grades what was answered, not a reasoning model's think block; an answer cut
+    # off while thinking answered nothing and keeps the rules' grade (unreadable)
     todo = [i for i, r in enumerate(records)
             if r.get("benchmark") in JUDGED_BENCHMARKS and not r.get("invalid_input")
-            and isinstance(r.get("answer"), str) and r.get("id") in queries]
+            and isinstance(r.get("answer"), str) and r.get("id") in queries and after_reasoning(r["answer"]) is not None]
     outputs: dict[int, str] = {}
-    # the judge grades what was answered, not a reasoning model's think block (after_reasoning)
     items = {i: JudgeItem(question_text(queries[records[i]["id"]]), reference_text(queries[records[i]["id"]]),
-                          after_reasoning(records[i]["answer"]) or "") for i in todo}
+                          after_reasoning(records[i]["answer"])) for i in todo}
     ask = []
     for i in todo:
         key = (records[i]["id"], _item_digest(items[i]), digest)

@@ -42,6 +42,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .answers import after_reasoning, parse_box
+from .box_frames import DEFAULT_FRAME
 
 
 def as_mask(value: Any) -> np.ndarray:
@@ -150,7 +151,7 @@ def _json_values(text: str) -> list:
         pos = end
 
 
-def answer_mask(answer: Any, shape: Sequence[int], frame: str = "pixels") -> tuple[np.ndarray, bool]:
+def answer_mask(answer: Any, shape: Sequence[int], frame: str = DEFAULT_FRAME) -> tuple[np.ndarray, bool]:
     """``(mask, invalid)`` for a segmentation answer asked on an image of ``shape``
     (``(height, width)``, or an int for a square image). The returned mask has the RLE's own
     size for RLE answers, ``shape`` otherwise. ``frame``: the coordinate frame of a box

@@ -81,9 +81,7 @@ class HFModel:
             "mitigations": [stable_repr(m) for m in self.mitigations],
             "max_new_tokens": self.max_new_tokens,
             "generate_kwargs": self.generate_kwargs,
-            # only where boxes are not read as pixels: runs from before frames existed resume
-            **({"box_frame": self.box_frame} if self.box_frame != DEFAULT_FRAME else {}),
-        }
+        }  # not box_frame: it changes how answers are read, not what is answered (runner.with_box_frame)
 
     @torch.no_grad()
     def weights_digest(self) -> str:
@@ -191,8 +189,7 @@ class CallableModel:
         self.fn, self.name, self.box_frame = fn, name, get_box_frame(box_frame).name
 
     def describe(self) -> dict[str, Any]:
-        return {"model": self.name, "model_class": "callable", "fn": callable_name(self.fn),
-                **({"box_frame": self.box_frame} if self.box_frame != DEFAULT_FRAME else {})}
+        return {"model": self.name, "model_class": "callable", "fn": callable_name(self.fn)}
 
     def __call__(self, queries: Sequence[Query]) -> list[str]:
         from .masks import encode_mask

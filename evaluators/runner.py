@@ -176,7 +176,8 @@ def run(
     # every answer graded by today's rules, and samples.jsonl says what is scored: its
     # ``invalid`` flags are the ones the invalid-answer rate counts (a file written by
     # older parsers is brought up to date; unchanged content is not rewritten)
-    merged = [flag_invalid(regrade(r, by_id[r["id"]])) if r["id"] in by_id else r for r in merged]
+    merged = [flag_invalid(with_box_frame(regrade(r, by_id[r["id"]]), model)) if r["id"] in by_id else r
+              for r in merged]
     judged = None
     if judge is not None:  # after every answer is in: the judge's grades replace the rule's
         from .judge import judge_records
@@ -249,11 +250,18 @@ def with_box_frame(record: dict, model) -> dict:
     """``record`` with ``box_frame``, the coordinate frame ``model`` writes boxes in
     (its ``box_frame`` attribute, :mod:`evaluators.box_frames`), where its benchmark's
     metrics read boxes (``READS_BOXES``: HalluSegBench): stored with the answer, so that a
-    rescore reads the answer as it was meant. A model without the attribute writes pixels."""
+    rescore from ``samples.jsonl`` reads it as meant. A model without the attribute leaves
+    the record as it is (pixels, or the frame it stored).
+
+    The frame is how answers are read, not what is answered, so it is no part of a run's
+    identity: a run resumes under another ``--box_frame`` and every stored answer is read
+    in this run's frame (as every answer is graded by today's rules), which is how a run
+    read in the wrong frame is scored again without asking the model again."""
     frame = getattr(model, "box_frame", None)
-    if frame is None or not _metrics_attr(record["benchmark"], "READS_BOXES"):
+    if frame is None or "benchmark" not in record or not _metrics_attr(record["benchmark"], "READS_BOXES") \
+            or record.get("invalid_input"):
         return record
-    return {**record, "box_frame": frame}
+    return record if record.get("box_frame") == frame else {**record, "box_frame": frame}
 
 
 def flag_invalid(record: dict) -> dict:

@@ -45,8 +45,10 @@ def test_what_is_no_box_stays_no_box_in_every_frame():
         assert parse_box("[500, 200, 100, 600]", W, height=H, frame=frame) is None  # x1 < x0
         assert parse_box("[1, 2]", W, height=H, frame=frame) is None  # the first list decides
         assert parse_box("none of them", W, height=H, frame=frame) == "none"
-    # a bracket that is not JSON no longer hides the box after it
+    # a bracket that is not JSON, or a list that is no box, no longer hides the box after it
     assert parse_box("[dog] at [10, 20, 50, 60]", W, height=H) == (10, 20, 50, 60)
+    assert parse_box('{"point_2d": [1, 2], "bbox_2d": [100, 200, 500, 600]}', W, height=H,
+                     frame="relative_1000") == pytest.approx((64, 96, 320, 288))
     with pytest.raises(ValueError, match="box_frame 'relative_100'.*relative_1000"):
         parse_box("[1, 2, 3, 4]", W, frame="relative_100")
 
@@ -93,15 +95,20 @@ def test_a_run_reads_each_answer_in_its_models_frame_and_stores_it(tmp_path):
     from evaluators.benchmarks.dobench.suite import build as dobench
     from evaluators.benchmarks.hallusegbench.suite import build as hsb
     from evaluators.model import CallableModel
-    from evaluators.runner import run
+    from evaluators.runner import run, score
 
     queries = hsb(n_pairs=3, seed=2, splits=("referring",))
     others = dobench(n_scenes=1, seed=0)[:2]
 
-    def grounder(written):
+    def grounder(written, asked=None):
         answers = _true_box_answers(queries, written)
         by_prompt = {(q.prompt, q.images[0].tobytes()): answers[q.id] for q in queries}
-        return lambda images, prompt: by_prompt.get((prompt, images[0].tobytes()), "no")
+
+        def answer(images, prompt):
+            if asked is not None:
+                asked.append(prompt)
+            return by_prompt.get((prompt, images[0].tobytes()), "no")
+        return answer
 
     scores = {}
     for written, frame in (("pixels", "pixels"), ("relative_1000", "relative_1000"), ("relative_1000", "pixels")):
@@ -112,12 +119,22 @@ def test_a_run_reads_each_answer_in_its_models_frame_and_stores_it(tmp_path):
         lines = [json.loads(x) for x in (folder / "samples.jsonl").read_text().splitlines()]
         assert all(r["box_frame"] == frame for r in lines if r["benchmark"] == "hallusegbench")
         assert not any("box_frame" in r for r in lines if r["benchmark"] == "dobench")
-        again = run(queries + others, model, folder, progress=False)  # resumed: rescored only
-        assert again["results"]["hallusegbench"]["iou_fact"] == scores[written, frame]
+        # samples.jsonl alone (no model) scores as the run did: each record says its frame
+        assert score([r for r in lines if r["benchmark"] == "hallusegbench"])["results"]["hallusegbench"][
+            "iou_fact"] == scores[written, frame]
     truth = scores["pixels", "pixels"]
     assert 0.5 < truth < 1.0
     assert scores["relative_1000", "relative_1000"] == pytest.approx(truth, abs=0.02)
     assert scores["relative_1000", "pixels"] < 0.1, scores
+    # the run read in the wrong frame, resumed under the right one: nothing is asked again
+    # (the frame is no part of the run's identity), every stored answer is read in it
+    folder = tmp_path / "relative_1000-read-as-pixels"
+    asked = []
+    fixed = CallableModel(grounder("relative_1000", asked), name="grounder-relative_1000", box_frame="relative_1000")
+    again = run(queries + others, fixed, folder, progress=False)
+    assert not asked and again["results"]["hallusegbench"]["iou_fact"] == scores["relative_1000", "relative_1000"]
+    lines = [json.loads(x) for x in (folder / "samples.jsonl").read_text().splitlines()]
+    assert all(r["box_frame"] == "relative_1000" for r in lines if r["benchmark"] == "hallusegbench")
     with pytest.raises(ValueError, match="box_frame"):
         CallableModel(grounder("pixels"), box_frame="pixel")
 
@@ -133,5 +150,3 @@ def test_the_cli_takes_a_box_frame_and_refuses_an_unknown_one(tmp_path, capsys):
                  "--no_progress", "--output_path", str(tmp_path / "y")]) == 0
     lines = [json.loads(x) for x in (tmp_path / "y" / "samples.jsonl").read_text().splitlines()]
     assert lines and all(r["box_frame"] == "relative_1000" for r in lines)
-    config = json.loads((tmp_path / "y" / "results.json").read_text())["config"]["model"]
-    assert config["box_frame"] == "relative_1000"

@@ -291,3 +291,22 @@ def test_report_with_a_judge(tiny_judge, tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["--tasks", "dobench", "--judge", str(tiny_judge), "--output_path", str(tmp_path / "x")])
     assert "nothing here is graded by a judge" in capsys.readouterr().err
+
+
+def test_the_judge_grades_what_a_reasoning_model_answered_not_its_thinking():
+    """The judge sees the answer after the think block; an answer cut off while thinking
+    answered nothing: the judge is not asked and the rules' unreadable grade stands."""
+    queries = {"a": _q("number", 3, qid="a"), "b": _q("number", 3, qid="b")}
+    answers = {"a": "<think>maybe 5, or 4</think>There are 3.", "b": "<think>one, two, maybe five"}
+    records = [to_record(queries[i], answers[i]) for i in "ab"]
+    seen = []
+
+    def fn(question, reference, answer):
+        seen.append(answer)
+        return "Correct"
+
+    out, summary = judge_records(records, queries, CallableJudge(fn, "scripted"))
+    assert seen == ["There are 3."]
+    by_id = {r["id"]: r for r in out}
+    assert by_id["a"]["correct"] is True and by_id["b"] == records[1] and records[1]["invalid"] is True
+    assert summary["reactbench"]["judged"] == 1

@@ -52,7 +52,8 @@ def tiled_vicrop_localizer(model, processor, grid: int = 2, box: str = "window")
     def localizer(image, prompt: str) -> tuple[float, float, float, float]:
         width, height = image.size
         tiles = tile_boxes(width, height, grid)
-        views = [view_image(image, t) for t in tiles]
+        shown = encoder.shown(points, [image])[0]  # framed for a centre-cropping processor
+        views = [view_image(image, t, shown) for t in tiles]
         enc = dict(encoder._inputs(views + views, [prompt] * len(views) + [GENERIC_PROMPT] * len(views), model))
         maps = image_attention_maps(model, enc, encoder.layers, "last")
         canvas = torch.zeros(height, width)

@@ -99,7 +99,8 @@ def _examples(queries, records, arms) -> str:
               and q.record.get("level") == 0][:2]
     picks += [q for q in queries if q.benchmark == "hallusegbench" and q.record.get("role") == "fact"][:2]
     cells = []
-    from ..answers import parse_box
+    from ..answers import after_reasoning, parse_box
+    from ..box_frames import DEFAULT_FRAME
 
     for q in picks:
         image = _example_image(q)
@@ -110,7 +111,9 @@ def _examples(queries, records, arms) -> str:
             record = answers[a].get(q.id, {})
             ans = record.get("answer")
             if q.benchmark == "hallusegbench" and ans:
-                box = parse_box(ans, image.width, height=image.height, frame=record.get("box_frame", "pixels"))
+                answered = after_reasoning(ans)  # a think block's boxes are no answer
+                box = parse_box(answered, image.width, height=image.height,
+                                frame=record.get("box_frame", DEFAULT_FRAME)) if answered is not None else None
                 if isinstance(box, tuple):
                     ImageDraw.Draw(image).rectangle(box, outline=COLOURS[k % len(COLOURS)], width=2)
             rows.append(f"<tr><td>{html.escape(a)}</td><td>{html.escape(str(ans))}</td></tr>")

@@ -320,12 +320,13 @@ def answer_invalid(record: Mapping[str, Any]) -> bool:
     ``"<c7> <c0>"`` (half a box) had been flagged valid and then scored as unreadable.
     The answer is read on the grid :func:`..suite.answer_grid` gives, as the pair's record
     reads it: a box off the image covers no pixel and is unreadable."""
+    from ...box_frames import DEFAULT_FRAME
     from ...masks import answer_mask
     from .suite import answer_grid
 
     if record.get("invalid_input"):
         return True
-    return answer_mask(record.get("answer"), answer_grid(record), record.get("box_frame", "pixels"))[1]
+    return answer_mask(record.get("answer"), answer_grid(record), record.get("box_frame", DEFAULT_FRAME))[1]
 
 
 def _mean_of(key: str):

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...box_frames import DEFAULT_FRAME
 from ...masks import answer_mask
 from ...query import Query
 from ...world import BIASED, REASONING, Scene, World, check_count, check_seed, check_subset, derive_seed, segmentation_pair
@@ -127,7 +128,7 @@ def assemble(records: list[dict]) -> list[dict]:
         preds, unreadable = {}, []
         for role in ("fact", "textual", "visual"):
             answer = None if roles[role].get("invalid_input") else roles[role]["answer"]
-            preds[role], bad = answer_mask(answer, grids[role].shape, roles[role].get("box_frame", "pixels"))
+            preds[role], bad = answer_mask(answer, grids[role].shape, roles[role].get("box_frame", DEFAULT_FRAME))
             if bad or roles[role].get("invalid_input"):
                 unreadable.append(role)
         out.append({"id": sid, "split": first["split"], "gt_fact": gt_fact, "gt_counterfact": gt_counterfact,
