@@ -59,6 +59,10 @@ def stable_repr(obj: Any) -> str:
     return stable_text(text)
 
 
+#: a prompt whose chat template opened a reasoning block for the answer
+_OPENS_THINKING = re.compile(r"(<think>|◁think▷)\s*$")
+
+
 class HFModel:
     def __init__(self, model, processor, *, mitigations: Sequence = (), max_new_tokens: int = 16,
                  generate_kwargs: dict | None = None, name: str | None = None, box_frame: str | None = None) -> None:
@@ -160,8 +164,12 @@ class HFModel:
                 out = self.model.generate(**enc, max_new_tokens=self.max_new_tokens, **self.generate_kwargs)
         else:
             out = self.model.generate(**enc, max_new_tokens=self.max_new_tokens, **self.generate_kwargs)
-        return [t.strip() for t in self.processor.batch_decode(out[:, enc["input_ids"].shape[1]:],
-                                                                skip_special_tokens=True)]
+        answers = [t.strip() for t in self.processor.batch_decode(out[:, enc["input_ids"].shape[1]:],
+                                                                   skip_special_tokens=True)]
+        # a chat template that opens the think block in the prompt (thinking models) leaves the
+        # answer only its closing tag: the opening one is put back, so that an answer cut off
+        # while thinking reads as unanswered, not as its reasoning (answers.after_reasoning)
+        return [f"{opened.group(1)}{a}" if (opened := _OPENS_THINKING.search(t)) else a for t, a in zip(texts, answers)]
 
 
 class CallableModel:

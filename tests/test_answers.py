@@ -275,3 +275,25 @@ def test_a_reasoning_models_think_block_is_never_read():
 
     (caption,) = assemble([{"objects": ["dog"], "answer": "<think>a cat? a bird?</think>A dog on a bench."}])
     assert caption["caption"] == "A dog on a bench."  # CHAIR reads no object the reasoning named
+
+
+def test_a_think_block_opened_by_the_chat_template_is_closed_or_unanswered():
+    """Thinking models' templates open the think block in the prompt, so the answer holds
+    only the closing tag -- or, cut off by the token limit, no tag at all. HFModel puts the
+    opening tag back: the organism under such a template (it never closes the block) is
+    read as unanswered, not as its reasoning; under its own template nothing changes."""
+    import copy
+
+    from evaluators.benchmarks.dobench.suite import build
+    from evaluators.model import HFModel, load_hf
+    from evaluators.query import parse
+
+    model, processor = load_hf("organism")
+    queries = build(n_scenes=1, seed=0)[:3]
+    plain = HFModel(model, processor, max_new_tokens=3)(queries)
+    thinking = copy.deepcopy(processor)
+    thinking.chat_template = processor.chat_template + "{% if add_generation_prompt %} <think>{% endif %}"
+    answers = HFModel(model, thinking, max_new_tokens=3)(queries)
+    assert all(a.startswith("<think>") for a in answers) and not any(a.startswith("<think>") for a in plain)
+    assert [parse(q, a) for q, a in zip(queries, answers)] == [None] * 3
+    assert all(parse(q, a) is not None for q, a in zip(queries, plain))
