@@ -84,6 +84,7 @@ them, on both routes). ``stats`` reports how often verification ran and overturn
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
@@ -159,6 +160,18 @@ def ask_by_limit(limits: Sequence, k: int, ask: Callable[[list[int], Any], list]
         for n, j in enumerate(queries):
             items[j * k : (j + 1) * k] = got[n * k : (n + 1) * k]
     return items
+
+
+def with_settings(image_processor: Any, settings: dict | None) -> Any:
+    """``image_processor`` as a preprocess call with keyword ``settings`` runs it: a shallow
+    copy with those of its attributes the call overrode (``do_center_crop``, ``size`` ...)."""
+    if image_processor is None or not settings:
+        return image_processor
+    applied = copy.copy(image_processor)
+    for name, value in settings.items():
+        if value is not None and hasattr(applied, name):
+            setattr(applied, name, value)
+    return applied
 
 
 def view_image(image: Image.Image, box: tuple, shown: tuple = FULL) -> Image.Image:
@@ -629,11 +642,13 @@ class CropVerify(Mitigation):
         # popped: the first pass's cache is not held through the views' generate()
         return self.boxes_from_capture(model, enc, captured["maps"], rows, images, cache=captured.pop("cache", None))
 
-    def shown(self, points, images: Sequence[Image.Image]) -> list[tuple]:
+    def shown(self, points, images: Sequence[Image.Image], settings: dict | None = None) -> list[tuple]:
         """Per image, the part of it the processor's output shows (:func:`hooks.layout.visible_box`:
         all of it, or a CLIP processor's centre crop), where localisation paints the maps
-        (``points``: the model's :class:`hooks.ModelPoints`, for its token layout)."""
-        image_processor = getattr(self.processor, "image_processor", None)
+        (``points``: the model's :class:`hooks.ModelPoints`, for its token layout).
+        ``settings``: the keyword settings the caller's preprocess call overrode (under
+        ``generate()``), which decide the crop as the processor's own attributes do."""
+        image_processor = with_settings(getattr(self.processor, "image_processor", None), settings)
         return [visible_box(image_processor, im.size, points.adapter.token_layout) for im in images]
 
     def shown_for(self, model, images: Sequence[Image.Image]) -> list[tuple]:
@@ -688,7 +703,8 @@ class CropVerify(Mitigation):
         self.not_found(len(set(captured.get("unnamed", ())) & set(rows)))
 
     def zoom_boxes(self, model, images: Sequence[Image.Image], prompts: Sequence[str],
-                   objects: Sequence[str | None], strict: bool = False, tile_inputs: Callable | None = None) -> list:
+                   objects: Sequence[str | None], strict: bool = False, tile_inputs: Callable | None = None,
+                   settings: dict | None = None) -> list:
         """``locate="zoom"``: each image is cut into ``zoom_grid`` x ``zoom_grid`` tiles, each
         resized to the image's size as a view is (:func:`view_image`), and asked with its
         prompt in one batch that stops at the decoder's input
@@ -702,7 +718,7 @@ class CropVerify(Mitigation):
         per = len(tiles[0]) if tiles else 0
         points = resolve(model)
         # each tile framed so that what the processor keeps is the tile: its map covers it
-        shown = self.shown(points, images)
+        shown = self.shown(points, images, settings)
         tile_images = [view_image(im, t, s) for im, ts, s in zip(images, tiles, shown) for t in ts]
         rows = [q for q in range(len(images)) for _ in range(per)]
         if tile_inputs is None:
@@ -721,7 +737,7 @@ class CropVerify(Mitigation):
         return boxes
 
     def boxes_from_capture(self, model, inputs: dict, maps: Sequence, rows: Sequence[int],
-                           images: Sequence[Image.Image], cache=None) -> list[tuple]:
+                           images: Sequence[Image.Image], cache=None, settings: dict | None = None) -> list[tuple]:
         """Boxes for ``rows`` of ``inputs`` from the maps :meth:`capture` took of them
         (``images``: those rows' originals). Attention with ViCrop's generic prompt needs its
         map over the same images, for the ratio: read over ``cache`` (the first pass's KV
@@ -744,7 +760,7 @@ class CropVerify(Mitigation):
         points = resolve(model)
         return boxes_from_maps(points, [maps[r] for r in rows], inputs, list(rows), [im.size for im in images],
                                heads=self.heads if self.locate == "attention" else "mean", generic_maps=generic,
-                               shown=self.shown(points, images))
+                               shown=self.shown(points, images, settings))
 
     def _verify(self, images, prompts, results, model, max_new_tokens, generate_kwargs, boxes) -> None:
         view_images, view_prompts, built_all = [], [], []

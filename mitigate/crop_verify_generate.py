@@ -585,14 +585,14 @@ class VerifiedGenerate:
         try:
             prompts = [tok.decode(kwargs["input_ids"][i], skip_special_tokens=True) for i in gated]
             if boxes is None:
-                boxes = self._boxes(kwargs, maps, gated, images, prompts, cache)
+                boxes = self._boxes(kwargs, maps, gated, images, prompts, cache, settings)
             asked = cv.asked_views()
             k = len(asked)
             built_all = [cv.view_boxes(image, box) for image, box in zip(images, boxes)]
             # resized to the original's size: the same number of image tokens, the same prompt ids
             # framed where the processor cuts a centre square, so that it keeps the whole view
             view_images = [view_image(image, built[v], shown) for image, built, shown
-                           in zip(images, built_all, cv.shown(self.points, images)) for v in asked]
+                           in zip(images, built_all, cv.shown(self.points, images, settings)) for v in asked]
             # a yes/no question's views answer with fewer tokens (CropVerify.view_tokens): one
             # generate() per token limit, each with its rows' inputs
             # the caller's limits as this call sees them (keyword, its generation_config, the model's)
@@ -660,17 +660,17 @@ class VerifiedGenerate:
 
         self.originals.paused = True
         try:
-            return cv.zoom_boxes(self.model, images, prompts, objects, tile_inputs=tile_inputs)
+            return cv.zoom_boxes(self.model, images, prompts, objects, tile_inputs=tile_inputs, settings=settings)
         finally:
             self.originals.paused = False
 
     def _boxes(self, kwargs: dict, maps, gated: list[int], images: list[Image.Image], prompts: list[str],
-               cache=None) -> list[tuple]:
+               cache=None, settings: dict | None = None) -> list[tuple]:
         """The gated rows' boxes: the caller's detector, or the maps captured at the first
         pass's prefill (:meth:`mitigate.CropVerify.boxes_from_capture`)."""
         if self.cv.localizer is not None:
             return self.cv.detector_boxes(images, prompts)
-        return self.cv.boxes_from_capture(self.model, kwargs, maps, gated, images, cache=cache)
+        return self.cv.boxes_from_capture(self.model, kwargs, maps, gated, images, cache=cache, settings=settings)
 
 
 def attach_verified_generate(cv, points: ModelPoints, group: HookGroup) -> None:

@@ -758,3 +758,44 @@ def test_generate_path_asks_a_centre_cropping_processor_the_whole_view():
             alone = image_processor(images=[cut(image, view_box)], return_tensors="pt")
             alone = next(t for k, t in alone.items() if k.startswith("pixel_values"))[0]
             assert float((views[q * len(cv.views) + v] - alone).abs().mean()) < 0.05, (image.size, view_box)
+
+
+def test_the_views_frame_follows_the_callers_own_preprocessing_settings():
+    """A caller who overrides the crop at call time (Video-LLaVA's processor asked to resize
+    to a square, no centre square cut) gets views framed for what that call showed -- the
+    whole image -- not for the processor's saved settings: the tower receives each view as
+    that call preprocesses the plain view."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from evaluators.world.views import crop_box
+    from hooks import HookGroup, resolve
+    from hooks.testing import tiny_inputs
+    from mitigate.crop_verify import view_image
+
+    model = build_tiny_model("video_llava")
+    text_config = model.config.get_text_config()
+    image_processor = tiny_image_processor("video_llava")
+    processor = SimpleNamespace(tokenizer=_word_tokenizer(text_config.vocab_size, text_config.pad_token_id),
+                                image_processor=image_processor)
+    rng = np.random.default_rng(6)
+    image = Image.fromarray((rng.random((8, 12, 3)) * 255).astype(np.uint8)).resize((192, 128), Image.BICUBIC)
+    box = (150.0, 50.0, 170.0, 70.0)
+    square = {"size": {"height": 32, "width": 32}}  # squashed to the tower's square: nothing cut
+    cv = CropVerify(processor, gate=1.0, tau=0.0, views=("crop",), localizer=lambda im, p: box)
+    inputs = tiny_inputs(model, images=[image])
+    caller = tiny_preprocess("video_llava", [image], image_processor, **square)
+    name = next(k for k in caller if k.startswith("pixel_values"))
+    inputs[name] = caller[name]
+    seen = []
+    group = HookGroup("tower pixels")
+    group.add_forward_pre_hook(resolve(model).vision_encoder,
+                               lambda module, args, kwargs: seen.append((args[0] if args else kwargs["pixel_values"]).clone()))
+    with attach(model, cv), group, torch.no_grad():
+        tiny_preprocess("video_llava", [image], image_processor, **square)  # the caller's preprocessing
+        model.generate(**inputs, max_new_tokens=2, do_sample=False)
+    assert cv.stats["verified"] == 1, cv.stats
+    plain = view_image(image, crop_box(box, *image.size, cv.margin))  # no framing: the call showed everything
+    expected = tiny_preprocess("video_llava", [plain], image_processor, **square)[name][0]
+    torch.testing.assert_close(seen[-1][0], expected, atol=1e-5, rtol=0)
