@@ -649,18 +649,15 @@ def test_array_and_tensor_images_are_verified_as_their_pil_images():
     prompts = _templated(processor, ["is there a dog in the image ? answer yes or no ."] * 2)
     arrays = [np.array(im) for im in images]
 
-    from hooks import HookGroup, resolve
-
     seen = []
 
     def run(given, **kwargs):
         cv = CropVerify(processor, gate=1.0, tau=0.0)
-        group = HookGroup("tower pixels")
-        group.add_forward_pre_hook(resolve(model).vision_encoder,
-                                   lambda m, args, kw: seen.append((args[0] if args else kw["pixel_values"]).clone()))
+        group, recorded = _tower_inputs(model)
         with attach(model, cv), group:
             enc = processor(text=prompts, images=given, return_tensors="pt", padding=True, **kwargs)
             out = model.generate(**enc, max_new_tokens=2, do_sample=False)
+        seen.extend(recorded)
         return _decode(processor, out, enc), cv.stats
 
     expected, stats = run(images)
@@ -717,35 +714,48 @@ def test_anyres_images_too_thin_for_a_tile_column_are_verified(model_type):
     assert cv.stats["verified"] == 2 and "no_original" not in cv.stats
 
 
+def _video_llava_with_word_processor():
+    """Tiny Video-LLaVA (its processor cuts the centre square), its image processor, and a
+    processor of that image processor and a word tokenizer over the model's ids."""
+    from types import SimpleNamespace
+
+    model = build_tiny_model("video_llava")
+    text_config = model.config.get_text_config()
+    image_processor = tiny_image_processor("video_llava")
+    return model, image_processor, SimpleNamespace(
+        tokenizer=_word_tokenizer(text_config.vocab_size, text_config.pad_token_id), image_processor=image_processor)
+
+
+def _tower_inputs(model):
+    """A hook group recording every pixel tensor the vision tower receives, and that list."""
+    from hooks import HookGroup, resolve
+
+    seen: list = []
+    group = HookGroup("tower pixels")
+    group.add_forward_pre_hook(resolve(model).vision_encoder,
+                               lambda module, args, kwargs: seen.append((args[0] if args else kwargs["pixel_values"]).clone()))
+    return group, seen
+
+
 def test_generate_path_asks_a_centre_cropping_processor_the_whole_view():
     """Video-LLaVA's processor (like LLaVA-1.5's) cuts the centre square of each image. Under
     ``attach()`` the views are framed for it (``view_image(..., shown)``): the tower receives
     each square view as that view cut alone would reach it, on a wide and a tall image, with
     the object near the edge the centre square cuts off. Stretched to the image's size, as
     before, the same views lost a side each."""
-    from types import SimpleNamespace
-
     import numpy as np
 
     from evaluators.world.views import cluster_box, crop_box, cut
-    from hooks import HookGroup, resolve
     from hooks.testing import tiny_inputs
 
-    model = build_tiny_model("video_llava")
-    text_config = model.config.get_text_config()
-    image_processor = tiny_image_processor("video_llava")
-    processor = SimpleNamespace(tokenizer=_word_tokenizer(text_config.vocab_size, text_config.pad_token_id),
-                                image_processor=image_processor)
+    model, image_processor, processor = _video_llava_with_word_processor()
     rng = np.random.default_rng(5)
     images = [Image.fromarray((rng.random((h // 16, w // 16, 3)) * 255).astype(np.uint8)).resize((w, h), Image.BICUBIC)
               for w, h in ((192, 128), (128, 192))]
     boxes = {(192, 128): (150.0, 50.0, 170.0, 70.0), (128, 192): (50.0, 150.0, 70.0, 170.0)}
     cv = CropVerify(processor, gate=1.0, tau=0.0, localizer=lambda im, p: boxes[im.size])
     inputs = tiny_inputs(model, images=images)
-    seen = []
-    group = HookGroup("tower pixels")
-    group.add_forward_pre_hook(resolve(model).vision_encoder,
-                               lambda module, args, kwargs: seen.append((args[0] if args else kwargs["pixel_values"]).clone()))
+    group, seen = _tower_inputs(model)
     with attach(model, cv), group, torch.no_grad():
         image_processor(images=images, return_tensors="pt")  # the caller's preprocessing
         model.generate(**inputs, max_new_tokens=2, do_sample=False)
@@ -765,20 +775,13 @@ def test_the_views_frame_follows_the_callers_own_preprocessing_settings():
     to a square, no centre square cut) gets views framed for what that call showed -- the
     whole image -- not for the processor's saved settings: the tower receives each view as
     that call preprocesses the plain view."""
-    from types import SimpleNamespace
-
     import numpy as np
 
     from evaluators.world.views import crop_box
-    from hooks import HookGroup, resolve
     from hooks.testing import tiny_inputs
     from mitigate.crop_verify import view_image
 
-    model = build_tiny_model("video_llava")
-    text_config = model.config.get_text_config()
-    image_processor = tiny_image_processor("video_llava")
-    processor = SimpleNamespace(tokenizer=_word_tokenizer(text_config.vocab_size, text_config.pad_token_id),
-                                image_processor=image_processor)
+    model, image_processor, processor = _video_llava_with_word_processor()
     rng = np.random.default_rng(6)
     image = Image.fromarray((rng.random((8, 12, 3)) * 255).astype(np.uint8)).resize((192, 128), Image.BICUBIC)
     box = (150.0, 50.0, 170.0, 70.0)
@@ -788,10 +791,7 @@ def test_the_views_frame_follows_the_callers_own_preprocessing_settings():
     caller = tiny_preprocess("video_llava", [image], image_processor, **square)
     name = next(k for k in caller if k.startswith("pixel_values"))
     inputs[name] = caller[name]
-    seen = []
-    group = HookGroup("tower pixels")
-    group.add_forward_pre_hook(resolve(model).vision_encoder,
-                               lambda module, args, kwargs: seen.append((args[0] if args else kwargs["pixel_values"]).clone()))
+    group, seen = _tower_inputs(model)
     with attach(model, cv), group, torch.no_grad():
         tiny_preprocess("video_llava", [image], image_processor, **square)  # the caller's preprocessing
         model.generate(**inputs, max_new_tokens=2, do_sample=False)
