@@ -35,6 +35,17 @@ def save_tiny_organism(path: Path, seed: int = 0) -> Path:
     return save_organism(model, processor, path)
 
 
+@pytest.fixture(scope="module")
+def organism():
+    """The shipped organism ``(model, processor)``, loaded once per test module (skipped
+    where its checkpoint is missing)."""
+    from evaluators.organism import ORGANISM_DIR, load_organism
+
+    if not (ORGANISM_DIR / "config.json").exists():
+        pytest.skip("organism checkpoint missing")
+    return load_organism()
+
+
 @pytest.fixture(scope="session")
 def eval_model_path(tmp_path_factory) -> str:
     """The trained organism when its checkpoint is there, else a tiny random organism."""

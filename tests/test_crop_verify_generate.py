@@ -17,13 +17,6 @@ from mitigate import CropVerify, attach
 from mitigate.answer_kinds import count_value
 
 
-@pytest.fixture(scope="module")
-def organism():
-    from evaluators.organism import ORGANISM_DIR, load_organism
-
-    if not (ORGANISM_DIR / "config.json").exists():
-        pytest.skip("organism checkpoint missing")
-    return load_organism()
 
 
 @functools.lru_cache(maxsize=None)

@@ -106,13 +106,6 @@ def test_bad_use():
         CropVerify(processor=None, locate="embedding", localizer=lambda image, prompt: (0, 0, 1, 1))
 
 
-@pytest.fixture(scope="module")
-def organism():
-    from evaluators.organism import ORGANISM_DIR, load_organism
-
-    if not (ORGANISM_DIR / "config.json").exists():
-        pytest.skip("organism checkpoint missing")
-    return load_organism()
 
 
 def test_embedding_localiser_finds_the_object_on_the_organism(organism):

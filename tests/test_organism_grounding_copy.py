@@ -14,9 +14,6 @@ from evaluators.organism.package import format_prompt
 pytestmark = pytest.mark.skipif(not (ORGANISM_DIR / "config.json").exists(), reason="organism checkpoint missing")
 
 
-@pytest.fixture(scope="module")
-def organism():
-    return load_organism()
 
 
 def test_text_form_lists_every_object_with_the_box_the_answer_copies(organism):

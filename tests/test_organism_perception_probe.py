@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from evaluators.organism import load_organism
 from evaluators.organism.perception_probe import CLEAN, existence, main, token_naming
 from evaluators.organism.signatures import build_probes
 from evaluators.world import World
 
 
-@pytest.fixture(scope="module")
-def organism():
-    return load_organism()
 
 
 def test_clean_probes_name_the_scene_they_were_drawn_from():

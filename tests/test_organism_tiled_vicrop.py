@@ -3,17 +3,6 @@ gives a box inside the image, from both box rules, and plugs into CropVerify as 
 
 import pytest
 
-from evaluators.organism import ORGANISM_DIR
-
-
-@pytest.fixture(scope="module")
-def organism():
-    if not (ORGANISM_DIR / "config.json").exists():
-        pytest.skip("organism checkpoint missing")
-    from evaluators.organism import load_organism
-
-    return load_organism()
-
 
 def test_boxes_lie_inside_the_image_and_differ_by_rule(organism):
     from evaluators.benchmarks.dobench.suite import build

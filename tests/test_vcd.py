@@ -731,7 +731,7 @@ def test_a_cache_from_another_call_is_refused_and_a_manual_loop_runs(llava):
     with attach(llava, VCD(distortion="no_image")), torch.no_grad():
         expected = _gen(llava, inputs, do_sample=False)[:, inputs["input_ids"].shape[1]:]
         out = llava(**inputs, use_cache=True)
-        ids, mask, tokens = inputs["input_ids"], inputs["attention_mask"], []
+        mask, tokens = inputs["attention_mask"], []
         positions = mask.sum(-1, keepdim=True) - 1
         for _ in range(NEW):
             token = out.logits[:, -1].argmax(-1, keepdim=True)

@@ -470,7 +470,7 @@ def test_an_object_off_the_canvas_is_not_present():
     (lambda: WorldConfig(cooccurrence=(("knife", "fork"),)), "cooccurrence"),
     (lambda: WorldConfig(min_gap="2"), "min_gap"),
 ])
-def test_bad_world_input_is_a_value_error_naming_the_argument(build, argument):
+def test_bad_world_config_is_a_value_error_naming_the_argument(build, argument):
     """Each had been accepted silently (a bool count, present="no" read as present, a
     relation of an object to itself) or raised a TypeError / KeyError / numpy error that
     named no argument (a world audit, session 37)."""
