@@ -49,7 +49,6 @@ import torch
 from torch import nn
 
 from hooks import HookGroup, ModelPoints, resolve
-from hooks.layout import FULL
 
 from .localize import StopForward, region_heat
 
@@ -149,8 +148,7 @@ def tile_boxes(width: int, height: int, grid: int) -> list[tuple[float, float, f
 
 
 def peak_box(points: ModelPoints, maps: Sequence[torch.Tensor], inputs: dict, rows: Sequence[int],
-             tiles: Sequence[tuple], size: tuple[int, int], side: float = ZOOM_SIDE,
-             shown: tuple[float, float, float, float] = FULL) -> tuple[float, float, float, float]:
+             tiles: Sequence[tuple], size: tuple[int, int], side: float = ZOOM_SIDE) -> tuple[float, float, float, float]:
     """The zoomed search's box in an image of ``size``: ``maps[i]`` is the unshifted
     similarity map (:func:`similarity_maps`, ``shift=False``) of the view of tile
     ``tiles[i]`` (cut from the image and resized to ``size``, as the views are), which is
@@ -161,13 +159,14 @@ def peak_box(points: ModelPoints, maps: Sequence[torch.Tensor], inputs: dict, ro
     similar place over all tiles -- the centre of the pixels holding
     the largest value -- is the centre of a square of ``side`` times the short side, moved
     inside the image. A peak, not :func:`best_window`'s densest window: an object smaller
-    than a patch lights one token, which a window's mean dilutes among its neighbours.
-    ``shown``: the part of each tile's view the processor showed (:func:`hooks.layout.visible_box`)."""
+    than a patch lights one token, which a window's mean dilutes among its neighbours. Each
+    tile's view is framed so that the processor keeps the whole tile
+    (:func:`mitigate.crop_verify.view_image`), so its map covers the tile."""
     width, height = size
     best = None
     for heat, row, (x0, y0, x1, y1) in zip(maps, rows, tiles):
         regions = points.token_regions(heat.shape[-1], inputs, row, size)
-        canvas = region_heat(heat[0].float() + 1.0, None, regions, width, height, normalise=False, shown=shown)
+        canvas = region_heat(heat[0].float() + 1.0, None, regions, width, height, normalise=False)
         top = float(canvas.max())
         if best is not None and top <= best[0]:
             continue
