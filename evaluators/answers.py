@@ -434,7 +434,8 @@ def parse_box(
       in ``frame`` (:mod:`evaluators.box_frames`: ``pixels`` of the image by default,
       ``relative_1000`` for Qwen2-VL / Qwen3-VL / InternVL / GLM-4.xV, ``relative_1``).
 
-    ``"none"`` for an explicit abstention; None if unreadable. Corners out of order (a token
+    ``"none"`` for an abstention (``none``, or a sentence that denies the object and draws no
+    box: "There is no dog in the image"); None if unreadable. Corners out of order (a token
     ``x1 < x0``, a written ``x1 <= x0``), a bin past the grid (``<c16>`` of 16 bins) or a
     non-finite value is not a box: None. The token forms say their own frame, so ``frame``
     applies to written numbers only."""
@@ -458,7 +459,11 @@ def parse_box(
         if not all(math.isfinite(v) for v in vals) or vals[2] <= vals[0] or vals[3] <= vals[1]:
             return None
         return box_frame.to_pixels(vals, size, height)
-    if words(text)[:1] in (["none"], ["no"]):
+    # an abstention: "none" / "no", or -- as production VLMs abstain in prose -- an answer with
+    # no box that denies the object ("There is no dog in the image", "I don't see a dog"),
+    # read by parse_yes_no's rules. A sentence that affirms, or says neither, and draws no
+    # box stays unreadable
+    if words(text)[:1] in (["none"], ["no"]) or parse_yes_no(text) is False:
         return "none"
     return None
 

@@ -28,7 +28,9 @@ rounding is left, since the scoring sees only the answer text and the image, not
 processor's output.
 
 :data:`MODEL_TYPE_FRAMES` is the per-family default (data, keyed by ``config.model_type``);
-``vlm-eval`` / ``vlm-report`` ``--box_frame`` overrides it for a checkpoint trained otherwise.
+the grounding format a model is asked in (:mod:`evaluators.grounding_formats`) names the
+frame its answers come in and comes first; ``vlm-eval`` / ``vlm-report`` ``--box_frame``
+overrides both for a checkpoint trained otherwise.
 """
 
 from __future__ import annotations

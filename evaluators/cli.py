@@ -230,13 +230,20 @@ def check_positive(parser: argparse.ArgumentParser, **flags: int | None) -> None
             parser.error(f"--{flag} must be {what}, got {value}")
 
 
-def add_box_frame_argument(parser: argparse.ArgumentParser) -> None:
-    """``--box_frame``: the coordinate frame the model writes boxes in (HalluSegBench)."""
+def add_grounding_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--grounding_format`` and ``--box_frame``: how HalluSegBench asks the model for a box,
+    and the coordinate frame it writes boxes in."""
     from .box_frames import BOX_FRAMES
+    from .grounding_formats import GROUNDING_FORMATS
 
+    parser.add_argument("--grounding_format", default=None, choices=sorted(GROUNDING_FORMATS),
+                        help="how a HalluSegBench query asks the model for a box (evaluators/grounding_formats.py); "
+                             "default: its family's (Qwen2-VL, Qwen2.5-VL, Qwen3-VL / Qwen3.5, InternVL, PaliGemma), "
+                             "else the toolkit's own 'where is the dog ?'")
     parser.add_argument("--box_frame", default=None, choices=sorted(BOX_FRAMES),
-                        help="the frame the model writes boxes in (evaluators/box_frames.py); default: its "
-                             "family's (relative_1000 for Qwen2-VL / Qwen3-VL / InternVL / GLM-4.xV, else pixels)")
+                        help="the frame the model writes boxes in (evaluators/box_frames.py); default: the grounding "
+                             "format's, else its family's (relative_1000 for Qwen2-VL / Qwen3-VL / InternVL / "
+                             "GLM-4.xV, else pixels)")
 
 
 def output_path_wording(err: Exception) -> str:
@@ -265,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max_new_tokens", type=int, default=8)
     parser.add_argument("--gen_kwargs", default="", help="generate() arguments, e.g. do_sample=true,temperature=1")
-    add_box_frame_argument(parser)
+    add_grounding_arguments(parser)
     add_judge_arguments(parser)
     parser.add_argument("--no_progress", action="store_true")
     args = parser.parse_args(argv)
@@ -324,7 +331,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:  # a value a mitigation refuses once it has the processor
         parser.error(f"--mitigations: {err}")
     under_test = HFModel(model, processor, mitigations=mitigations, max_new_tokens=args.max_new_tokens,
-                         generate_kwargs=gen_kwargs, name=args.model, box_frame=args.box_frame)
+                         generate_kwargs=gen_kwargs, name=args.model, box_frame=args.box_frame,
+                         grounding_format=args.grounding_format)
     config = {"tasks": tasks, "limit": args.limit, "mitigations": args.mitigations}
     try:
         payload = run(queries, under_test, args.output_path, batch_size=args.batch_size, seed=args.seed,

@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .box_frames import DEFAULT_FRAME, default_box_frame, get_box_frame
+from .grounding_formats import DEFAULT_FORMAT, default_grounding_format, get_grounding_format, worded
 from .query import Query
 
 
@@ -63,29 +64,56 @@ def stable_repr(obj: Any) -> str:
 _OPENS_THINKING = re.compile(r"(<think>|◁think▷)\s*$")
 
 
+def _with_grounding(described: dict[str, Any], name: str) -> dict[str, Any]:
+    """A model's ``describe()`` with its grounding format, unless it is the toolkit's own."""
+    return described if name == DEFAULT_FORMAT else {**described, "grounding_format": name}
+
+
 class HFModel:
     def __init__(self, model, processor, *, mitigations: Sequence = (), max_new_tokens: int = 16,
-                 generate_kwargs: dict | None = None, name: str | None = None, box_frame: str | None = None) -> None:
-        """``box_frame``: the coordinate frame the model writes boxes in
-        (:mod:`evaluators.box_frames`; default: its family's, by ``config.model_type``)."""
+                 generate_kwargs: dict | None = None, name: str | None = None, box_frame: str | None = None,
+                 grounding_format: str | None = None) -> None:
+        """``grounding_format``: how a grounding query (HalluSegBench) asks this model for a
+        box (:mod:`evaluators.grounding_formats`; default: its family's, by
+        ``config.model_type``); ``box_frame``: the coordinate frame the model writes boxes in
+        (:mod:`evaluators.box_frames`; default: the grounding format's, else its family's)."""
         self.model = model.eval()
         self.processor = processor
         self.mitigations = list(mitigations)
         self.max_new_tokens = max_new_tokens
         self.generate_kwargs = {"do_sample": False, **(generate_kwargs or {})}
         self.name = name or getattr(model.config, "_name_or_path", "") or type(model).__name__
-        self.box_frame = get_box_frame(box_frame or default_box_frame(model)).name
+        self.grounding = get_grounding_format(grounding_format or default_grounding_format(model))
+        self.box_frame = get_box_frame(box_frame or self.grounding.frame or default_box_frame(model)).name
+        self._warned_short = False
 
     def describe(self) -> dict[str, Any]:
         """What the answers depend on, the same in every process (a run resumes by it):
-        mitigations by :func:`stable_repr`, a function they hold by module and name."""
-        return {
+        mitigations by :func:`stable_repr`, a function they hold by module and name; the
+        grounding format when it is not the toolkit's (it words what is asked; folders
+        written before formats existed resume as they did)."""
+        described = {
             "model": self.name,
             "model_class": type(self.model).__name__,
             "mitigations": [stable_repr(m) for m in self.mitigations],
             "max_new_tokens": self.max_new_tokens,
             "generate_kwargs": self.generate_kwargs,
         }  # not box_frame: it changes how answers are read, not what is answered (runner.with_box_frame)
+        return _with_grounding(described, self.grounding.name)
+
+    def worded(self, queries: Sequence[Query]) -> list[Query]:
+        """``queries`` as this model is asked them: grounding queries in its grounding format
+        (a warning, once, when ``max_new_tokens`` is below what a box answer in it needs)."""
+        out = [worded(q, self.grounding) for q in queries]
+        if (not self._warned_short and self.max_new_tokens < self.grounding.answer_tokens
+                and any(q.grounding for q in queries)):
+            import warnings
+
+            self._warned_short = True
+            warnings.warn(f"max_new_tokens={self.max_new_tokens} is below the {self.grounding.answer_tokens} new tokens "
+                          f"a box answer in grounding format {self.grounding.name!r} takes: its boxes may be cut off "
+                          "and read as unreadable (vlm-eval --max_new_tokens)", stacklevel=3)
+        return out
 
     @torch.no_grad()
     def weights_digest(self) -> str:
@@ -109,6 +137,7 @@ class HFModel:
 
     @torch.no_grad()
     def __call__(self, queries: Sequence[Query]) -> list[str]:
+        queries = self.worded(queries)
         reaskers = [m for m in self.mitigations if hasattr(m, "answer")]
         hooks = [m for m in self.mitigations if not hasattr(m, "answer")]
         if reaskers:  # crop-and-verify: needs the original images, answers through its own passes
@@ -187,17 +216,23 @@ class CallableModel:
     is. Two closures of one function (``make_model("a")`` and ``make_model("b")``), or two
     instances of one callable class, look alike unless named: pass each its own ``name``.
 
-    ``box_frame``: the coordinate frame of the boxes it writes as numbers
-    (:mod:`evaluators.box_frames`; default pixels of the asked image).
+    ``grounding_format``: how a grounding query (HalluSegBench) words its prompt for ``fn``
+    (:mod:`evaluators.grounding_formats`; default the toolkit's own wording); ``box_frame``:
+    the coordinate frame of the boxes it writes as numbers (:mod:`evaluators.box_frames`;
+    default the grounding format's, else pixels of the asked image).
     """
 
-    def __init__(self, fn: Callable[[list, str], Any], name: str = "callable", box_frame: str = DEFAULT_FRAME) -> None:
+    def __init__(self, fn: Callable[[list, str], Any], name: str = "callable", box_frame: str | None = None,
+                 grounding_format: str = DEFAULT_FORMAT) -> None:
         if not callable(fn):
             raise ValueError("fn must be callable: fn(images, prompt) -> str or mask")
-        self.fn, self.name, self.box_frame = fn, name, get_box_frame(box_frame).name
+        self.fn, self.name = fn, name
+        self.grounding = get_grounding_format(grounding_format)
+        self.box_frame = get_box_frame(box_frame or self.grounding.frame or DEFAULT_FRAME).name
 
     def describe(self) -> dict[str, Any]:
-        return {"model": self.name, "model_class": "callable", "fn": callable_name(self.fn)}
+        return _with_grounding({"model": self.name, "model_class": "callable", "fn": callable_name(self.fn)},
+                               self.grounding.name)
 
     def __call__(self, queries: Sequence[Query]) -> list[str]:
         from .masks import encode_mask
@@ -206,7 +241,7 @@ class CallableModel:
 
         out = []
         for q in queries:
-            answer = self.fn(q.load_images(), q.prompt)
+            answer = self.fn(q.load_images(), worded(q, self.grounding).prompt)
             if answer is None:
                 out.append("none")  # an explicit abstention
             elif isinstance(answer, str):

@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping
 
 from .answers import (count_value, existence_subject, keywords_found, parse_choice, parse_count, parse_option,
                       parse_yes_no, tail_first, words)
+from .grounding_formats import check_grounding
 
 ANSWER_KINDS = ("yes_no", "option", "number", "interval", "choice", "keywords", "text")
 
@@ -35,10 +36,16 @@ class Query:
     # the ground truth as the data writes it, for an LLM judge (evaluators.judge.reference_text;
     # None: the truth in words). Not part of the fingerprint: it does not change what is asked
     reference: str | None = None
+    # what a grounding query (HalluSegBench) asks a box for: {"expression": "dog"} or, for a
+    # whole question, {"question": ...}. The model under test words its prompt from it in its
+    # family's grounding format (evaluators.grounding_formats); ``prompt`` is the toolkit's
+    # wording. None: the query asks for no box
+    grounding: dict | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in ANSWER_KINDS:
             raise ValueError(f"kind must be one of {ANSWER_KINDS}, got {self.kind!r}")
+        check_grounding(self.grounding)
 
     def load_images(self) -> list:
         return [img.open() if hasattr(img, "open") and hasattr(img, "path") else img for img in self.images]

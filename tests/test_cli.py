@@ -170,7 +170,7 @@ class _Scripted:
     """A stand-in for HFModel (no weights: this is about the CLI's messages)."""
 
     def __init__(self, model, processor, mitigations=(), generate_kwargs=None, max_new_tokens=8, name="scripted",
-                 box_frame=None):
+                 box_frame=None, grounding_format=None):
         self.mitigations, self.generate_kwargs, self.name = list(mitigations), generate_kwargs or {}, name
 
     def describe(self):

@@ -76,7 +76,7 @@ class _Scripted:
     it answers every yes/no question right (no weights involved: this is about bookkeeping)."""
 
     def __init__(self, model, processor, mitigations=(), generate_kwargs=None, max_new_tokens=8, name="scripted",
-                 box_frame=None):
+                 box_frame=None, grounding_format=None):
         self.mitigations, self.generate_kwargs, self.name = list(mitigations), generate_kwargs or {}, name
 
     def describe(self):

@@ -8,7 +8,8 @@ missing or corrupt become invalid queries: never asked, counted and named in res
 (``invalid[bench]["invalid_inputs"]``, the console line, ``samples.jsonl``) and left out of
 every metric's denominator (an unreadable *answer* counts as wrong; a sample that could not
 be asked says nothing of the model: our choice, the papers score complete data).
-Prompt wording for HalluSegBench boxes/masks is configurable (``SEGMENT_PROMPT``).
+HalluSegBench's prompt is ``SEGMENT_PROMPT`` (or the entry's question); a model under test
+words it in its family's grounding format (:mod:`evaluators.grounding_formats`).
 """
 
 from __future__ import annotations
@@ -33,13 +34,16 @@ def hallusegbench(path: str | Path) -> list[Query]:
         problem = s.problem
         common = {"sample_id": f"hsb-{s.id}", "split": s.split, "factual_mask_path": str(s.factual_mask.path),
                   "counterfactual_mask_path": str(s.counterfactual_mask.path)}
-        roles = (("fact", s.factual_image, s.question or SEGMENT_PROMPT.format(label=s.factual_label)),
-                 ("textual", s.factual_image, s.counterfactual_question or
-                  SEGMENT_PROMPT.format(label=s.counterfactual_label)),
-                 ("visual", s.counterfactual_image, s.question or SEGMENT_PROMPT.format(label=s.factual_label)))
-        for role, image, prompt in roles:
+        roles = (("fact", s.factual_image, s.question, s.factual_label),
+                 ("textual", s.factual_image, s.counterfactual_question, s.counterfactual_label),
+                 ("visual", s.counterfactual_image, s.question, s.factual_label))
+        for role, image, question, label in roles:
+            # the toolkit's wording; the model under test may word it in its family's grounding
+            # format from ``grounding`` (evaluators.grounding_formats)
+            prompt = question or SEGMENT_PROMPT.format(label=label)
+            grounding = {"question": question} if question else {"expression": label}
             out.append(Query(f"hsb-{s.id}-{role}", "hallusegbench", [image], prompt, "text", None,
-                             {**common, "role": role}, problem=problem))
+                             {**common, "role": role}, problem=problem, grounding=grounding))
     return out
 
 

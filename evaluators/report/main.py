@@ -104,10 +104,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resamples", type=int, default=1000,
                         help="paired-bootstrap resamples behind each 95%% interval (default 1000; at least "
                              "100, evaluators/report/stats.py MIN_RESAMPLES)")
-    from ..cli import (add_box_frame_argument, add_judge_arguments, check_model, check_positive, judge_options,
+    from ..cli import (add_grounding_arguments, add_judge_arguments, check_model, check_positive, judge_options,
                        load_judge, load_model, output_path_wording, parse_kv)
 
-    add_box_frame_argument(parser)
+    add_grounding_arguments(parser)
     add_judge_arguments(parser)  # it grades once every arm has answered: the cost column times the arms alone
     parser.add_argument("--no_progress", action="store_true")
     args = parser.parse_args(argv)
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         mitigations = arm.build(processor)
         under_test = testers[arm.name] = HFModel(model, processor, mitigations=mitigations,
                                                  generate_kwargs=arm.generate_kwargs, max_new_tokens=8, name=args.model,
-                                                 box_frame=args.box_frame)
+                                                 box_frame=args.box_frame, grounding_format=args.grounding_format)
         folder = out / slug(arm.name)
         resumed = bool(wanted & done_ids(folder)) if folder.exists() else False
         start = time.perf_counter()

@@ -72,8 +72,10 @@ def build(n_pairs: int = 30, seed: int = 0, world: World | None = None,
             for role, image, label in (("fact", "factual", pair.factual_label),
                                        ("textual", "factual", pair.counterfactual_label),
                                        ("visual", "counterfactual", pair.factual_label)):
+                expression = label if split == "referring" else REASONING[label]
                 queries.append(Query(f"{sid}-{role}", "hallusegbench", [images[image]], _prompt(split, label),
-                                     "text", None, {**common, "role": role, "label": label}))
+                                     "text", None, {**common, "role": role, "label": label},
+                                     grounding={"expression": expression}))
     return queries
 
 

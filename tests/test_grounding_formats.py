@@ -1,0 +1,180 @@
+"""HalluSegBench asks each model for a box the way its family was trained to be asked
+(evaluators/grounding_formats.py): the request's wording, the frame of the answer, the
+run's identity, and prose abstentions read as abstentions."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from evaluators.answers import parse_box
+from evaluators.benchmarks.hallusegbench.suite import build as hsb
+from evaluators.box_frames import BOX_FRAMES
+from evaluators.grounding_formats import (DEFAULT_FORMAT, GROUNDING_FORMATS, MODEL_TYPE_FORMATS, GroundingFormat,
+                                          get_grounding_format, register_grounding_format)
+from evaluators.model import CallableModel, HFModel
+from evaluators.query import Query
+from evaluators.runner import RunMismatch, run
+from evaluators.world import Scene
+
+
+def test_family_formats_are_data_about_known_model_types():
+    from transformers import CONFIG_MAPPING
+
+    for model_type, name in MODEL_TYPE_FORMATS.items():
+        assert model_type in CONFIG_MAPPING and name in GROUNDING_FORMATS, model_type
+    for fmt in GROUNDING_FORMATS.values():
+        assert fmt.frame is None or fmt.frame in BOX_FRAMES, fmt.name
+        if fmt.referring is not None:  # each wording carries what it asks for, and nothing else to fill
+            assert "dog" in fmt.words({"expression": "dog"}, "where is the dog ?")
+            assert "What barks?" in fmt.words({"question": "What barks?"}, "What barks?")
+
+
+@pytest.mark.parametrize("model_type, name, frame", [
+    ("qwen2_vl", "qwen2_vl", "relative_1000"), ("qwen2_5_vl", "qwen2_5_vl", "pixels"),
+    ("qwen3_vl", "qwen3_vl", "relative_1000"), ("internvl", "internvl", "relative_1000"),
+    ("paligemma", "paligemma", "pixels"), ("llava", DEFAULT_FORMAT, "pixels"), ("glm4v", DEFAULT_FORMAT, "relative_1000"),
+])
+def test_a_model_is_asked_in_its_familys_format(model_type, name, frame):
+    """The default follows ``config.model_type``; the llava family (the organism among its
+    checkpoints) keeps the toolkit's wording; GLM keeps its frame with the toolkit's wording."""
+    from hooks.testing import build_tiny_model
+
+    model = HFModel(build_tiny_model(model_type), None)
+    assert (model.grounding.name, model.box_frame) == (name, frame)
+    assert ("grounding_format" in model.describe()) == (name != DEFAULT_FORMAT)
+
+
+def test_only_grounding_queries_are_reworded_and_a_short_budget_warns():
+    from hooks.testing import build_tiny_model
+
+    queries = hsb(n_pairs=1, seed=0)  # referring and reasoning
+    other = Query("x", "dobench", [queries[0].images[0]], "is there a dog ?", "yes_no", "yes")
+    model = HFModel(build_tiny_model("internvl"), None, max_new_tokens=16)
+    with pytest.warns(UserWarning, match="max_new_tokens=16 is below the 40"):
+        asked = model.worded([*queries, other])
+    assert asked[-1] is other
+    by_role = {(q.record["split"], q.record["role"]): q.prompt for q in asked[:-1]}
+    label = queries[0].record["label"]
+    assert by_role["referring", "fact"] == ("Please provide the bounding box coordinate of the region this sentence "
+                                            f"describes: <ref>{label}</ref>")
+    assert by_role["reasoning", "fact"].endswith("</ref>") and "where is" not in by_role["reasoning", "fact"]
+    assert [q.prompt for q in queries] == [q.prompt for q in hsb(n_pairs=1, seed=0)]  # the suite's queries are untouched
+    roomy = HFModel(build_tiny_model("internvl"), None, max_new_tokens=64)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        roomy.worded(queries)
+
+
+def _true_box(query, scale):
+    key = "counterfactual_scene" if query.record["role"] == "visual" else "factual_scene"
+    scene = Scene.from_dict(query.record[key])
+    found = [o for o in scene.objects if o.category == query.record["label"]]
+    if not found:
+        return "There is no such object in the image."  # a production model's abstention, in prose
+    x0, y0, x1, y1 = (v * scale / scene.resolution for v in found[0].box)
+    return "```json\n" + json.dumps([{"bbox_2d": [round(v) for v in (x0, y0, x1, y1)], "label": "x"}]) + "\n```"
+
+
+def test_a_run_asks_in_the_format_reads_in_its_frame_and_resumes_only_under_it(tmp_path):
+    """A grounder that answers only the Qwen3-VL wording, with boxes relative to 1000 and
+    abstentions in prose: asked in that format it scores what true boxes score (IoU_fact
+    below 1: a box against a mask; the abstentions read as abstentions, no unreadable
+    answer); asked in the toolkit's wording it answers nothing readable. A resumed run in
+    another format is refused, naming it."""
+    queries = hsb(n_pairs=3, seed=2, splits=("referring",))
+    wording = GROUNDING_FORMATS["qwen3_vl"]
+    answers = {(wording.words(q.grounding, q.prompt), q.images[0].tobytes()): _true_box(q, 1000) for q in queries}
+
+    def grounder(images, prompt):
+        return answers.get((prompt, images[0].tobytes()), "I am not sure.")
+
+    out = run(queries, CallableModel(grounder, name="g", grounding_format="qwen3_vl"), tmp_path / "qwen", progress=False)
+    result = out["results"]["hallusegbench"]
+    assert 0.5 < result["iou_fact"] < 1.0
+    assert result["unreadable_textual"] == result["unreadable_visual"] == 0
+    assert out["config"]["model"]["grounding_format"] == "qwen3_vl"
+    lines = [json.loads(x) for x in (tmp_path / "qwen" / "samples.jsonl").read_text().splitlines()]
+    assert {r["box_frame"] for r in lines} == {"relative_1000"}  # the format's frame: no --box_frame given
+    plain = run(queries, CallableModel(grounder, name="g"), tmp_path / "plain", progress=False)
+    assert plain["results"]["hallusegbench"]["iou_fact"] == 0.0
+    with pytest.raises(RunMismatch, match="grounding_format"):
+        run(queries, CallableModel(grounder, name="g", grounding_format="internvl"), tmp_path / "qwen", progress=False)
+
+
+def test_user_data_reasoning_entries_are_asked_their_question(tmp_path):
+    """A native reasoning entry carries a question (and the counterfactual query its own):
+    the family's question wording asks it, the referring entries their label."""
+    from evaluators.benchmarks.protocols import PROTOCOLS
+
+    Image.fromarray(np.pad(np.full((8, 8), 255, np.uint8), 12)).save(tmp_path / "m.png")
+    Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(tmp_path / "f.png")
+    Image.fromarray(np.full((32, 32, 3), 9, np.uint8)).save(tmp_path / "c.png")
+    entry = {"factual_image_path": "f.png", "factual_mask_path": "m.png", "counterfactual_image_path": "c.png",
+             "counterfactual_mask_path": "m.png", "factual_label": "dog", "counterfactual_label": "cat"}
+    (tmp_path / "data.json").write_text(json.dumps([
+        entry, {**entry, "question": "What barks?", "counterfactual_question": "What meows?"}]))
+    asked = []
+    model = CallableModel(lambda images, prompt: asked.append(prompt) or "none", grounding_format="qwen2_5_vl")
+    run(PROTOCOLS["hallusegbench"](tmp_path / "data.json"), model, tmp_path / "run", progress=False)
+    assert sorted(asked) == sorted([
+        "Locate the dog, output its bbox coordinates using JSON format.",
+        "Locate the cat, output its bbox coordinates using JSON format.",
+        "Locate the dog, output its bbox coordinates using JSON format.",
+        "What barks? Locate it, and output its bbox coordinates using JSON format.",
+        "What meows? Locate it, and output its bbox coordinates using JSON format.",
+        "What barks? Locate it, and output its bbox coordinates using JSON format.",
+    ])
+
+
+def test_prose_abstentions_read_as_none_and_prose_without_a_box_stays_unreadable():
+    for text in ("There is no dog in the image.", "I don't see a dog here.", "No dog is visible.", "none"):
+        assert parse_box(text, 100) == "none", text
+    for text in ("The dog is on the left.", "Yes, there is a dog.", "I am not sure."):
+        assert parse_box(text, 100) is None, text
+    assert parse_box("There is no cat, but the dog is at [10, 20, 30, 40].", 100) == (10, 20, 30, 40)
+
+
+def test_bad_formats_and_grounding_fields_are_refused_by_name(tmp_path, capsys):
+    with pytest.raises(ValueError, match="unknown grounding_format 'qwen3'.*Did you mean"):
+        get_grounding_format("qwen3")
+    with pytest.raises(ValueError, match="already registered"):
+        register_grounding_format(GroundingFormat("qwen3_vl", "{expression}", "{question}"))
+    with pytest.raises(ValueError, match="needs \\{expression\\}"):
+        register_grounding_format(GroundingFormat("mine", "find it", "{question}"))
+    with pytest.raises(ValueError, match="both templates or neither"):
+        register_grounding_format(GroundingFormat("mine", "{expression}", None))
+    with pytest.raises(ValueError, match="box_frame 'relative_100'"):
+        register_grounding_format(GroundingFormat("mine", "{expression}", "{question}", "relative_100"))
+    assert "mine" not in GROUNDING_FORMATS
+    with pytest.raises(ValueError, match="grounding must hold exactly one of"):
+        Query("x", "hallusegbench", [], "where is the dog ?", "text", None, grounding={"label": "dog"})
+    with pytest.raises(ValueError, match="non-empty string"):
+        Query("x", "hallusegbench", [], "where is the dog ?", "text", None, grounding={"expression": " "})
+    with pytest.raises(ValueError, match="grounding_format"):
+        CallableModel(lambda i, p: "none", grounding_format="qwen")
+    from evaluators.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["--model", "organism", "--tasks", "hallusegbench", "--grounding_format", "qwen",
+              "--output_path", str(tmp_path / "x")])
+    assert "invalid choice: 'qwen'" in capsys.readouterr().err
+
+
+def test_the_cli_asks_the_organism_in_a_chosen_format(tmp_path):
+    """``vlm-eval --grounding_format internvl`` on the organism (a llava checkpoint, the
+    toolkit's wording by default): the run records the format, and the boxes are read in
+    its frame."""
+    from evaluators.cli import main
+
+    assert main(["--model", "organism", "--tasks", "hallusegbench", "--limit", "2", "--grounding_format", "internvl",
+                 "--max_new_tokens", "40", "--no_progress", "--output_path", str(tmp_path / "y")]) == 0
+    result = json.loads((tmp_path / "y" / "results.json").read_text())
+    assert result["config"]["model"]["grounding_format"] == "internvl"
+    lines = [json.loads(x) for x in (tmp_path / "y" / "samples.jsonl").read_text().splitlines()]
+    assert lines and {r["box_frame"] for r in lines} == {"relative_1000"}
