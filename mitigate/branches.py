@@ -381,8 +381,14 @@ class ContrastBranches:
         refuse_paged_cache(cache_of(kwargs), "a contrast branch")
         if args:
             raise ValueError("contrast branches need keyword inputs: call model(**inputs) / model.generate(**inputs)")
-        if kwargs.get("labels") is not None:
-            raise ValueError("contrast branches are an inference-time mitigation; do not pass labels")
+        labels = kwargs.get("labels")
+        if labels is not None:
+            if bool((labels != -100).any()):
+                raise ValueError("contrast branches are an inference-time mitigation; do not pass labels")
+            # PaliGemma's processor returns labels with every call ("kept only for BC"), all
+            # -100 without a suffix: no target, so they are dropped, not refused (the rows
+            # they would be scored on are expanded by the branches)
+            kwargs["labels"] = None
         ids, embeds = kwargs.get("input_ids"), kwargs.get("inputs_embeds")
         lead = ids if ids is not None else embeds
         if lead is None:

@@ -98,6 +98,7 @@ from evaluators.world.views import check_margin, cluster_box, crop_box, pixel_bo
 from hooks import resolve
 from hooks.layout import FULL, visible_box
 from hooks.cache import output_cache
+from hooks.prompting import user_prompt
 
 from .answer_kinds import answer_kind, count_value
 from .base import Mitigation, register
@@ -363,9 +364,7 @@ class CropVerify(Mitigation):
     def _inputs(self, images: list, prompts: list[str], model) -> dict:
         """One prompt per entry of ``images``: an image, or a list of images (the "pair" view)."""
         groups = [im if isinstance(im, list) else [im] for im in images]
-        texts = [self.processor.apply_chat_template(
-            [{"role": "user", "content": [{"type": "image"}] * len(g) + [{"type": "text", "text": p}]}],
-            add_generation_prompt=True) for g, p in zip(groups, prompts)]
+        texts = [user_prompt(self.processor, p, len(g)) for g, p in zip(groups, prompts)]
         # nested per prompt: some processors (Gemma3's) read a flat list as one prompt's images
         return self.processor(text=texts, images=groups, return_tensors="pt", padding=True).to(model.device)
 

@@ -83,11 +83,13 @@ def test_pipeline_with_every_mitigation_and_exact_removal(checkpoints, model_typ
     model, processor = load_hf(checkpoints[model_type])
     pipe = pipeline("image-text-to-text", model=model, processor=processor)
     image = World(BIASED).scene(3).render()
-    messages = [{"role": "user", "content": [
-        {"type": "image", "image": image},
-        {"type": "text", "text": "i am certain there is no dog in the image . is there a dog in the image ?"}]}]
+    question = "i am certain there is no dog in the image . is there a dog in the image ?"
+    messages = [{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": question}]}]
 
     def ask():
+        if processor.chat_template is None:  # PaliGemma: no chat, the pipeline takes the text as it is
+            answer = pipe(images=image, text=question, generate_kwargs={"max_new_tokens": 4, "do_sample": False})
+            return {"role": "assistant", "content": answer[0]["generated_text"]}
         return pipe(text=messages, generate_kwargs={"max_new_tokens": 4, "do_sample": False})[0]["generated_text"][-1]
 
     before = ask()
@@ -99,3 +101,40 @@ def test_pipeline_with_every_mitigation_and_exact_removal(checkpoints, model_typ
         mitigated = ask()
     assert mitigated["role"] == "assistant" and isinstance(mitigated["content"], str)
     assert ask() == before
+
+
+def test_a_checkpoint_without_a_chat_template_is_prompted_and_mitigated(checkpoints):
+    """PaliGemma ships no chat template: the prompt is its image placeholder, then the text
+    (hooks.prompting), which its processor completes with BOS and the newline. Its processor
+    returns all -100 labels with every call: contrast branches drop them, and refuse labels
+    that hold a target."""
+    import torch
+
+    from evaluators.world import BIASED, World
+    from hooks.prompting import user_prompt
+    from mitigate import VCD, attach
+
+    model, processor = load_hf(checkpoints["paligemma"])
+    assert processor.chat_template is None
+    prompt = user_prompt(processor, "is there a dog ?")
+    assert prompt == processor.image_token + "is there a dog ?"
+    enc = processor(text=[prompt], images=[[World(BIASED).scene(3).render()]], return_tensors="pt")
+    assert (enc["input_ids"] == model.config.image_token_id).sum() == model.config.text_config.num_image_tokens
+    assert (enc["labels"] == -100).all()
+    plain = {k: v for k, v in enc.items() if k != "labels"}
+    with attach(model, VCD(seed=0)), torch.no_grad():  # a forward of the caller's own inputs, as
+        # crop-and-verify's localisation pass makes one (generate() itself does not pass labels on)
+        with_labels = model(**enc).logits
+        without = model(**plain).logits
+        target = enc["labels"].clone()
+        target[0, -1] = 5
+        with pytest.raises(ValueError, match="do not pass labels"):
+            model(**{**plain, "labels": target})
+    assert torch.equal(with_labels, without)
+
+    class Bare:  # no template and no image placeholder: nothing says where the image goes
+        chat_template = None
+
+    with pytest.raises(ValueError, match="no chat template and no image_token"):
+        user_prompt(Bare(), "is there a dog ?")
+    assert user_prompt(Bare(), "a text-only prompt", n_images=0) == "a text-only prompt"

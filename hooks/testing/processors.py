@@ -44,7 +44,8 @@ _VICUNA_TEMPLATE = (
 #: per family: the processor class; special tokens -> the config attribute holding the id
 #: (or an id counted back from the end of the vocabulary); the names the processor reads
 #: from its tokenizer; constructor arguments (a string is a config attribute path, anything
-#: else the value itself); and the chat template. Families whose processor needs
+#: else the value itself); attributes set on the image processor (config attribute paths);
+#: and the chat template (None where the family's checkpoints ship none). Families whose processor needs
 #: torchvision in transformers 5 (those with a video processor -- Qwen2/2.5/3-VL,
 #: LLaVA-OneVision, InternVL, SmolVLM -- and Pixtral's, for Mistral3) cannot be built
 #: without it, so they are not listed; their models are covered through ``tiny_inputs``.
@@ -65,6 +66,16 @@ PROCESSOR_SPECS: dict[str, dict] = {
         "kwargs": {"patch_size": "vision_config.patch_size",
                    "vision_feature_select_strategy": "vision_feature_select_strategy", "num_additional_image_tokens": 1},
         "chat_template": _VICUNA_TEMPLATE,
+    },
+    # PaliGemma's checkpoints ship no chat template: prompts are the image placeholders, then
+    # the text (the processor adds BOS and the newline); the image processor carries the
+    # number of image tokens, as their preprocessor_config.json does
+    "paligemma": {
+        "class": "PaliGemmaProcessor",
+        "specials": {"<image>": "image_token_index"},
+        "named": {"image_token": "<image>"},
+        "image_attributes": {"image_seq_length": "text_config.num_image_tokens"},
+        "chat_template": None,
     },
 }
 
@@ -100,6 +111,10 @@ def tiny_tokenizer(model_type: str, config, words: Sequence[str] | None = None):
     words = [w for w in dict.fromkeys(w.lower() for w in (DEFAULT_WORDS if words is None else words)) if w not in taken]
     words = words[: len(free) - 1]
     vocab = {**fixed, "<unk>": free[0], **{w: i for w, i in zip(words, free[1:])}}
+    # every id below vocab_size holds a token, so tokens a processor adds (PaliGemma's 1152
+    # <locNNNN> / <segNNN>) get ids past it: added into a vocabulary with holes, they were
+    # given ids it already used, and the reloaded tokenizer no longer matched its specials
+    vocab.update({f"<unused{i}>": i for i in free[1 + len(words):]})
     tok = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
     tok.normalizer = normalizers.Lowercase()
     tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(),
@@ -132,7 +147,10 @@ def tiny_processor(model_type: str, config, words: Sequence[str] | None = None):
     cls = getattr(transformers, spec["class"])
     kwargs = {name: _attribute(config, value) if isinstance(value, str) else value
               for name, value in spec.get("kwargs", {}).items()}
-    return cls(image_processor=tiny_image_processor(model_type), tokenizer=tiny_tokenizer(model_type, config, words),
+    image_processor = tiny_image_processor(model_type)
+    for name, path in spec.get("image_attributes", {}).items():
+        setattr(image_processor, name, _attribute(config, path))
+    return cls(image_processor=image_processor, tokenizer=tiny_tokenizer(model_type, config, words),
                chat_template=spec["chat_template"], **kwargs)
 
 

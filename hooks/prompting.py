@@ -1,0 +1,38 @@
+"""One user turn as a checkpoint's processor expects it, with or without a chat template.
+
+Most VLM checkpoints ship a chat template, and ``processor.apply_chat_template`` writes the
+turn. PaliGemma's do not (its mix checkpoints are prompted with a bare task prefix,
+"detect dog" / "answer en is there a dog?"), and ``apply_chat_template`` then raises, so any
+tool that asked through it could not evaluate or verify a PaliGemma model at all. Without a
+template the turn is the processor's image placeholder once per image, then the text: the
+layout PaliGemma's processor documents (it then inserts BOS after the placeholders and the
+closing newline itself), and the only one a template-less processor can be given without
+knowing its family.
+"""
+
+from __future__ import annotations
+
+
+def has_chat_template(processor) -> bool:
+    """Whether ``processor`` (or its tokenizer) has a chat template to write a turn with."""
+    return bool(getattr(processor, "chat_template", None))
+
+
+def user_prompt(processor, text: str, n_images: int = 1) -> str:
+    """The prompt for one user turn with ``n_images`` images, then ``text``, ending where the
+    model's answer starts: the processor's chat template with a generation prompt where it
+    has one, else ``n_images`` image placeholders followed by ``text``. A ``ValueError`` for a
+    processor with neither a template nor an image placeholder (``image_token``)."""
+    if n_images < 0:
+        raise ValueError(f"n_images must be >= 0, got {n_images}")
+    if has_chat_template(processor):
+        content = [{"type": "image"} for _ in range(n_images)] + [{"type": "text", "text": text}]
+        return processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True)
+    placeholder = getattr(processor, "image_token", None)
+    if n_images and not placeholder:
+        raise ValueError(f"{type(processor).__name__} has no chat template and no image_token: give the processor a "
+                         "chat_template (processor.chat_template = ...) so the images can be placed in the prompt")
+    return (placeholder or "") * n_images + text
+
+
+__all__ = ["has_chat_template", "user_prompt"]
