@@ -76,7 +76,7 @@ def _about(plain: str, subject: str) -> bool | None:
     there = bool(re.search(rf"\bthere (?:is|are|s)\b{lead}{name}\b", plain)
                  or re.search(rf"\bi (?:can )?(?:see|spot|notice)\b{lead}{name}\b", plain)
                  or re.search(rf"\b{name} (?:is|are) (?:present|visible|there|in the (?:image|picture|photo))\b", plain))
-    denied = bool(re.search(rf"\b(?:no|not|without|nor|neither)\b(?:\s+\w+){{0,2}}?\s+{name}\b", plain)
+    denied = bool(re.search(rf"\b(?:no|not|cannot|without|nor|neither)\b(?:\s+\w+){{0,2}}?\s+{name}\b", plain)
                   or re.search(rf"\b{name} (?:is|are) not\b", plain))
     return True if there and not denied else False if denied and not there else None
 
@@ -422,7 +422,8 @@ _PAIRS = re.compile(r"\(\s*(-?[\d.]+)\s*,\s*(-?[\d.]+)\s*\)\s*,?\s*\(\s*(-?[\d.]
 
 
 def parse_box(
-    text: str, size: float, bins: int = 16, *, height: float | None = None, frame: str = DEFAULT_FRAME
+    text: str, size: float, bins: int = 16, *, height: float | None = None, frame: str = DEFAULT_FRAME,
+    subject: str | None = None,
 ) -> tuple[float, float, float, float] | str | None:
     """A box in pixels of an image ``size`` wide (and ``height`` high, default ``size``) from:
 
@@ -434,8 +435,9 @@ def parse_box(
       in ``frame`` (:mod:`evaluators.box_frames`: ``pixels`` of the image by default,
       ``relative_1000`` for Qwen2-VL / Qwen3-VL / InternVL / GLM-4.xV, ``relative_1``).
 
-    ``"none"`` for an abstention (``none``, or a sentence that denies the object and draws no
-    box: "There is no dog in the image"); None if unreadable. Corners out of order (a token
+    ``"none"`` for an abstention: ``none`` / ``no``, an empty JSON list, or -- given the asked
+    object as ``subject`` -- a sentence that draws no box and denies that object ("There is no
+    dog in the image"); None if unreadable. Corners out of order (a token
     ``x1 < x0``, a written ``x1 <= x0``), a bin past the grid (``<c16>`` of 16 bins) or a
     non-finite value is not a box: None. The token forms say their own frame, so ``frame``
     applies to written numbers only."""
@@ -459,13 +461,27 @@ def parse_box(
         if not all(math.isfinite(v) for v in vals) or vals[2] <= vals[0] or vals[3] <= vals[1]:
             return None
         return box_frame.to_pixels(vals, size, height)
-    # an abstention: "none" / "no", or -- as production VLMs abstain in prose -- an answer with
-    # no box that denies the object ("There is no dog in the image", "I don't see a dog"),
-    # read by parse_yes_no's rules. A sentence that affirms, or says neither, and draws no
-    # box stays unreadable
-    if words(text)[:1] in (["none"], ["no"]) or parse_yes_no(text) is False:
+    # an abstention: "none" / "no"; a JSON answer that lists nothing ("[]", the JSON formats'
+    # empty detection list); or -- as production VLMs abstain in prose -- an answer with no box
+    # that denies the asked ``subject`` and never says it is there ("There is no dog in the
+    # image", "I don't see a dog": :func:`denies`). Prose that mentions a "no" about anything
+    # else ("The dog has no collar") or affirms the object, and draws no box, stays unreadable
+    if words(text)[:1] in (["none"], ["no"]) or _EMPTY_JSON.fullmatch(text.strip()) \
+            or (subject is not None and denies(text, subject)):
         return "none"
     return None
+
+
+#: a JSON answer with nothing in it, fenced or not: ``[]``, ``{}``, ``null``
+_EMPTY_JSON = re.compile(r"(?:```(?:json)?\s*)?(?:\[\s*\]|\{\s*\}|null)(?:\s*```)?", re.I)
+
+
+def denies(text: str, subject: str) -> bool:
+    """Whether ``text`` denies ``subject`` ("there is no dog", "I don't see any dogs", "the
+    image does not contain a dog") and never says it is there (:func:`_about`, the reading
+    :func:`parse_yes_no` gives an answer about an asked object)."""
+    plain = " ".join(words(_ECHO.sub(" ", _expand_negations(text))))
+    return _about(_NOT_A_DENIAL.sub(" ", _HEDGE.sub(" ", plain)), subject) is False
 
 
 def _written_box(text: str) -> tuple[float, float, float, float] | None:

@@ -28,9 +28,9 @@ rounding is left, since the scoring sees only the answer text and the image, not
 processor's output.
 
 :data:`MODEL_TYPE_FRAMES` is the per-family default (data, keyed by ``config.model_type``);
-the grounding format a model is asked in (:mod:`evaluators.grounding_formats`) names the
-frame its answers come in and comes first; ``vlm-eval`` / ``vlm-report`` ``--box_frame``
-overrides both for a checkpoint trained otherwise.
+for a family not listed, the frame of the grounding format it is asked in
+(:mod:`evaluators.grounding_formats`) applies, else pixels; ``vlm-eval`` / ``vlm-report``
+``--box_frame`` overrides both for a checkpoint trained otherwise.
 """
 
 from __future__ import annotations
@@ -77,7 +77,9 @@ DEFAULT_FRAME = "pixels"
 #: ``config.model_type`` -> the frame its checkpoints write boxes in (the module docstring
 #: gives each source); a family not listed writes ``pixels`` as far as we know.
 MODEL_TYPE_FRAMES: dict[str, str] = {
+    "paligemma": "pixels",  # its <loc> tokens say their own frame; numbers it would write, pixels
     "qwen2_vl": "relative_1000",
+    "qwen2_5_vl": "pixels",  # of its resized input (the module docstring)
     "qwen3_vl": "relative_1000",
     "qwen3_vl_moe": "relative_1000",
     "qwen3_5": "relative_1000",

@@ -29,10 +29,10 @@ to the following categories: ...": our choice is the cookbook's single-object re
 above, since a HalluSegBench query asks for one object and the scoring reads the first box);
 InternVL's RefCOCO evaluation script (``eval/refcoco/evaluate_grounding.py``); PaliGemma's
 prompt syntax page ("detect {object}"); LLaVA-1.5's referring instruction data
-(``llava_v1_5_mix665k``), whose fractions the LLaVA repository's issues 606 / 822 report
-as relative to the image padded to a square for Visual Genome and unclear for RefCOCO: it
-is therefore a named format only, not the ``llava`` default, and ``--box_frame`` stays the
-caller's to set. Qwen2-VL's technical report marks a referred phrase with
+(``llava_v1_5_mix665k``), whose fractions (``relative_1``) the LLaVA repository's issues
+606 / 822 report as relative to the image padded to a square for Visual Genome and unclear
+for RefCOCO (on a non-square image the padded reading differs, and no frame here models it):
+it is therefore a named format only, not the ``llava`` default. Qwen2-VL's technical report marks a referred phrase with
 ``<|object_ref_start|>`` / ``<|object_ref_end|>`` and answers ``(x0,y0),(x1,y1)`` relative
 to 1000; the sentence around the phrase is our choice, the RefCOCO one InternVL and Qwen-VL
 evaluate with. GLM-4.1V / 4.5V answer in relative_1000 too, but we found no documented
@@ -45,12 +45,19 @@ family's request for the box: our choice, as no family documents one).
 :data:`MODEL_TYPE_FORMATS` is the per-family default (data, keyed by ``config.model_type``);
 a family not listed, the ``llava`` one included (our own organism is a ``llava`` model
 trained on the toolkit's wording), gets ``toolkit``. ``vlm-eval`` / ``vlm-report``
-``--grounding_format`` and ``HFModel(grounding_format=...)`` override it. A format's frame
-becomes the model's box frame unless ``--box_frame`` says otherwise.
+``--grounding_format`` and ``HFModel(grounding_format=...)`` override it. The frame boxes
+are read in is the checkpoint's (:data:`evaluators.box_frames.MODEL_TYPE_FRAMES`) where its
+family is listed, whatever wording asks it; a format's frame applies to a family that is
+not (a llava checkpoint asked in ``qwen3_vl``'s wording), and ``--box_frame`` overrides both.
 
 A box answer is long: a family's JSON answer takes 30-60 new tokens (Qwen tokenizers write
-each digit as its own token), so ``answer_tokens`` says how many a format needs, and the
-model under test warns once when its ``max_new_tokens`` would cut the box off.
+each digit as its own token). ``answer_tokens`` says how many a format needs, and the model
+under test generates its grounding queries' answers with at least that many, apart from the
+rest, which keep ``max_new_tokens`` (``vlm-eval``'s default of 8 would cut every box off).
+
+The runner fingerprints each query as the model is asked it, so a folder resumes only under
+the wording its boxes were asked in, and ``samples.jsonl`` keeps that wording
+(``asked_prompt``) where it is not the query's own.
 """
 
 from __future__ import annotations

@@ -17,8 +17,10 @@ What a model may answer (checked in this order):
 * a **box** -- coordinate tokens ``<c3> <c5> <c9> <c12>``, PaliGemma's ``<loc....>`` tokens,
   or ``[x0, y0, x1, y1]`` / ``(x0,y0),(x1,y1)`` in the model's coordinate frame
   (:func:`evaluators.answers.parse_box`, :mod:`evaluators.box_frames`), filled ``[y0:y1, x0:x1]``.
-* **"none"** / **"no"** as the first word (:func:`~evaluators.answers.parse_box`'s rule) -- an explicit abstention: an empty mask, a
-  valid answer (HalluSegBench scores abstention on the counterfactual as right).
+* an **abstention** (:func:`~evaluators.answers.parse_box`'s rule): **"none"** / **"no"** as the
+  first word, an empty JSON list, or -- given the asked object -- a sentence that draws no
+  box and denies that object ("There is no dog in the image"): an empty mask, a valid answer
+  (HalluSegBench scores abstention on the counterfactual as right).
 
 Anything else is unreadable: an empty mask that is counted invalid. So is a box or
 polygon that covers no pixel of the image (a box with its corners out of order or beyond
@@ -151,11 +153,13 @@ def _json_values(text: str) -> list:
         pos = end
 
 
-def answer_mask(answer: Any, shape: Sequence[int], frame: str = DEFAULT_FRAME) -> tuple[np.ndarray, bool]:
+def answer_mask(answer: Any, shape: Sequence[int], frame: str = DEFAULT_FRAME,
+                subject: str | None = None) -> tuple[np.ndarray, bool]:
     """``(mask, invalid)`` for a segmentation answer asked on an image of ``shape``
     (``(height, width)``, or an int for a square image). The returned mask has the RLE's own
     size for RLE answers, ``shape`` otherwise. ``frame``: the coordinate frame of a box
-    written as numbers (:mod:`evaluators.box_frames`; polygons are read in pixels)."""
+    written as numbers (:mod:`evaluators.box_frames`; polygons are read in pixels);
+    ``subject``: the object asked for, whose denial in prose abstains."""
     height, width = (shape, shape) if isinstance(shape, int) else (int(shape[0]), int(shape[1]))
     empty = np.zeros((height, width), dtype=bool)
     if answer is None:
@@ -178,7 +182,7 @@ def answer_mask(answer: Any, shape: Sequence[int], frame: str = DEFAULT_FRAME) -
         if polygons is not None:
             filled = fill_polygons(polygons, (height, width))
             return filled, not filled.any()
-    box = parse_box(answer, width, height=height, frame=frame)
+    box = parse_box(answer, width, height=height, frame=frame, subject=subject)
     if box == "none":
         return empty, False
     if isinstance(box, tuple):

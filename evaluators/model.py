@@ -16,7 +16,9 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .box_frames import DEFAULT_FRAME, default_box_frame, get_box_frame
+from hooks.prompting import user_prompt
+
+from .box_frames import DEFAULT_FRAME, MODEL_TYPE_FRAMES, get_box_frame
 from .grounding_formats import DEFAULT_FORMAT, default_grounding_format, get_grounding_format, worded
 from .query import Query
 
@@ -64,19 +66,18 @@ def stable_repr(obj: Any) -> str:
 _OPENS_THINKING = re.compile(r"(<think>|◁think▷)\s*$")
 
 
-def _with_grounding(described: dict[str, Any], name: str) -> dict[str, Any]:
-    """A model's ``describe()`` with its grounding format, unless it is the toolkit's own."""
-    return described if name == DEFAULT_FORMAT else {**described, "grounding_format": name}
-
-
 class HFModel:
     def __init__(self, model, processor, *, mitigations: Sequence = (), max_new_tokens: int = 16,
                  generate_kwargs: dict | None = None, name: str | None = None, box_frame: str | None = None,
                  grounding_format: str | None = None) -> None:
         """``grounding_format``: how a grounding query (HalluSegBench) asks this model for a
         box (:mod:`evaluators.grounding_formats`; default: its family's, by
-        ``config.model_type``); ``box_frame``: the coordinate frame the model writes boxes in
-        (:mod:`evaluators.box_frames`; default: the grounding format's, else its family's)."""
+        ``config.model_type``). Its box answers are generated with at least the new tokens the
+        format needs (``answer_tokens``), whatever ``max_new_tokens`` the rest get.
+        ``box_frame``: the coordinate frame the model writes boxes in
+        (:mod:`evaluators.box_frames`; default: its family's where the family is listed -- the
+        frame is the checkpoint's, whatever wording asks it -- else the grounding format's,
+        else pixels)."""
         self.model = model.eval()
         self.processor = processor
         self.mitigations = list(mitigations)
@@ -84,36 +85,30 @@ class HFModel:
         self.generate_kwargs = {"do_sample": False, **(generate_kwargs or {})}
         self.name = name or getattr(model.config, "_name_or_path", "") or type(model).__name__
         self.grounding = get_grounding_format(grounding_format or default_grounding_format(model))
-        self.box_frame = get_box_frame(box_frame or self.grounding.frame or default_box_frame(model)).name
-        self._warned_short = False
+        family = MODEL_TYPE_FRAMES.get(getattr(model.config, "model_type", None))
+        self.box_frame = get_box_frame(box_frame or family or self.grounding.frame or DEFAULT_FRAME).name
 
     def describe(self) -> dict[str, Any]:
         """What the answers depend on, the same in every process (a run resumes by it):
-        mitigations by :func:`stable_repr`, a function they hold by module and name; the
-        grounding format when it is not the toolkit's (it words what is asked; folders
-        written before formats existed resume as they did)."""
-        described = {
+        mitigations by :func:`stable_repr`, a function they hold by module and name. Not the
+        grounding format: the runner fingerprints each query as it is asked (:meth:`asked`),
+        so a grounding query worded otherwise is another question, and the rest resume."""
+        return {
             "model": self.name,
             "model_class": type(self.model).__name__,
             "mitigations": [stable_repr(m) for m in self.mitigations],
             "max_new_tokens": self.max_new_tokens,
             "generate_kwargs": self.generate_kwargs,
         }  # not box_frame: it changes how answers are read, not what is answered (runner.with_box_frame)
-        return _with_grounding(described, self.grounding.name)
 
-    def worded(self, queries: Sequence[Query]) -> list[Query]:
-        """``queries`` as this model is asked them: grounding queries in its grounding format
-        (a warning, once, when ``max_new_tokens`` is below what a box answer in it needs)."""
-        out = [worded(q, self.grounding) for q in queries]
-        if (not self._warned_short and self.max_new_tokens < self.grounding.answer_tokens
-                and any(q.grounding for q in queries)):
-            import warnings
+    def asked(self, query: Query) -> Query:
+        """``query`` as this model is asked it: a grounding query in its grounding format."""
+        return worded(query, self.grounding)
 
-            self._warned_short = True
-            warnings.warn(f"max_new_tokens={self.max_new_tokens} is below the {self.grounding.answer_tokens} new tokens "
-                          f"a box answer in grounding format {self.grounding.name!r} takes: its boxes may be cut off "
-                          "and read as unreadable (vlm-eval --max_new_tokens)", stacklevel=3)
-        return out
+    @property
+    def grounding_tokens(self) -> int:
+        """The new tokens a grounding query's answer is generated with."""
+        return max(self.max_new_tokens, self.grounding.answer_tokens)
 
     @torch.no_grad()
     def weights_digest(self) -> str:
@@ -131,13 +126,27 @@ class HFModel:
         return h.hexdigest()[:16]
 
     def prompt(self, query: Query) -> str:
-        content = [{"type": "image"} for _ in query.images] + [{"type": "text", "text": query.prompt}]
-        messages = [{"role": "user", "content": content}]
-        return self.processor.apply_chat_template(messages, add_generation_prompt=True)
+        """The query as the processor expects it: its chat template, or for a checkpoint
+        without one (PaliGemma's) the image placeholders then the text (:mod:`hooks.prompting`)."""
+        return user_prompt(self.processor, query.prompt, len(query.images))
 
     @torch.no_grad()
     def __call__(self, queries: Sequence[Query]) -> list[str]:
-        queries = self.worded(queries)
+        queries = [self.asked(q) for q in queries]
+        boxes = [i for i, q in enumerate(queries) if q.grounding]
+        if not boxes or self.grounding_tokens == self.max_new_tokens:
+            return self._answer(queries, self.max_new_tokens)
+        # box answers need more new tokens than the rest (a Qwen JSON box takes 30-60): they
+        # are generated apart, with the format's budget; the rest as asked
+        answers: list[str | None] = [None] * len(queries)
+        others = [i for i in range(len(queries)) if not queries[i].grounding]
+        for rows, budget in ((boxes, self.grounding_tokens), (others, self.max_new_tokens)):
+            if rows:
+                for i, answer in zip(rows, self._answer([queries[i] for i in rows], budget)):
+                    answers[i] = answer
+        return answers
+
+    def _answer(self, queries: Sequence[Query], max_new_tokens: int) -> list[str]:
         reaskers = [m for m in self.mitigations if hasattr(m, "answer")]
         hooks = [m for m in self.mitigations if not hasattr(m, "answer")]
         if reaskers:  # crop-and-verify: needs the original images, answers through its own passes
@@ -145,7 +154,7 @@ class HFModel:
             from mitigate.which_image import parse_multi_image
 
             (reasker,) = reaskers
-            kwargs = {"max_new_tokens": self.max_new_tokens, **self.generate_kwargs}
+            kwargs = {"max_new_tokens": max_new_tokens, **self.generate_kwargs}
 
             def run(method, images, prompts):
                 if not hooks:
@@ -173,13 +182,13 @@ class HFModel:
             rest = [q for q, a in zip(queries, answers) if a is None]
             if rest:  # other multi-image questions: crop-and-verify does not apply; counted, answered plainly
                 reasker.stats["not_applicable"] = reasker.stats.get("not_applicable", 0) + len(rest)
-                plain = self._generate(rest, hooks)
+                plain = self._generate(rest, hooks, max_new_tokens)
                 it = iter(plain)
                 answers = [a if a is not None else next(it) for a in answers]
             return answers
-        return self._generate(queries, hooks)
+        return self._generate(queries, hooks, max_new_tokens)
 
-    def _generate(self, queries: Sequence[Query], hooks: Sequence) -> list[str]:
+    def _generate(self, queries: Sequence[Query], hooks: Sequence, max_new_tokens: int) -> list[str]:
         texts = [self.prompt(q) for q in queries]
         # one list of images per prompt: a flat list is read as one prompt's images by some
         # processors (Gemma3's), which then refuse a batch
@@ -190,9 +199,9 @@ class HFModel:
             from mitigate import attach
 
             with attach(self.model, *hooks):
-                out = self.model.generate(**enc, max_new_tokens=self.max_new_tokens, **self.generate_kwargs)
+                out = self.model.generate(**enc, max_new_tokens=max_new_tokens, **self.generate_kwargs)
         else:
-            out = self.model.generate(**enc, max_new_tokens=self.max_new_tokens, **self.generate_kwargs)
+            out = self.model.generate(**enc, max_new_tokens=max_new_tokens, **self.generate_kwargs)
         answers = [t.strip() for t in self.processor.batch_decode(out[:, enc["input_ids"].shape[1]:],
                                                                    skip_special_tokens=True)]
         # a chat template that opens the think block in the prompt (thinking models) leaves the
@@ -231,8 +240,11 @@ class CallableModel:
         self.box_frame = get_box_frame(box_frame or self.grounding.frame or DEFAULT_FRAME).name
 
     def describe(self) -> dict[str, Any]:
-        return _with_grounding({"model": self.name, "model_class": "callable", "fn": callable_name(self.fn)},
-                               self.grounding.name)
+        return {"model": self.name, "model_class": "callable", "fn": callable_name(self.fn)}
+
+    def asked(self, query: Query) -> Query:
+        """``query`` as ``fn`` is asked it: a grounding query in the grounding format."""
+        return worded(query, self.grounding)
 
     def __call__(self, queries: Sequence[Query]) -> list[str]:
         from .masks import encode_mask
@@ -241,7 +253,7 @@ class CallableModel:
 
         out = []
         for q in queries:
-            answer = self.fn(q.load_images(), worded(q, self.grounding).prompt)
+            answer = self.fn(q.load_images(), self.asked(q).prompt)
             if answer is None:
                 out.append("none")  # an explicit abstention
             elif isinstance(answer, str):

@@ -113,15 +113,18 @@ def run(
             "generation settings and seed -- choose another output_dir or delete that one")
     mine = [q for q in queries if ranks.owns(q.id)]
     answered = shards.done_fingerprints(out)
-    prints = {q.id: fingerprint(q) for q in queries}
+    # each query as the model is asked it: a grounding query in the model's grounding format
+    # (evaluators.grounding_formats) is another question under another wording
+    asked = getattr(model, "asked", lambda q: q)
+    prints = {q.id: fingerprint(asked(q)) for q in queries}
     # a record without a fingerprint was written before they were kept, by code whose record
     # fields (pairings, parsed answers) may since have been fixed: not resumed either
     other = [i for i in ids if i in answered and answered[i] != prints[i]]
     if other:  # e.g. another data file whose ids repeat these, or suites drawn differently
         old = sum(answered[i] is None for i in other)
         why = ("written before answers kept their query's fingerprint" if old == len(other) else
-               "their prompt, images, truth or options differ: another data file under the same ids, or a "
-               "suite drawn by another version of the world")
+               "their prompt, images, truth or options differ: another data file under the same ids, a "
+               "suite drawn by another version of the world, or boxes asked in another --grounding_format")
         raise RunMismatch(
             f"output_dir {out} holds answers to other questions under {len(other)} of these query ids "
             f"(e.g. {other[:3]}: {why}); a run resumes only on the same queries -- choose another output_dir "
@@ -164,6 +167,8 @@ def run(
                 raise RuntimeError(f"the model answered {len(answers)} of {len(batch)} queries")
             for q, text in zip(batch, answers):
                 record = flag_invalid(with_box_frame(to_record(q, text), model))
+                if (shown := asked(q).prompt) != q.prompt:  # what the model read, when not the query's wording
+                    record["asked_prompt"] = shown
                 f.write(json.dumps(_json_safe({**record, "query_fingerprint": prints[q.id]})) + "\n")
             f.flush()
             bar.update(len(batch))

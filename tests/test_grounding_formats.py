@@ -5,6 +5,7 @@ run's identity, and prose abstentions read as abstentions."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -45,30 +46,55 @@ def test_a_model_is_asked_in_its_familys_format(model_type, name, frame):
 
     model = HFModel(build_tiny_model(model_type), None)
     assert (model.grounding.name, model.box_frame) == (name, frame)
-    assert ("grounding_format" in model.describe()) == (name != DEFAULT_FORMAT)
 
 
-def test_only_grounding_queries_are_reworded_and_a_short_budget_warns():
+@pytest.mark.parametrize("model_type, wording, frame", [
+    ("qwen3_vl", "qwen2_5_vl", "relative_1000"), ("qwen2_5_vl", "internvl", "pixels"),
+    ("glm4v", "qwen2_5_vl", "relative_1000"), ("llava", "qwen3_vl", "relative_1000"), ("llava", "qwen2_5_vl", "pixels"),
+])
+def test_the_frame_is_the_checkpoints_whatever_wording_asks_it(model_type, wording, frame):
+    """A listed family writes its own frame in any wording (Qwen3-VL asked as Qwen2.5-VL is
+    still relative to 1000); an unlisted one takes the wording's; ``box_frame`` overrides."""
     from hooks.testing import build_tiny_model
 
+    tiny = build_tiny_model(model_type)
+    assert HFModel(tiny, None, grounding_format=wording).box_frame == frame
+    assert HFModel(tiny, None, grounding_format=wording, box_frame="relative_1").box_frame == "relative_1"
+
+
+def test_only_grounding_queries_are_reworded_and_get_the_formats_token_budget(organism):
+    """On the organism asked in InternVL's wording with ``max_new_tokens=8``: the box queries
+    are generated with the format's 40 new tokens, apart from the yes/no query (8); the
+    built-in reasoning split asks its question; the suite's queries themselves are untouched."""
+    model, processor = organism
     queries = hsb(n_pairs=1, seed=0)  # referring and reasoning
-    other = Query("x", "dobench", [queries[0].images[0]], "is there a dog ?", "yes_no", "yes")
-    model = HFModel(build_tiny_model("internvl"), None, max_new_tokens=16)
-    with pytest.warns(UserWarning, match="max_new_tokens=16 is below the 40"):
-        asked = model.worded([*queries, other])
+    other = Query("x", "dobench", [queries[0].images[0]], "is there a dog in the image ?", "yes_no", "yes")
+    tester = HFModel(model, processor, max_new_tokens=8, grounding_format="internvl")
+    asked = [tester.asked(q) for q in [*queries, other]]
     assert asked[-1] is other
     by_role = {(q.record["split"], q.record["role"]): q.prompt for q in asked[:-1]}
     label = queries[0].record["label"]
     assert by_role["referring", "fact"] == ("Please provide the bounding box coordinate of the region this sentence "
                                             f"describes: <ref>{label}</ref>")
-    assert by_role["reasoning", "fact"].endswith("</ref>") and "where is" not in by_role["reasoning", "fact"]
-    assert [q.prompt for q in queries] == [q.prompt for q in hsb(n_pairs=1, seed=0)]  # the suite's queries are untouched
-    roomy = HFModel(build_tiny_model("internvl"), None, max_new_tokens=64)
-    import warnings
+    assert by_role["reasoning", "fact"].endswith(" ?</ref>") and "<ref>where is " in by_role["reasoning", "fact"]
+    assert [q.prompt for q in queries] == [q.prompt for q in hsb(n_pairs=1, seed=0)]
+    qwen = CallableModel(lambda i, p: "none", grounding_format="qwen2_5_vl")
+    for q in queries:  # no article is doubled into a description or a question
+        assert not re.search(r"\bthe (the|a|an|something|where)\b", qwen.asked(q).prompt), qwen.asked(q).prompt
+    budgets = []
+    generate = model.generate
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        roomy.worded(queries)
+    def spy(*args, **kwargs):
+        budgets.append((kwargs["input_ids"].shape[0], kwargs["max_new_tokens"]))
+        return generate(*args, **kwargs)
+
+    model.generate = spy
+    try:
+        answers = tester([*queries, other])
+    finally:
+        del model.generate
+    assert len(answers) == len(queries) + 1 and all(isinstance(a, str) for a in answers)
+    assert sorted(budgets) == [(1, 8), (len(queries), 40)]
 
 
 def _true_box(query, scale):
@@ -76,7 +102,7 @@ def _true_box(query, scale):
     scene = Scene.from_dict(query.record[key])
     found = [o for o in scene.objects if o.category == query.record["label"]]
     if not found:
-        return "There is no such object in the image."  # a production model's abstention, in prose
+        return f"There is no {query.record['label']} in the image."  # a production model's abstention, in prose
     x0, y0, x1, y1 = (v * scale / scene.resolution for v in found[0].box)
     return "```json\n" + json.dumps([{"bbox_2d": [round(v) for v in (x0, y0, x1, y1)], "label": "x"}]) + "\n```"
 
@@ -98,13 +124,21 @@ def test_a_run_asks_in_the_format_reads_in_its_frame_and_resumes_only_under_it(t
     result = out["results"]["hallusegbench"]
     assert 0.5 < result["iou_fact"] < 1.0
     assert result["unreadable_textual"] == result["unreadable_visual"] == 0
-    assert out["config"]["model"]["grounding_format"] == "qwen3_vl"
     lines = [json.loads(x) for x in (tmp_path / "qwen" / "samples.jsonl").read_text().splitlines()]
     assert {r["box_frame"] for r in lines} == {"relative_1000"}  # the format's frame: no --box_frame given
+    assert all(r["asked_prompt"].startswith("Locate the ") for r in lines)  # what the model read, kept
     plain = run(queries, CallableModel(grounder, name="g"), tmp_path / "plain", progress=False)
     assert plain["results"]["hallusegbench"]["iou_fact"] == 0.0
-    with pytest.raises(RunMismatch, match="grounding_format"):
+    with pytest.raises(RunMismatch, match="another --grounding_format"):
         run(queries, CallableModel(grounder, name="g", grounding_format="internvl"), tmp_path / "qwen", progress=False)
+    # questions that ask for no box are the same questions in any format: their folder resumes
+    from evaluators.benchmarks.dobench.suite import build as dobench
+
+    others = dobench(n_scenes=1, seed=0)[:3]
+    run(others, CallableModel(grounder, name="g"), tmp_path / "others", progress=False)
+    again = run(others, CallableModel(grounder, name="g", grounding_format="internvl"), tmp_path / "others",
+                progress=False)
+    assert again["n_samples"]["dobench"] == 3
 
 
 def test_user_data_reasoning_entries_are_asked_their_question(tmp_path):
@@ -133,11 +167,20 @@ def test_user_data_reasoning_entries_are_asked_their_question(tmp_path):
 
 
 def test_prose_abstentions_read_as_none_and_prose_without_a_box_stays_unreadable():
-    for text in ("There is no dog in the image.", "I don't see a dog here.", "No dog is visible.", "none"):
-        assert parse_box(text, 100) == "none", text
-    for text in ("The dog is on the left.", "Yes, there is a dog.", "I am not sure."):
-        assert parse_box(text, 100) is None, text
-    assert parse_box("There is no cat, but the dog is at [10, 20, 30, 40].", 100) == (10, 20, 30, 40)
+    """A sentence abstains only where it denies the asked object and never says it is there;
+    a "no" about anything else, with no box drawn, is no abstention (it would have scored a
+    hallucinated answer as a perfect one on the counterfactual queries)."""
+    for text in ("There is no dog in the image.", "I don't see a dog here.", "There are no dogs in this image.",
+                 "The image does not contain a dog.", "Sorry, I cannot find a dog in the image.", "No dog is visible.",
+                 "none", "```json\n[]\n```", "[]"):
+        assert parse_box(text, 100, subject="dog") == "none", text
+    for text in ("The dog has no collar and is lying on the grass to the left.", "I can see a dog, but no cat.",
+                 "Sure! The dog is on the left. No other dogs are present.", "The dog does not have a leash.",
+                 "There is no need to locate it, the dog is in the center.", "Yes, there is a dog.", "I am not sure.",
+                 "There is no such object in the image.", ""):
+        assert parse_box(text, 100, subject="dog") is None, text
+    assert parse_box("There is no dog in the image.", 100) is None  # no subject: only "none" / "no" abstain
+    assert parse_box("There is no cat, but the dog is at [10, 20, 30, 40].", 100, subject="dog") == (10, 20, 30, 40)
 
 
 def test_bad_formats_and_grounding_fields_are_refused_by_name(tmp_path, capsys):
@@ -173,8 +216,8 @@ def test_the_cli_asks_the_organism_in_a_chosen_format(tmp_path):
     from evaluators.cli import main
 
     assert main(["--model", "organism", "--tasks", "hallusegbench", "--limit", "2", "--grounding_format", "internvl",
-                 "--max_new_tokens", "40", "--no_progress", "--output_path", str(tmp_path / "y")]) == 0
+                 "--no_progress", "--output_path", str(tmp_path / "y")]) == 0
     result = json.loads((tmp_path / "y" / "results.json").read_text())
-    assert result["config"]["model"]["grounding_format"] == "internvl"
+    assert (result["config"]["grounding_format"], result["config"]["box_frame"]) == ("internvl", "relative_1000")
     lines = [json.loads(x) for x in (tmp_path / "y" / "samples.jsonl").read_text().splitlines()]
     assert lines and {r["box_frame"] for r in lines} == {"relative_1000"}

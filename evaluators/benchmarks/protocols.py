@@ -43,7 +43,7 @@ def hallusegbench(path: str | Path) -> list[Query]:
             prompt = question or SEGMENT_PROMPT.format(label=label)
             grounding = {"question": question} if question else {"expression": label}
             out.append(Query(f"hsb-{s.id}-{role}", "hallusegbench", [image], prompt, "text", None,
-                             {**common, "role": role}, problem=problem, grounding=grounding))
+                             {**common, "role": role, "label": label}, problem=problem, grounding=grounding))
     return out
 
 

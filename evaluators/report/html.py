@@ -118,7 +118,10 @@ def _examples(queries, records, arms) -> str:
                     ImageDraw.Draw(image).rectangle(box, outline=COLOURS[k % len(COLOURS)], width=2)
             rows.append(f"<tr><td>{html.escape(a)}</td><td>{html.escape(str(ans))}</td></tr>")
         truth = q.truth if q.truth is not None else "(mask)"
-        cells.append(f'<div class="ex">{_img(image)}<p><b>{html.escape(q.prompt)}</b><br>truth: {html.escape(str(truth))}'
+        # the prompt the model read: a grounding query is asked in its grounding format
+        shown = next((answers[a][q.id]["asked_prompt"] for a in arms if "asked_prompt" in answers[a].get(q.id, {})),
+                     q.prompt)
+        cells.append(f'<div class="ex">{_img(image)}<p><b>{html.escape(shown)}</b><br>truth: {html.escape(str(truth))}'
                      f'</p><table>{"".join(rows)}</table></div>')
     return "".join(cells)
 

@@ -326,7 +326,8 @@ def answer_invalid(record: Mapping[str, Any]) -> bool:
 
     if record.get("invalid_input"):
         return True
-    return answer_mask(record.get("answer"), answer_grid(record), record.get("box_frame", DEFAULT_FRAME))[1]
+    return answer_mask(record.get("answer"), answer_grid(record), record.get("box_frame", DEFAULT_FRAME),
+                       record.get("label"))[1]
 
 
 def _mean_of(key: str):

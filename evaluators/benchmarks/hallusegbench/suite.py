@@ -15,7 +15,8 @@ queries per pair, as the metrics need (Eqs. 1-3):
 * ``visual``: "where is the c ?" on the counterfactual I'      -> M^'_c   vs M'_{c'}
 
 Answers become masks through :func:`evaluators.masks.answer_mask`: a box (the organism:
-coordinate tokens, or "none" to abstain; numbers in the record's ``box_frame``, the frame
+coordinate tokens, or "none" to abstain -- also a sentence that denies the record's
+``label``, the class asked for; numbers in the record's ``box_frame``, the frame
 its model writes boxes in, :mod:`evaluators.box_frames`) is rasterised on the grid of the query's
 ground-truth mask (our choice for box-only models; the loader refuses a mask of another
 size than its image, so that is the asked image's source resolution, I' for ``visual``), a
@@ -72,10 +73,11 @@ def build(n_pairs: int = 30, seed: int = 0, world: World | None = None,
             for role, image, label in (("fact", "factual", pair.factual_label),
                                        ("textual", "factual", pair.counterfactual_label),
                                        ("visual", "counterfactual", pair.factual_label)):
-                expression = label if split == "referring" else REASONING[label]
-                queries.append(Query(f"{sid}-{role}", "hallusegbench", [images[image]], _prompt(split, label),
-                                     "text", None, {**common, "role": role, "label": label},
-                                     grounding={"expression": expression}))
+                # a family's grounding format asks for the label, or the reasoning split's question
+                prompt = _prompt(split, label)
+                grounding = {"expression": label} if split == "referring" else {"question": prompt}
+                queries.append(Query(f"{sid}-{role}", "hallusegbench", [images[image]], prompt,
+                                     "text", None, {**common, "role": role, "label": label}, grounding=grounding))
     return queries
 
 
@@ -130,7 +132,8 @@ def assemble(records: list[dict]) -> list[dict]:
         preds, unreadable = {}, []
         for role in ("fact", "textual", "visual"):
             answer = None if roles[role].get("invalid_input") else roles[role]["answer"]
-            preds[role], bad = answer_mask(answer, grids[role].shape, roles[role].get("box_frame", DEFAULT_FRAME))
+            preds[role], bad = answer_mask(answer, grids[role].shape, roles[role].get("box_frame", DEFAULT_FRAME),
+                                           roles[role].get("label"))
             if bad or roles[role].get("invalid_input"):
                 unreadable.append(role)
         out.append({"id": sid, "split": first["split"], "gt_fact": gt_fact, "gt_counterfact": gt_counterfact,
