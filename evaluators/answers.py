@@ -76,7 +76,7 @@ def _about(plain: str, subject: str) -> bool | None:
     there = bool(re.search(rf"\bthere (?:is|are|s)\b{lead}{name}\b", plain)
                  or re.search(rf"\bi (?:can )?(?:see|spot|notice)\b{lead}{name}\b", plain)
                  or re.search(rf"\b{name} (?:is|are) (?:present|visible|there|in the (?:image|picture|photo))\b", plain))
-    denied = bool(re.search(rf"\b(?:no|not|cannot|without|nor|neither)\b(?:\s+\w+){{0,2}}?\s+{name}\b", plain)
+    denied = bool(re.search(rf"\b(?:no|not|without|nor|neither)\b(?:\s+\w+){{0,2}}?\s+{name}\b", plain)
                   or re.search(rf"\b{name} (?:is|are) not\b", plain))
     return True if there and not denied else False if denied and not there else None
 
@@ -423,7 +423,7 @@ _PAIRS = re.compile(r"\(\s*(-?[\d.]+)\s*,\s*(-?[\d.]+)\s*\)\s*,?\s*\(\s*(-?[\d.]
 
 def parse_box(
     text: str, size: float, bins: int = 16, *, height: float | None = None, frame: str = DEFAULT_FRAME,
-    subject: str | None = None,
+    subject: str | Sequence[str] | None = None,
 ) -> tuple[float, float, float, float] | str | None:
     """A box in pixels of an image ``size`` wide (and ``height`` high, default ``size``) from:
 
@@ -467,7 +467,7 @@ def parse_box(
     # image", "I don't see a dog": :func:`denies`). Prose that mentions a "no" about anything
     # else ("The dog has no collar") or affirms the object, and draws no box, stays unreadable
     if words(text)[:1] in (["none"], ["no"]) or _EMPTY_JSON.fullmatch(text.strip()) \
-            or (subject is not None and denies(text, subject)):
+            or (subject and denies(text, subject)):
         return "none"
     return None
 
@@ -476,12 +476,28 @@ def parse_box(
 _EMPTY_JSON = re.compile(r"(?:```(?:json)?\s*)?(?:\[\s*\]|\{\s*\}|null)(?:\s*```)?", re.I)
 
 
-def denies(text: str, subject: str) -> bool:
+def denies(text: str, subject: str | Sequence[str]) -> bool:
     """Whether ``text`` denies ``subject`` ("there is no dog", "I don't see any dogs", "the
     image does not contain a dog") and never says it is there (:func:`_about`, the reading
-    :func:`parse_yes_no` gives an answer about an asked object)."""
+    :func:`parse_yes_no` gives an answer about an asked object). Several subjects (a class
+    and the description a reasoning query asks it by, "an animal that barks"): any one
+    denied, none said to be there; a leading article is no part of a subject."""
+    subjects = [subject] if isinstance(subject, str) else [s for s in subject if s]
     plain = " ".join(words(_ECHO.sub(" ", _expand_negations(text))))
-    return _about(_NOT_A_DENIAL.sub(" ", _HEDGE.sub(" ", plain)), subject) is False
+    plain = _NOT_A_DENIAL.sub(" ", _HEDGE.sub(" ", plain))
+    said = []
+    for name in (re.sub(r"^(?:an?|the|some|any)\s+", "", s.strip().lower()) for s in subjects):
+        about = _about(plain, name)
+        obj = r"\s+".join(map(re.escape, words(name)))
+        if about is None and obj and re.search(rf"{_CANNOT_SEE}(?:\s+\w+){{0,2}}?\s+{obj}(?:s|es)?\b", plain):
+            about = False  # "I cannot find a dog": a verb of seeing, then the object
+        said.append(about)
+    return False in said and True not in said
+
+
+#: "cannot" denies only before a verb of seeing ("I cannot see the dog clearly" after "there
+#: is a dog" is no denial: _about's "there is" decides that first)
+_CANNOT_SEE = r"\bcannot (?:see|find|spot|notice|detect|locate|observe)\b"
 
 
 def _written_box(text: str) -> tuple[float, float, float, float] | None:

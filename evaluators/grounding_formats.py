@@ -75,13 +75,16 @@ class GroundingFormat:
     """``referring``: the request for a box, with ``{expression}`` (None: the query's own
     prompt); ``question``: the same for a whole question, with ``{question}``; ``frame``: the
     box frame its answers are written in (:mod:`evaluators.box_frames`; None: the model
-    family's); ``answer_tokens``: new tokens a box answer in this form needs."""
+    family's); ``answer_tokens``: new tokens a box answer in this form needs;
+    ``empty_abstains``: an empty answer is this form's "nothing found" (PaliGemma's detect
+    answers no box at all), scored as an abstention rather than as unreadable."""
 
     name: str
     referring: str | None
     question: str | None
     frame: str | None = None
     answer_tokens: int = 0
+    empty_abstains: bool = False
 
     def words(self, grounding: Mapping[str, str] | None, prompt: str) -> str:
         """The prompt a grounding query is asked with: ``prompt`` (the query's own) for a
@@ -129,7 +132,10 @@ for _fmt in (
                     "{question} Locate it, and " + _QWEN_JSON, "relative_1000", 64),
     GroundingFormat("internvl", _REFCOCO + "<ref>{expression}</ref>", _REFCOCO + "<ref>{question}</ref>",
                     "relative_1000", 40),
-    GroundingFormat("paligemma", "detect {expression}", "detect {question}", None, 8),
+    # PaliGemma's "detect" answers each object found as four <loc> tokens and its name,
+    # ";"-separated (big_vision's README), so nothing found is an empty answer: our reading,
+    # not checked against a checkpoint here
+    GroundingFormat("paligemma", "detect {expression}", "detect {question}", None, 8, empty_abstains=True),
     GroundingFormat("llava_1_5", _REFCOCO + "{expression}", _REFCOCO + "{question}", "relative_1", 32),
 ):
     register_grounding_format(_fmt)

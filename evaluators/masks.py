@@ -154,12 +154,14 @@ def _json_values(text: str) -> list:
 
 
 def answer_mask(answer: Any, shape: Sequence[int], frame: str = DEFAULT_FRAME,
-                subject: str | None = None) -> tuple[np.ndarray, bool]:
+                subject: str | Sequence[str] | None = None, empty_abstains: bool = False) -> tuple[np.ndarray, bool]:
     """``(mask, invalid)`` for a segmentation answer asked on an image of ``shape``
     (``(height, width)``, or an int for a square image). The returned mask has the RLE's own
     size for RLE answers, ``shape`` otherwise. ``frame``: the coordinate frame of a box
     written as numbers (:mod:`evaluators.box_frames`; polygons are read in pixels);
-    ``subject``: the object asked for, whose denial in prose abstains."""
+    ``subject``: the object asked for (or its names), whose denial in prose abstains;
+    ``empty_abstains``: an empty answer is an abstention (PaliGemma's "detect" answers
+    nothing when it finds nothing: :mod:`evaluators.grounding_formats`), else unreadable."""
     height, width = (shape, shape) if isinstance(shape, int) else (int(shape[0]), int(shape[1]))
     empty = np.zeros((height, width), dtype=bool)
     if answer is None:
@@ -172,6 +174,8 @@ def answer_mask(answer: Any, shape: Sequence[int], frame: str = DEFAULT_FRAME,
     answer = after_reasoning(answer)  # a reasoning model's think block is no answer
     if answer is None:  # cut off while thinking: nothing was answered
         return empty, True
+    if empty_abstains and not answer.strip():
+        return empty, False
     for value in _json_values(answer):
         if isinstance(value, dict) and "counts" in value:
             try:

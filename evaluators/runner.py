@@ -253,7 +253,8 @@ def _read_identity(folder: Path) -> dict | None:
 
 def with_box_frame(record: dict, model) -> dict:
     """``record`` with ``box_frame``, the coordinate frame ``model`` writes boxes in
-    (its ``box_frame`` attribute, :mod:`evaluators.box_frames`), where its benchmark's
+    (its ``box_frame`` attribute, :mod:`evaluators.box_frames`), and ``empty_abstains``
+    where its grounding format answers nothing for nothing found, where its benchmark's
     metrics read boxes (``READS_BOXES``: HalluSegBench): stored with the answer, so that a
     rescore from ``samples.jsonl`` reads it as meant. A model without the attribute leaves
     the record as it is (pixels, or the frame it stored).
@@ -266,7 +267,14 @@ def with_box_frame(record: dict, model) -> dict:
     if frame is None or "benchmark" not in record or not _metrics_attr(record["benchmark"], "READS_BOXES") \
             or record.get("invalid_input"):
         return record
-    return record if record.get("box_frame") == frame else {**record, "box_frame": frame}
+    # and whether an empty answer is its grounding format's "nothing found" (PaliGemma's)
+    empty = bool(getattr(getattr(model, "grounding", None), "empty_abstains", False))
+    if record.get("box_frame") == frame and record.get("empty_abstains", False) == empty:
+        return record
+    out = {**record, "box_frame": frame, "empty_abstains": empty}
+    if not empty:
+        del out["empty_abstains"]
+    return out
 
 
 def flag_invalid(record: dict) -> dict:

@@ -21,6 +21,7 @@ re-derived from the images asked one by one (MIOH Sec. 5.5).
 import argparse
 
 from evaluators.model import load_hf
+from hooks.prompting import user_prompt
 from evaluators.world import BIASED, World
 from mitigate import CropVerify, attach
 
@@ -52,8 +53,7 @@ print(f"stats: {cv.stats}  (truth: every object asked about is present)")
 # the same through plain generate(): preprocess while attached, so the originals are known
 verified = CropVerify(processor, tau=0.5, gate=0.9, margin=0.1, locate=args.locate)
 with attach(model, verified):
-    texts = [processor.apply_chat_template([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": p}]}],
-                                           add_generation_prompt=True) for p in prompts]
+    texts = [user_prompt(processor, p) for p in prompts]  # the chat template (PaliGemma: none)
     enc = processor(text=texts, images=[[im] for im in images], return_tensors="pt", padding=True).to(model.device)
     out = model.generate(**enc, max_new_tokens=3, do_sample=False)
 answers = [t.strip() for t in processor.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)]

@@ -10,6 +10,7 @@ import argparse
 import torch
 
 from evaluators.model import load_hf
+from hooks.prompting import user_prompt
 from evaluators.organism.tasks import do_prior, existence_question
 from evaluators.world import BIASED, World
 from mitigate import PriorSuppression, attach
@@ -30,8 +31,7 @@ for seed in range(10**9, 10**9 + 200):  # a large object that is there, and a pr
     if len(rows) == args.n:
         break
 
-prompts = [processor.apply_chat_template([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": q}]}],
-                                         add_generation_prompt=True) for _, q in rows]
+prompts = [user_prompt(processor, q) for _, q in rows]  # the chat template (PaliGemma: none)
 inputs = processor(text=prompts, images=[[img] for img, _ in rows], return_tensors="pt", padding=True)  # one list per prompt
 print("prompt:", rows[0][1])
 

@@ -12,6 +12,7 @@ import argparse
 import torch
 
 from evaluators.model import load_hf
+from hooks.prompting import user_prompt
 from evaluators.world import BIASED, World, edits
 from mitigate import VCD, Plausibility, attach
 
@@ -29,8 +30,7 @@ while len(images) < args.n:  # scenes with a knife and no fork: the fork is expe
     if scene.present("knife"):
         images.append((edits.remove_category(scene, "fork") if scene.present("fork") else scene).render())
 
-messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "is there a fork in the image ? answer yes or no ."}]}]
-prompt = processor.apply_chat_template(messages, add_generation_prompt=True)
+prompt = user_prompt(processor, "is there a fork in the image ? answer yes or no .")  # the chat template
 inputs = processor(text=[prompt] * len(images), images=[[im] for im in images], return_tensors="pt", padding=True)
 
 

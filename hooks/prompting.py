@@ -13,8 +13,16 @@ knowing its family.
 from __future__ import annotations
 
 
+#: processors whose checkpoints ship no chat template by design; any other one without a
+#: template is warned about, once per class (a LLaVA folder missing its chat_template.json
+#: would otherwise be asked without its roles, and answer worse without a word)
+NO_TEMPLATE_BY_DESIGN = frozenset({"PaliGemmaProcessor"})
+_warned: set[str] = set()
+
+
 def has_chat_template(processor) -> bool:
-    """Whether ``processor`` (or its tokenizer) has a chat template to write a turn with."""
+    """Whether ``processor`` has a chat template to write a turn with (``apply_chat_template``
+    reads the processor's own)."""
     return bool(getattr(processor, "chat_template", None))
 
 
@@ -28,6 +36,14 @@ def user_prompt(processor, text: str, n_images: int = 1) -> str:
     if has_chat_template(processor):
         content = [{"type": "image"} for _ in range(n_images)] + [{"type": "text", "text": text}]
         return processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True)
+    name = type(processor).__name__
+    if name not in NO_TEMPLATE_BY_DESIGN and name not in _warned:
+        import warnings
+
+        _warned.add(name)
+        warnings.warn(f"{name} has no chat template: prompts are its image placeholder(s) then the text, without "
+                      "the roles its checkpoint may have been trained with (set processor.chat_template)",
+                      stacklevel=2)
     placeholder = getattr(processor, "image_token", None)
     if n_images and not placeholder:
         raise ValueError(f"{type(processor).__name__} has no chat template and no image_token: give the processor a "
@@ -35,4 +51,4 @@ def user_prompt(processor, text: str, n_images: int = 1) -> str:
     return (placeholder or "") * n_images + text
 
 
-__all__ = ["has_chat_template", "user_prompt"]
+__all__ = ["NO_TEMPLATE_BY_DESIGN", "has_chat_template", "user_prompt"]

@@ -401,7 +401,7 @@ def _without_prior_tokens(views: dict, points: ModelPoints, tokenizer) -> dict:
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     out = dict(views)
     for key, value in per_token.items():
-        fill = pad if key == "input_ids" else 0
+        fill = pad if key == "input_ids" else -100 if key == "labels" else 0  # labels: no target
         rows = []
         for row in range(ids.shape[0]):
             kept = value[row][keep[row].to(value.device)]

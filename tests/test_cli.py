@@ -171,7 +171,10 @@ class _Scripted:
 
     def __init__(self, model, processor, mitigations=(), generate_kwargs=None, max_new_tokens=8, name="scripted",
                  box_frame=None, grounding_format=None):
+        from evaluators.grounding_formats import get_grounding_format
+
         self.mitigations, self.generate_kwargs, self.name = list(mitigations), generate_kwargs or {}, name
+        self.grounding, self.box_frame = get_grounding_format(grounding_format or "toolkit"), box_frame or "pixels"
 
     def describe(self):
         return {"model": self.name, "generate_kwargs": self.generate_kwargs}

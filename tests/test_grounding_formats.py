@@ -221,3 +221,56 @@ def test_the_cli_asks_the_organism_in_a_chosen_format(tmp_path):
     assert (result["config"]["grounding_format"], result["config"]["box_frame"]) == ("internvl", "relative_1000")
     lines = [json.loads(x) for x in (tmp_path / "y" / "samples.jsonl").read_text().splitlines()]
     assert lines and {r["box_frame"] for r in lines} == {"relative_1000"}
+
+
+def test_cannot_denies_only_with_a_verb_of_seeing():
+    """"cannot" before see / find ... and then the object denies it; before any other verb,
+    or after the answer said the object is there, it does not (a review of this session's
+    first version, which read "cannot" as "not" in parse_yes_no too: that reading is
+    unchanged)."""
+    from evaluators.answers import denies, parse_yes_no
+
+    assert denies("Sorry, I cannot find a dog in the image.", "dog") and denies("I cannot find any dogs.", "a dog")
+    for text in ("There is a dog, but I cannot see the dog clearly.", "I cannot identify the dog breed.",
+                 "The cat cannot reach the dog.", "I cannot see a cat, but the dog is there"):
+        assert not denies(text, "dog"), text
+    assert parse_yes_no("There is a dog, but I cannot see the dog clearly.", "dog") is True
+    assert parse_yes_no("The cat cannot reach the dog.", "dog") is None
+
+
+def test_the_reasoning_split_abstains_by_its_description_and_paligemma_by_saying_nothing(tmp_path):
+    """A reasoning query asks for "an animal that barks": denying that abstains as denying
+    "dog" does. PaliGemma's detect answers nothing for nothing found: an empty answer
+    abstains under its format, and stays unreadable under any other."""
+    queries = [q for q in hsb(n_pairs=3, seed=2) if q.record["split"] == "reasoning"]
+
+    def prose(images, prompt):
+        q = next(q for q in queries if q.prompt == prompt and q.images[0].tobytes() == images[0].tobytes())
+        truth = _true_box(q, 1000)
+        return truth if truth.startswith("```") else f"There is no {q.record['described']} in this image."
+
+    out = run(queries, CallableModel(prose, name="p", box_frame="relative_1000"), tmp_path / "prose", progress=False)
+    result = out["results"]["hallusegbench"]
+    assert result["unreadable_textual"] == result["unreadable_visual"] == 0 and result["iou_fact"] > 0.5
+
+    referring = hsb(n_pairs=3, seed=2, splits=("referring",))
+
+    def detect(images, prompt):
+        q = next(q for q in referring if GROUNDING_FORMATS["paligemma"].words(q.grounding, q.prompt) == prompt
+                 and q.images[0].tobytes() == images[0].tobytes())
+        truth = _true_box(q, 1024)
+        if not truth.startswith("```"):
+            return ""
+        x0, y0, x1, y1 = json.loads(truth.strip("`json\n"))[0]["bbox_2d"]
+        return "".join(f"<loc{v:04d}>" for v in (y0, x0, y1, x1)) + " " + q.record["label"]
+
+    scores = {}
+    for name in ("paligemma", "toolkit"):
+        payload = run(referring, CallableModel(detect if name == "paligemma" else (lambda i, p: ""), name=name,
+                                               grounding_format=name), tmp_path / name, progress=False)
+        scores[name] = payload["results"]["hallusegbench"]
+    assert scores["paligemma"]["unreadable_textual"] == scores["paligemma"]["unreadable_visual"] == 0
+    assert scores["paligemma"]["iou_fact"] > 0.5
+    assert scores["toolkit"]["unreadable_textual"] == 1.0  # an empty answer in another format says nothing
+    lines = [json.loads(x) for x in (tmp_path / "paligemma" / "samples.jsonl").read_text().splitlines()]
+    assert all(r["empty_abstains"] for r in lines)

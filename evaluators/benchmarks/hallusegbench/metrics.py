@@ -322,12 +322,12 @@ def answer_invalid(record: Mapping[str, Any]) -> bool:
     reads it: a box off the image covers no pixel and is unreadable."""
     from ...box_frames import DEFAULT_FRAME
     from ...masks import answer_mask
-    from .suite import answer_grid
+    from .suite import answer_grid, asked_for
 
     if record.get("invalid_input"):
         return True
     return answer_mask(record.get("answer"), answer_grid(record), record.get("box_frame", DEFAULT_FRAME),
-                       record.get("label"))[1]
+                       asked_for(record), record.get("empty_abstains", False))[1]
 
 
 def _mean_of(key: str):

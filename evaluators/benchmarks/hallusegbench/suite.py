@@ -16,7 +16,7 @@ queries per pair, as the metrics need (Eqs. 1-3):
 
 Answers become masks through :func:`evaluators.masks.answer_mask`: a box (the organism:
 coordinate tokens, or "none" to abstain -- also a sentence that denies the record's
-``label``, the class asked for; numbers in the record's ``box_frame``, the frame
+``label``, the class asked for, or its ``described`` phrase on the reasoning split; numbers in the record's ``box_frame``, the frame
 its model writes boxes in, :mod:`evaluators.box_frames`) is rasterised on the grid of the query's
 ground-truth mask (our choice for box-only models; the loader refuses a mask of another
 size than its image, so that is the asked image's source resolution, I' for ``visual``), a
@@ -76,9 +76,16 @@ def build(n_pairs: int = 30, seed: int = 0, world: World | None = None,
                 # a family's grounding format asks for the label, or the reasoning split's question
                 prompt = _prompt(split, label)
                 grounding = {"expression": label} if split == "referring" else {"question": prompt}
+                names = {"label": label} if split == "referring" else {"label": label, "described": REASONING[label]}
                 queries.append(Query(f"{sid}-{role}", "hallusegbench", [images[image]], prompt,
-                                     "text", None, {**common, "role": role, "label": label}, grounding=grounding))
+                                     "text", None, {**common, "role": role, **names}, grounding=grounding))
     return queries
+
+
+def asked_for(record: dict) -> list[str]:
+    """The names a query's answer may deny its object by (an abstention in prose): the class
+    asked for, and the description the built-in reasoning split asks it by."""
+    return [name for name in (record.get("label"), record.get("described")) if name]
 
 
 def _ground_truth(record: dict) -> tuple[np.ndarray, np.ndarray]:
@@ -133,7 +140,7 @@ def assemble(records: list[dict]) -> list[dict]:
         for role in ("fact", "textual", "visual"):
             answer = None if roles[role].get("invalid_input") else roles[role]["answer"]
             preds[role], bad = answer_mask(answer, grids[role].shape, roles[role].get("box_frame", DEFAULT_FRAME),
-                                           roles[role].get("label"))
+                                           asked_for(roles[role]), roles[role].get("empty_abstains", False))
             if bad or roles[role].get("invalid_input"):
                 unreadable.append(role)
         out.append({"id": sid, "split": first["split"], "gt_fact": gt_fact, "gt_counterfact": gt_counterfact,
