@@ -270,7 +270,9 @@ def main(argv: list[str] | None = None) -> int:
                              "(vlm-report's default is small)")
     parser.add_argument("--output_path", required=True)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max_new_tokens", type=int, default=8)
+    parser.add_argument("--max_new_tokens", type=int, default=8,
+                        help="new tokens per answer (default 8); a HalluSegBench box gets at least what its "
+                             "grounding format needs (evaluators/grounding_formats.py: 8-64)")
     parser.add_argument("--gen_kwargs", default="", help="generate() arguments, e.g. do_sample=true,temperature=1")
     add_grounding_arguments(parser)
     add_judge_arguments(parser)
