@@ -324,6 +324,8 @@ def resolve(model: nn.Module, adapter: Adapter | None = None) -> ModelPoints:
         except KeyError:
             adapter = None
         vision_type = getattr(getattr(config, "vision_config", None), "model_type", None)
+        if adapter is not None:  # a checkpoint of this model_type on another tower (pixtral-12b)
+            adapter = adapter.for_vision(vision_type)
         if adapter is not None and vision_type in adapter.refused_vision_towers:
             raise HookPointError(
                 f"model_type {model_type!r} with a {vision_type!r} vision tower is not the architecture its table "

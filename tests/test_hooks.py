@@ -13,7 +13,7 @@ import hooks
 from hooks import HookGroup, HookPointError, hook_state, resolve
 from hooks.adapters import supported_model_types
 from hooks.describe import trace
-from hooks.testing import TINY_MODEL_TYPES, build_tiny_model, tiny_inputs
+from hooks.testing import TINY_MODEL_TYPES, build_tiny_model, tiny_adapter, tiny_inputs
 
 ARCHS = list(TINY_MODEL_TYPES)
 
@@ -355,7 +355,7 @@ def test_a_layer_independent_bias_is_built_once_per_forward_with_the_same_result
     assert n_memo == masks and n_memo2 == 2 * n_memo
 
 
-SHARED_MASK = [t for t in ARCHS if hooks.get_adapter(t).shared_causal_mask]
+SHARED_MASK = [t for t in ARCHS if tiny_adapter(t).shared_causal_mask]
 
 
 @pytest.mark.parametrize("cache", [None, "static"])
@@ -887,24 +887,45 @@ def test_introspection_says_what_it_found_instead_of_what_it_missed(monkeypatch)
         resolve(model)
 
 
-def test_a_llava_checkpoint_on_a_pixtral_tower_is_refused_not_mapped_as_a_grid():
+def test_a_llava_checkpoint_on_a_pixtral_tower_resolves_to_its_variant_not_the_grid():
     """pixtral-12b is model_type "llava" with a Pixtral tower: its tokens follow each image's
     size, so the llava table's square grid would place a 16:9 image's 36 x 64 tokens as 48 x
-    48 without a word. resolve() refuses it, naming the tower; a CLIP-tower LLaVA resolves,
-    and an adapter the caller passes is used as given."""
+    48 without a word. The table's ``vision_variants`` say what differs for that tower, and
+    resolve() uses them (a CLIP-tower LLaVA keeps the grid); a tower a table refuses is
+    refused by name; an adapter the caller passes is used as given; a variant that names a
+    field no adapter has, or a tower both refused and varied, is refused as data."""
     import dataclasses
 
-    from transformers import LlavaConfig, LlavaForConditionalGeneration
-
     from hooks import get_adapter
-    from hooks.testing import tiny_config, tiny_spec
+    from hooks.adapters import Adapter
 
-    clip = tiny_config("llava")
-    config = LlavaConfig(vision_config=tiny_spec("mistral3")["config"]["vision_config"], text_config=clip.text_config.to_dict(),
-                         image_token_index=clip.image_token_index, vision_feature_layer=-1)
-    model = LlavaForConditionalGeneration(config)
-    with pytest.raises(HookPointError, match="'llava' with a 'pixtral' vision tower.*image_sizes"):
-        resolve(model)
+    model = build_tiny_model("llava_pixtral")
+    points = resolve(model)
+    assert points.adapter.token_layout == "pixtral" and points.adapter.image_inputs == ("image_sizes",)
+    assert "pixtral tower variant" in points.adapter.source and points.adapter.model_type == "llava"
+    # its image tokens map to each image's own patch grid: 32 x 48 px at 8 px patches is 4 x 6
+    inputs = tiny_inputs(model, batch_size=2)  # 32 x 48 and 48 x 40 px
+    for row, (rows, cols) in enumerate([(4, 6), (6, 5)]):
+        (region,) = points.token_regions(rows * cols, inputs, row)
+        assert (region.rows, region.cols, region.stride) == (rows, cols, cols)
     assert resolve(build_tiny_model("llava")).adapter.token_layout == "grid"
+    base = get_adapter("llava")
+    refusing = dataclasses.replace(base, vision_variants={}, refused_vision_towers={"pixtral": "tokens follow image_sizes"})
+    with pytest.raises(HookPointError, match="'llava' with a 'pixtral' vision tower.*image_sizes"):
+        from hooks.adapters import _REGISTRY
+
+        saved, _REGISTRY["llava"] = _REGISTRY["llava"], refusing
+        try:
+            resolve(model)
+        finally:
+            _REGISTRY["llava"] = saved
     mine = dataclasses.replace(get_adapter("mistral3"), model_type="llava")
-    assert resolve(model, adapter=mine).adapter.token_layout == "pixtral"
+    assert resolve(model, adapter=mine).adapter is mine
+    data = {**base.to_dict(), "vision_variants": {"pixtral": {"token_layuot": "pixtral"}}}
+    data.pop("source")
+    with pytest.raises(ValueError, match="vision_variants must map vision model types to field overrides"):
+        Adapter.from_dict(data)
+    data["vision_variants"] = {"pixtral": {"token_layout": "pixtral"}}
+    data["refused_vision_towers"] = {"pixtral": "no"}
+    with pytest.raises(ValueError, match="both refused and a variant"):
+        Adapter.from_dict(data)

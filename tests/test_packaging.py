@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 import hooks
-from hooks.testing import TINY_MODEL_TYPES
+from hooks.testing import TINY_MODEL_TYPES, tiny_adapter
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,7 +24,7 @@ def test_readme_architecture_table_matches_the_tested_list():
 def test_readme_table_rows_match_the_adapters():
     text = (ROOT / "README.md").read_text()
     for model_type in _readme_table():
-        adapter = hooks.get_adapter(model_type)
+        adapter = tiny_adapter(model_type)
         row = next(line for line in text.splitlines() if line.startswith(f"| `{model_type}` |"))
         assert f"`{adapter.vision_encoder}`" in row and f"`{adapter.projector}`" in row, model_type
         assert row.rstrip().endswith(f"`{adapter.token_layout}` |"), (model_type, adapter.token_layout)
@@ -32,8 +32,16 @@ def test_readme_table_rows_match_the_adapters():
             assert f"`{name}`" in row, (model_type, name)
 
 
-def test_every_adapter_has_a_tiny_model():
-    assert sorted(hooks.supported_model_types()) == sorted(TINY_MODEL_TYPES)
+def test_every_adapter_and_tower_variant_has_a_tiny_model():
+    """One tiny model per table model type, and one per vision-tower variant a table names
+    (``llava_pixtral``: its spec builds model_type llava on a Pixtral tower)."""
+    from hooks.testing import tiny_spec
+
+    variants = [(t, v) for t in hooks.supported_model_types() for v in hooks.get_adapter(t).vision_variants]
+    built = {(tiny_spec(n)["model_type"], tiny_spec(n)["config"].get("vision_config", {}).get("model_type"))
+             for n in TINY_MODEL_TYPES}
+    assert sorted({tiny_spec(n)["model_type"] for n in TINY_MODEL_TYPES}) == sorted(hooks.supported_model_types())
+    assert all(v in built for v in variants) and len(TINY_MODEL_TYPES) == len(hooks.supported_model_types()) + len(variants)
 
 
 def test_readme_test_command_is_what_ci_runs():

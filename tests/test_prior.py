@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from hooks import HookGroup, resolve
-from hooks.adapters import get_adapter
-from hooks.testing import TINY_MODEL_TYPES, WordIds, build_tiny_model, tiny_inputs
+from hooks.testing import TINY_MODEL_TYPES, WordIds, build_tiny_model, tiny_adapter, tiny_inputs
 from mitigate import VCD, PriorSuppression, attach, find_prior_spans
 from mitigate.vcd import allowed, plausibility_mask
 
@@ -19,8 +18,8 @@ from _chunked import generate_scores, skip_unless_chunking_is_exact
 
 # decoders with softmax attention in every layer: a position shift can make a masked span
 # read as deleted; a hybrid decoder's recurrent layers step through it (compact_positions refused)
-ATTENTION_ONLY = [t for t in TINY_MODEL_TYPES if get_adapter(t).linear_attention is None]
-HYBRID = [t for t in TINY_MODEL_TYPES if get_adapter(t).linear_attention is not None]
+ATTENTION_ONLY = [t for t in TINY_MODEL_TYPES if tiny_adapter(t).linear_attention is None]
+HYBRID = [t for t in TINY_MODEL_TYPES if tiny_adapter(t).linear_attention is not None]
 
 
 # -- the detector ------------------------------------------------------------------------
@@ -269,9 +268,9 @@ def test_compact_positions_inside_a_sliding_window_are_not_deletion():
 
 def _non_text_ids(model) -> set[int]:
     """The ids a tiny family's prompt uses for anything but text (specials, image wrappers)."""
-    from hooks.testing.tiny import _resolve_ids, _special_token_ids, tiny_spec
+    from hooks.testing.tiny import _resolve_ids, _special_token_ids, tiny_spec, tiny_spec_name
 
-    wrap = tiny_spec(model.config.model_type)["inputs"].get("image_wrap", {})
+    wrap = tiny_spec(tiny_spec_name(model.config))["inputs"].get("image_wrap", {})
     return _special_token_ids(model.config) | set(_resolve_ids(model.config, wrap.get("before", []) + wrap.get("after", [])))
 
 

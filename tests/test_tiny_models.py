@@ -7,13 +7,14 @@ import torch
 
 from hooks.adapters import get_adapter
 from hooks.testing import (
-    PIXEL_LAYOUTS, TINY_MODEL_TYPES, build_tiny_model, tiny_config, tiny_inputs, tiny_pixel_input_names, tiny_spec,
+    PIXEL_LAYOUTS, TINY_MODEL_TYPES, build_tiny_model, tiny_adapter, tiny_config, tiny_inputs, tiny_pixel_input_names,
+    tiny_spec, tiny_spec_name,
 )
 
 EXPECTED = {
     "llava", "llava_next", "llava_onevision", "qwen2_vl", "qwen2_5_vl", "qwen3_vl",
     "idefics3", "smolvlm", "paligemma", "gemma3", "mistral3", "internvl", "glm4v", "glm46v", "qwen3_5", "gemma4", "aya_vision",
-    "qwen3_5_moe", "qwen3_vl_moe", "glm4v_moe", "vipllava", "llava_next_video", "video_llava",
+    "qwen3_5_moe", "qwen3_vl_moe", "glm4v_moe", "vipllava", "llava_next_video", "video_llava", "llava_pixtral",
 }  # fmt: skip
 BATCHES = {"single": (1, None), "padded": (3, [3, 9, 5])}
 TOKEN_TYPE_NAMES = ("token_type_ids", "mm_token_type_ids")
@@ -22,7 +23,7 @@ TOKEN_TYPE_NAMES = ("token_type_ids", "mm_token_type_ids")
 def _image_vector_count(model, inputs) -> int:
     """Vectors returned by the model's own vision path (the call generate() makes)."""
     encoder = model.base_model.get_image_features
-    names = tiny_pixel_input_names(model.config.model_type)
+    names = tiny_pixel_input_names(tiny_spec_name(model.config))
     with torch.no_grad():
         pooled = encoder(**{name: inputs[name] for name in names}, return_dict=True).pooler_output
     units = list(pooled) if isinstance(pooled, torch.Tensor) else pooled
@@ -62,7 +63,7 @@ def test_build(model_type):
     assert model.config.image_token_id == tiny_spec(model_type)["config"].get(
         "image_token_id", tiny_spec(model_type)["config"].get("image_token_index")
     )
-    for path in (get_adapter(model_type).vision_encoder, get_adapter(model_type).projector, get_adapter(model_type).language_model):
+    for path in (tiny_adapter(model_type).vision_encoder, tiny_adapter(model_type).projector, tiny_adapter(model_type).language_model):
         model.get_submodule(path)  # raises if the recorded module path is wrong
 
     same = build_tiny_model(model_type, attn_implementation="eager")
@@ -110,7 +111,7 @@ def test_forward(model_type, attn, batch):
 def test_generate(model_type):
     model = build_tiny_model(model_type)
     inputs = tiny_inputs(model, batch_size=3, text_lengths=[3, 9, 5])
-    vision = model.get_submodule(get_adapter(model_type).vision_encoder)
+    vision = model.get_submodule(tiny_adapter(model_type).vision_encoder)
     calls = []
     handle = vision.register_forward_hook(lambda *args: calls.append(1))
     try:
@@ -170,7 +171,7 @@ def test_token_types_matter(model_type):
     assert any(changed)
 
 
-@pytest.mark.parametrize("model_type", [t for t in TINY_MODEL_TYPES if get_adapter(t).multimodal_rope])
+@pytest.mark.parametrize("model_type", [t for t in TINY_MODEL_TYPES if tiny_adapter(t).multimodal_rope])
 def test_multimodal_rope_families_use_it(model_type):
     """A 2x3 merged grid spans max(2, 3) = 3 positions for 6 tokens: rope_deltas < 0 proves M-RoPE ran."""
     model = build_tiny_model(model_type)

@@ -19,7 +19,8 @@ from PIL import Image
 from hooks import HookGroup, get_adapter, register_adapter, resolve
 from hooks.layout import FULL, LAYOUTS, Region, _tile_grid, content_indices, token_regions, visible_box, within
 from hooks.testing import (
-    TINY_MODEL_TYPES, build_tiny_model, tiny_config, tiny_image_features, tiny_image_processor, tiny_preprocess,
+    TINY_MODEL_TYPES, build_tiny_model, tiny_adapter, tiny_config, tiny_image_features, tiny_image_processor,
+    tiny_preprocess,
 )
 
 SQUARE = 16  # pixels
@@ -181,7 +182,7 @@ def test_layouts_say_what_they_expected():
 
 def test_every_table_adapter_names_a_known_layout():
     for model_type in TINY_MODEL_TYPES:
-        assert get_adapter(model_type).token_layout in LAYOUTS
+        assert tiny_adapter(model_type).token_layout in LAYOUTS
     data = {**get_adapter("llava").to_dict(), "model_type": "llava_hex", "token_layout": "hexagons"}
     data.pop("source")
     with pytest.raises(ValueError, match="token_layout 'hexagons'"):

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hooks import get_adapter, hook_state, resolve
-from hooks.testing import TINY_MODEL_TYPES, build_tiny_model, tiny_inputs
+from hooks import hook_state, resolve
+from hooks.testing import TINY_MODEL_TYPES, build_tiny_model, tiny_adapter, tiny_inputs
 from mitigate import VCD, Plausibility, PriorSuppression, attach
 from mitigate.vcd import allowed, plausibility_mask
 
@@ -414,7 +414,7 @@ def test_pipeline_image_text_to_text_works_with_vcd():
     assert handle.branches.forward_calls == 3 and isinstance(out[0]["generated_text"], str)
 
 
-@pytest.mark.parametrize("model_type", [t for t in TINY_MODEL_TYPES if get_adapter(t).pixel_layout == "flat_patches"])
+@pytest.mark.parametrize("model_type", [t for t in TINY_MODEL_TYPES if tiny_adapter(t).pixel_layout == "flat_patches"])
 def test_flat_patch_images_are_distorted_one_by_one(model_type):
     """Flat-patch pixels (Qwen-VL, GLM-4V) are one (patches, C*T*P*P) tensor for the whole batch; each image's
     rows (from image_grid_thw) get their own seeded noise, so the distorted image the
@@ -447,7 +447,7 @@ def test_flat_patch_images_are_distorted_one_by_one(model_type):
     assert not torch.equal(distorted[:rows], original[:rows])
 
 
-@pytest.mark.parametrize("model_type", [t for t in TINY_MODEL_TYPES if get_adapter(t).pixel_layout
+@pytest.mark.parametrize("model_type", [t for t in TINY_MODEL_TYPES if tiny_adapter(t).pixel_layout
                                         in ("flat_patches", "batch_patches")])
 def test_patch_row_pixels_mask_whole_patches_and_refuse_blur(model_type):
     """Pixels given as patch rows (Qwen-VL / GLM-4V flat, Gemma 4 per image) cannot be

@@ -105,10 +105,15 @@ class Adapter:
     # on the config at attach time.
     shared_causal_mask: bool = False
     # vision_config.model_type -> why this table does not describe the architecture with that
-    # tower (a checkpoint of this model_type built on another tower: pixtral-12b is "llava"
-    # with a Pixtral tower, whose tokens follow each image's size); resolve() refuses it
-    # rather than map its image tokens as this table's layout would
+    # tower (a checkpoint of this model_type built on a tower with another token layout, and
+    # no variant for it below); resolve() refuses it rather than map its image tokens as this
+    # table's layout would
     refused_vision_towers: dict = field(default_factory=dict, hash=False)
+    # vision_config.model_type -> the fields that differ for a checkpoint of this model_type
+    # built on that tower (pixtral-12b: "llava" with a Pixtral tower, which reads each image at
+    # its own size, so image_sizes counts and places its tokens): resolve() uses this table
+    # with those fields replaced (:meth:`for_vision`)
+    vision_variants: dict = field(default_factory=dict, hash=False)
     notes: str = ""
     source: str = field(default="table", compare=False)
 
@@ -147,6 +152,16 @@ class Adapter:
                 isinstance(k, str) and isinstance(v, str) and v for k, v in self.refused_vision_towers.items()):
             raise ValueError(f"adapter {self.model_type!r}: refused_vision_towers must map vision model types to "
                              f"reasons, got {self.refused_vision_towers!r}")
+        fixed = {"model_type", "source", "vision_variants", "refused_vision_towers"}
+        known = {f.name for f in dataclasses.fields(self)} - fixed
+        if not isinstance(self.vision_variants, dict) or not all(
+                isinstance(k, str) and isinstance(v, dict) and v and set(v) <= known
+                for k, v in self.vision_variants.items()):
+            raise ValueError(f"adapter {self.model_type!r}: vision_variants must map vision model types to field "
+                             f"overrides among {sorted(known)}, got {self.vision_variants!r}")
+        if set(self.vision_variants) & set(self.refused_vision_towers):
+            raise ValueError(f"adapter {self.model_type!r}: a vision tower is both refused and a variant: "
+                             f"{sorted(set(self.vision_variants) & set(self.refused_vision_towers))}")
         for name in ("causal_image_prefix", "shared_causal_mask"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"adapter {self.model_type!r}: {name} must be true or false")
@@ -163,6 +178,15 @@ class Adapter:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    def for_vision(self, vision_type: str | None) -> "Adapter":
+        """This table for a checkpoint on a ``vision_type`` tower: itself, or its variant for
+        that tower (:attr:`vision_variants`, validated as a whole adapter)."""
+        overrides = self.vision_variants.get(vision_type) if vision_type else None
+        if not overrides:
+            return self
+        return dataclasses.replace(self, **overrides, vision_variants={},
+                                   source=f"{self.source} (its {vision_type} tower variant)")
 
 
 _REGISTRY: dict[str, Adapter] = {}

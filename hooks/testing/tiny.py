@@ -1,7 +1,10 @@
 """Tiny random-weight vision-language models and matching dummy inputs.
 
 Everything is built from a config: no weights, processors or tokenizers are downloaded.
-Per-architecture facts live in ``tiny_configs/<model_type>.json``:
+Per-architecture facts live in ``tiny_configs/<name>.json``, where the name is the model
+type, or for a variant of one on another vision tower a name of its own
+(``llava_pixtral``: pixtral-12b's ``llava`` with a Pixtral tower; the spec's ``model_type``
+says which type it builds, and :func:`tiny_spec_name` finds the spec of a built model):
 
 * ``config``  -- kwargs for :func:`transformers.AutoConfig.for_model`;
 * ``inputs``  -- how to build inputs: ``pixel_layout`` (a key of :data:`PIXEL_LAYOUTS`),
@@ -51,6 +54,8 @@ __all__ = [
     "tiny_pixel_input_names",
     "tiny_preprocess",
     "tiny_spec",
+    "tiny_spec_name",
+    "tiny_adapter",
 ]
 
 _CONFIG_DIR = Path(__file__).with_name("tiny_configs")
@@ -63,27 +68,49 @@ _DEFAULT_TEXT_LENGTH = 6
 
 @functools.cache
 def _load_specs() -> dict[str, dict]:
-    """All JSON specs whose ``model_type`` the installed transformers knows, by model type."""
+    """All JSON specs whose ``model_type`` the installed transformers knows, by spec name
+    (the file's stem: the model type, or a variant's own name)."""
     specs = {}
     for path in sorted(_CONFIG_DIR.glob("*.json")):
         spec = json.loads(path.read_text())
-        model_type = spec.get("model_type", path.stem)
-        if model_type in CONFIG_MAPPING:
-            specs[model_type] = spec
+        spec.setdefault("model_type", path.stem)
+        if spec["model_type"] in CONFIG_MAPPING:
+            specs[path.stem] = spec
     return specs
 
 
+#: every tiny spec's name: the model types, and variants of them on other towers
 TINY_MODEL_TYPES: tuple[str, ...] = tuple(_load_specs())
 
 
-def tiny_spec(model_type: str) -> dict:
-    """A copy of the JSON spec of ``model_type`` (``config``, ``inputs``, ``notes``); module paths are in :mod:`hooks.adapters`."""
+def tiny_spec(name: str) -> dict:
+    """A copy of the JSON spec ``name`` (``model_type``, ``config``, ``inputs``, ``notes``); module paths are in :mod:`hooks.adapters`."""
     specs = _load_specs()
-    if model_type not in specs:
+    if name not in specs:
         raise ValueError(
-            f"No tiny config for model_type {model_type!r}; known model types: {', '.join(specs) or '(none)'}"
+            f"No tiny config for model_type {name!r}; known model types: {', '.join(specs) or '(none)'}"
         )
-    return copy.deepcopy(specs[model_type])
+    return copy.deepcopy(specs[name])
+
+
+def tiny_spec_name(config) -> str:
+    """The name of the spec a model of ``config`` was built from: its model type's, or the
+    variant's whose vision tower it has (``llava`` on a Pixtral tower: ``llava_pixtral``)."""
+    vision = getattr(getattr(config, "vision_config", None), "model_type", None)
+    names = [n for n, spec in _load_specs().items() if spec["model_type"] == config.model_type]
+    for name in names:
+        if name != config.model_type and _load_specs()[name]["config"].get("vision_config", {}).get("model_type") == vision:
+            return name
+    return config.model_type
+
+
+def tiny_adapter(name: str):
+    """The adapter :func:`hooks.resolve` uses for the tiny model ``name``: its model type's
+    table, or that table's variant for the spec's vision tower."""
+    from ..adapters import get_adapter
+
+    spec = tiny_spec(name)
+    return get_adapter(spec["model_type"]).for_vision(spec["config"].get("vision_config", {}).get("model_type"))
 
 
 # --------------------------------------------------------------------------- models
@@ -96,7 +123,7 @@ def tiny_config(model_type: str, attn_implementation: str = "sdpa") -> PreTraine
         ValueError: ``model_type`` has no JSON spec, or its config class is not installed.
     """
     spec = tiny_spec(model_type)
-    return AutoConfig.for_model(model_type, attn_implementation=attn_implementation, **spec["config"])
+    return AutoConfig.for_model(spec["model_type"], attn_implementation=attn_implementation, **spec["config"])
 
 
 def build_tiny_model(model_type: str, attn_implementation: str = "sdpa", seed: int = 0) -> PreTrainedModel:
@@ -398,7 +425,7 @@ def _pixel_inputs(model, options, batch_size, images_per_sample, generator):
 def _processed_pixel_inputs(model, options, images):
     """The image processor's pixel inputs for one image per row, and each image's token
     count (the features of that image alone)."""
-    model_type = model.config.model_type
+    model_type = tiny_spec_name(model.config)
     processor = tiny_image_processor(model_type)
     out = tiny_preprocess(model_type, [[image] for image in images], processor)
     names = _renamed(options)
@@ -456,7 +483,7 @@ def tiny_inputs(
         ValueError: bad sizes or lengths, unknown model type, or a config without a pad id.
     """
     config, text_config = model.config, model.config.get_text_config()
-    options = tiny_spec(config.model_type)["inputs"]
+    options = tiny_spec(tiny_spec_name(config))["inputs"]
     if images is not None:
         if not images or images_per_sample != 1:
             raise ValueError("images: give one PIL image per row (images_per_sample=1)")
