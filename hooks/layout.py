@@ -15,8 +15,10 @@ processor's per-image inputs:
 * ``qwen_thw`` -- Qwen2/2.5/3-VL's dynamic resolution: ``image_grid_thw`` (t, h, w) patches
   over ``vision_config.spatial_merge_size``; the processor resizes the whole image to a
   multiple of the patch, so the raster covers all of it.
-* ``pixtral`` -- Mistral 3's Pixtral tower: ``image_sizes`` (the resized height and width)
-  over ``patch_size x spatial_merge_size``; row-break tokens are not image tokens.
+* ``pixtral`` -- a Pixtral tower (Mistral 3's, and Pixtral-12B's ``llava`` variant, whose
+  config has no ``spatial_merge_size``: no merge, 16 px patches): ``image_sizes`` (the
+  resized height and width) over ``patch_size x spatial_merge_size``; row-break tokens are
+  not image tokens.
 * ``anyres`` -- LLaVA-NeXT / OneVision: the base image (the whole image squashed to the
   tower's square) then the high-resolution tiles' patches, unpadded back to the image's
   aspect ratio, with one newline token closing each row. The tile grid and the unpadding

@@ -323,18 +323,18 @@ def resolve(model: nn.Module, adapter: Adapter | None = None) -> ModelPoints:
             adapter = get_adapter(model_type) if model_type else None
         except KeyError:
             adapter = None
+        if adapter is None:  # a class's adapter serves only where its module paths are there
+            adapter = adapter_for_class(model)  # (a user's subclass may rename a part)
+            if adapter is not None and not _paths_exist(model, adapter):
+                adapter = None
         vision_type = getattr(getattr(config, "vision_config", None), "model_type", None)
-        if adapter is not None:  # a checkpoint of this model_type on another tower (pixtral-12b)
+        if adapter is not None:  # a checkpoint of this type (or class) on another tower: pixtral-12b
             adapter = adapter.for_vision(vision_type)
         if adapter is not None and vision_type in adapter.refused_vision_towers:
             raise HookPointError(
                 f"model_type {model_type!r} with a {vision_type!r} vision tower is not the architecture its table "
                 f"describes: {adapter.refused_vision_towers[vision_type]}. Register an adapter for it "
                 "(hooks.register_adapter) and pass it: resolve(model, adapter=...)")
-        if adapter is None:  # a class's adapter serves only where its module paths are there
-            adapter = adapter_for_class(model)  # (a user's subclass may rename a part)
-            if adapter is not None and not _paths_exist(model, adapter):
-                adapter = None
         if adapter is None:
             adapter = introspect_adapter(model)
             _warn_guessed(adapter, model)

@@ -11,7 +11,6 @@ import torch
 
 import hooks
 from hooks import HookGroup, HookPointError, hook_state, resolve
-from hooks.adapters import supported_model_types
 from hooks.describe import trace
 from hooks.testing import TINY_MODEL_TYPES, build_tiny_model, tiny_adapter, tiny_inputs
 
@@ -581,6 +580,10 @@ def test_a_class_registered_under_another_model_type_gets_its_table_adapter():
     mine = MyLlava(build_tiny_model("llava").config)
     mine.config.model_type = "my_llava"
     assert resolve(mine).adapter.token_layout == hooks.get_adapter("llava").token_layout
+    # the class's table brings its tower variants: a subclass of pixtral-12b's class on its tower
+    pixtral = MyLlava(build_tiny_model("llava_pixtral").config)
+    pixtral.config.model_type = "my_llava"
+    assert (resolve(pixtral).adapter.token_layout, resolve(pixtral).adapter.image_inputs) == ("pixtral", ("image_sizes",))
 
 
 def test_an_architecture_known_only_by_introspection_is_said_so_and_not_mapped(monkeypatch):
@@ -639,15 +642,14 @@ def test_gemma3_pan_and_scan_through_its_processor_is_refused_saying_so():
         points.token_regions(int(points.image_token_mask(enc["input_ids"])[0].sum()), enc, 0, (1200, 400))
 
 
-@pytest.mark.parametrize("model_type", supported_model_types())
+@pytest.mark.parametrize("model_type", TINY_MODEL_TYPES)
 def test_images_that_do_not_pair_with_rows_are_refused_for_every_adapter_that_counts_them(model_type):
     """Row 0 with two images beside row 1 with one: per-image entries are read by row, so
     row 1 read row 0's second image (Qwen2-VL: a 48x64 image's 8x6 raster for its own 6x8,
     silently; a reviewer's finding). Every input the adapter says counts images is checked."""
-    from hooks.adapters import get_adapter
     from hooks.layout import token_regions
 
-    adapter = get_adapter(model_type)
+    adapter = tiny_adapter(model_type)  # tower variants included
     assert set(adapter.image_count_inputs) <= {*adapter.pixel_inputs, *adapter.image_inputs}
     ids = torch.zeros(2, 40, dtype=torch.long)
     for name in adapter.image_count_inputs:
