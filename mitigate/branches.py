@@ -200,7 +200,7 @@ class ContrastBranches:
             parts.append(self._distorted(branch, x, rows) if branch.needs_pixels else x)
         return torch.cat(parts, dim=0)
 
-    def _image_rows(self, name: str, kwargs: dict) -> list[int] | None:
+    def _image_rows(self, name: str, kwargs: dict) -> list | None:
         """Rows of the patch pixel input ``name`` that each image owns (the adapter's
         ``pixel_grids``: Qwen's ``image_grid_thw`` for flat patches; for Gemma 4's padded
         per-image rows, how many lead rows of each image are real patches, from
@@ -209,6 +209,13 @@ class ContrastBranches:
         grid = kwargs.get(grid_name) if grid_name else None
         if not isinstance(grid, torch.Tensor):
             return None
+        if self.points.adapter.pixel_layout == "batch_chw":  # (height, width) of each padded image
+            pixels = kwargs.get(name)
+            sizes = [(int(h), int(w)) for h, w in grid.reshape(-1, 2).tolist()]
+            if isinstance(pixels, torch.Tensor) and (len(sizes) != pixels.shape[0] or any(
+                    h > pixels.shape[-2] or w > pixels.shape[-1] for h, w in sizes)):
+                raise ValueError(f"{grid_name} {sizes} does not fit {name} of shape {tuple(pixels.shape)}")
+            return sizes
         if self.points.adapter.pixel_layout == "batch_patches":
             real = (grid != -1).all(-1)
             counts = real.sum(-1)
@@ -287,9 +294,10 @@ class ContrastBranches:
                 mask[i * rows : (i + 1) * rows, :cols] = block.masked_fill(image[:, :cols], 0)
         return mask
 
-    def _distorted(self, branch: Branch, pixels: torch.Tensor, rows: list[int] | None = None) -> torch.Tensor:
+    def _distorted(self, branch: Branch, pixels: torch.Tensor, rows: list | None = None) -> torch.Tensor:
         """``branch``'s distortion of ``pixels``, image by image: ``rows`` splits flattened
-        patches into their images, or gives each padded image's real patches (so an image is
+        patches into their images, or gives each padded image's real patches or (height,
+        width) (so an image is
         distorted the same whatever batch it is in, its padding left as it was). Pixels in
         the unit range are distorted in the normalised space the model maps them to."""
         distort = branch.pixels
@@ -299,6 +307,14 @@ class ContrastBranches:
             out = pixels.clone()
             for i, n in enumerate(rows):
                 out[i, :n] = distort(pixels[i : i + 1, :n])[0]
+            return out
+        if rows is not None and self.points.adapter.pixel_layout == "batch_chw":
+            # each image's own (height, width) at the top left, the batch's zero padding left as
+            # it is: the same image is distorted the same alone or beside a larger one (its
+            # noise seeded by its own pixels), and a blur draws nothing from the padding
+            out = pixels.clone()
+            for i, (h, w) in enumerate(rows):
+                out[i, :, :h, :w] = distort(pixels[i : i + 1, :, :h, :w])[0]
             return out
         if rows is not None and len(rows) > 1:
             return torch.cat([distort(part) for part in pixels.split(rows, dim=0)], dim=0)

@@ -506,6 +506,42 @@ def test_padded_patch_rows_distort_each_image_alone():
         assert not torch.equal(both[1, :64], pair["pixel_values"][1, :64])
 
 
+@pytest.mark.parametrize("model_type", ["mistral3", "llava_pixtral"])
+def test_padded_images_distort_each_image_alone_and_batching_keeps_greedy_tokens(model_type):
+    """A Pixtral tower's processor pads a batch's images to the largest one (image_sizes says
+    each one's top-left size): the distortion acts on an image's own pixels only, so the same
+    image is distorted the same alone and beside a larger one (its noise seeded by its own
+    pixels, a blur drawing nothing from the padding), the padding stays as it was, and VCD's
+    greedy tokens do not depend on the batch (a review finding: the noise had been drawn over
+    the padded canvas and seeded by it)."""
+    model = build_tiny_model(model_type)
+    points = resolve(model)
+    pair = tiny_inputs(model, batch_size=2, text_lengths=[4, 4], seed=4)  # 32x48 and 48x40, padded to 48x48
+    (h, w) = pair["image_sizes"][0].tolist()
+    alone = {k: v[:1] for k, v in pair.items()}
+    alone["pixel_values"] = alone["pixel_values"][..., :h, :w]
+    seen = []
+    handle = points.vision_encoder.register_forward_pre_hook(
+        lambda m, a, k: seen.append(k.get("pixel_values", a[0] if a else None).clone()), with_kwargs=True)
+    try:
+        for distortion in ("diffusion_noise", "gaussian_blur"):
+            for inputs in (pair, alone):
+                with attach(model, VCD(distortion=distortion, seed=2)):
+                    _gen(model, inputs, do_sample=False)
+    finally:
+        handle.remove()
+    for start in (0, 4):  # per distortion: pair original, pair distorted, alone original, alone distorted
+        both, single = seen[start + 1], seen[start + 3]
+        torch.testing.assert_close(both[0, :, :h, :w], single[0], rtol=0, atol=1e-6)
+        assert torch.equal(both[0, :, h:], pair["pixel_values"][0, :, h:]) and torch.equal(
+            both[0, :, :, w:], pair["pixel_values"][0, :, :, w:])  # its padding untouched
+        assert not torch.equal(both[0, :, :h, :w], pair["pixel_values"][0, :, :h, :w])
+    with attach(model, VCD(alpha=1.0, seed=3)):
+        together = _gen(model, pair, do_sample=False)
+        first = _gen(model, alone, do_sample=False)
+    assert torch.equal(first[0, -NEW:], together[0, -NEW:])
+
+
 @pytest.mark.parametrize("model_type", TINY_MODEL_TYPES)
 def test_every_architecture_matches_two_plain_forwards_per_token(model_type):
     """Per family, ours against the naive reference with no hooks at all: each step, one

@@ -63,11 +63,13 @@ class Adapter:
     # where no input counts images (Idefics3's pixel_values is (rows, images, ...), InternVL's
     # counts tiles).
     image_count_inputs: tuple[str, ...] = ()
-    # patch layouts only: per pixel input, the per-image input saying which of its rows each
-    # image owns -- flat_patches: rows of image i = product of grid row i (Qwen's
-    # image_grid_thw); batch_patches: the rows of image i whose positions are not -1 (Gemma
-    # 4's image_position_ids) -- so a distortion treats each image's own patches alone,
-    # whatever batch it is in (mitigate.branches); {} for the image-shaped layouts
+    # per pixel input, the per-image input saying which of its pixels each image owns --
+    # flat_patches: rows of image i = product of grid row i (Qwen's image_grid_thw);
+    # batch_patches: the rows of image i whose positions are not -1 (Gemma 4's
+    # image_position_ids); batch_chw: the top-left (height, width) of image i in a batch
+    # zero-padded to its largest image (Pixtral's image_sizes) -- so a distortion treats each
+    # image's own pixels alone, whatever batch it is in (mitigate.branches); {} where every
+    # image fills its tensor
     pixel_grids: dict = field(default_factory=dict, hash=False)
     # the range the pixel inputs come in: "normalised" (mean-centred by the processor, as
     # VCD's noise schedule assumes) or "unit" ([0, 1]; the model maps x to 2x - 1 itself,
@@ -137,9 +139,9 @@ class Adapter:
         if self.pixel_range not in ("normalised", "unit"):
             raise ValueError(f"adapter {self.model_type!r}: pixel_range must be 'normalised' or 'unit', "
                              f"got {self.pixel_range!r}")
-        if self.pixel_grids and self.pixel_layout not in ("flat_patches", "batch_patches"):
-            raise ValueError(f"adapter {self.model_type!r}: pixel_grids is for the patch layouts, "
-                             f"this one is {self.pixel_layout!r}")
+        if self.pixel_grids and self.pixel_layout not in ("flat_patches", "batch_patches", "batch_chw"):
+            raise ValueError(f"adapter {self.model_type!r}: pixel_grids is for the patch layouts and padded "
+                             f"batch_chw images, this one is {self.pixel_layout!r}")
         if not isinstance(self.pixel_grids, dict) or any(
                 k not in self.pixel_inputs or v not in self.image_inputs for k, v in self.pixel_grids.items()):
             raise ValueError(f"adapter {self.model_type!r}: pixel_grids must map pixel inputs {self.pixel_inputs} to "
