@@ -479,6 +479,24 @@ def test_patch_row_pixels_mask_whole_patches_and_refuse_blur(model_type):
     assert 0.25 < float(masked.float().sum() / (rows != 0).any(-1).sum()) < 0.75
 
 
+def _distorted_pixels(model, points, runs, distortions) -> list:
+    """Per distortion, the pixels VCD's branch hands the vision tower for each of ``runs``
+    (inputs generated from in turn): the tower sees each run's original pixels, then its
+    distorted ones."""
+    seen = []
+    handle = points.vision_encoder.register_forward_pre_hook(
+        lambda m, a, k: seen.append(k.get("pixel_values", a[0] if a else None).clone()), with_kwargs=True)
+    try:
+        for distortion in distortions:
+            for inputs in runs:
+                with attach(model, VCD(distortion=distortion, seed=2)):
+                    _gen(model, inputs, do_sample=False)
+    finally:
+        handle.remove()
+    per = 2 * len(runs)
+    return [tuple(seen[start + 2 * k + 1] for k in range(len(runs))) for start in range(0, per * len(distortions), per)]
+
+
 def test_padded_patch_rows_distort_each_image_alone():
     """Gemma 4 pads each image's patch rows to the batch's longest: the distortion acts on an
     image's real patches only, so the same image is distorted the same alone and beside a
@@ -489,18 +507,7 @@ def test_padded_patch_rows_distort_each_image_alone():
     alone = {k: v[1:] for k, v in pair.items()}
     real = (pair["image_position_ids"][1] != -1).all(-1)
     assert int(real.sum()) == 64 and pair["pixel_values"].shape[1] == 96
-    seen = []
-    handle = points.vision_encoder.register_forward_pre_hook(
-        lambda m, a, k: seen.append(k.get("pixel_values", a[0] if a else None).clone()), with_kwargs=True)
-    try:
-        for distortion in ("diffusion_noise", "patch_mask"):
-            for inputs in (pair, alone):
-                with attach(model, VCD(distortion=distortion, seed=2)):
-                    _gen(model, inputs, do_sample=False)
-    finally:
-        handle.remove()
-    for start in (0, 4):  # per distortion: pair original, pair distorted, alone original, alone distorted
-        both, single = seen[start + 1], seen[start + 3]
+    for both, single in _distorted_pixels(model, points, (pair, alone), ("diffusion_noise", "patch_mask")):
         torch.testing.assert_close(both[1, :64], single[0, :64], rtol=0, atol=0)
         assert torch.equal(both[1, 64:], pair["pixel_values"][1, 64:])  # padding untouched
         assert not torch.equal(both[1, :64], pair["pixel_values"][1, :64])
@@ -520,18 +527,7 @@ def test_padded_images_distort_each_image_alone_and_batching_keeps_greedy_tokens
     (h, w) = pair["image_sizes"][0].tolist()
     alone = {k: v[:1] for k, v in pair.items()}
     alone["pixel_values"] = alone["pixel_values"][..., :h, :w]
-    seen = []
-    handle = points.vision_encoder.register_forward_pre_hook(
-        lambda m, a, k: seen.append(k.get("pixel_values", a[0] if a else None).clone()), with_kwargs=True)
-    try:
-        for distortion in ("diffusion_noise", "gaussian_blur"):
-            for inputs in (pair, alone):
-                with attach(model, VCD(distortion=distortion, seed=2)):
-                    _gen(model, inputs, do_sample=False)
-    finally:
-        handle.remove()
-    for start in (0, 4):  # per distortion: pair original, pair distorted, alone original, alone distorted
-        both, single = seen[start + 1], seen[start + 3]
+    for both, single in _distorted_pixels(model, points, (pair, alone), ("diffusion_noise", "gaussian_blur")):
         torch.testing.assert_close(both[0, :, :h, :w], single[0], rtol=0, atol=1e-6)
         assert torch.equal(both[0, :, h:], pair["pixel_values"][0, :, h:]) and torch.equal(
             both[0, :, :, w:], pair["pixel_values"][0, :, :, w:])  # its padding untouched
