@@ -28,7 +28,10 @@ def _text_config(model):
 
 
 def test_table_covers_the_tiny_architectures():
-    assert set(ARCHS) <= set(hooks.supported_model_types())
+    """Every tiny model's type has a table (a tower variant, llava_pixtral, its type's)."""
+    from hooks.testing import tiny_spec
+
+    assert {tiny_spec(name)["model_type"] for name in ARCHS} <= set(hooks.supported_model_types())
     assert len(ARCHS) >= 10, ARCHS
 
 
@@ -504,7 +507,10 @@ def test_register_adapter_for_a_new_model_type():
         hooks.Adapter.from_dict({**row, "vision_towr": "x"})
     with pytest.raises(ValueError, match="pixel_layout"):
         hooks.Adapter.from_dict({**row, "pixel_layout": "weird"})
-    with pytest.raises(ValueError, match="pixel_grids is for the patch layouts"):
+    with pytest.raises(ValueError, match="pixel_grids is for the patch layouts and padded batch_chw images"):
+        hooks.Adapter.from_dict({**row, "pixel_layout": "batch_images_chw", "pixel_grids": {"pixel_values": "image_sizes"},
+                                 "image_inputs": ["image_sizes"]})
+    with pytest.raises(ValueError, match="pixel_grids must map pixel inputs"):  # batch_chw: a per-image input it has
         hooks.Adapter.from_dict({**row, "pixel_grids": {"pixel_values": "image_sizes"}})
     with pytest.raises(ValueError, match="pixel_range"):
         hooks.Adapter.from_dict({**row, "pixel_range": "0-255"})
