@@ -81,6 +81,13 @@ def _about(plain: str, subject: str) -> bool | None:
     return True if there and not denied else False if denied and not there else None
 
 
+def _plain(text: str) -> str:
+    """``text`` as the yes/no rules read it: lowered words, negations spelled out, an echoed
+    "yes or no", hedges and "no doubt"-style phrases removed."""
+    plain = " ".join(words(_ECHO.sub(" ", _expand_negations(text))))
+    return _NOT_A_DENIAL.sub(" ", _HEDGE.sub(" ", plain))
+
+
 def parse_yes_no(text: str, subject: str | None = None) -> bool | None:
     """True for yes, False for no, None if neither appears, or both and the first word is
     neither ("there is a cup, yes, and no plate").
@@ -101,8 +108,7 @@ def parse_yes_no(text: str, subject: str | None = None) -> bool | None:
     it was unreadable, a false denial on every present object), and "There is a cup next to
     the plate, but no spoon." is yes for the cup (it was no) and no for the spoon. Only the
     object asked about: "There is a cat." says nothing about a dog."""
-    plain = " ".join(words(_ECHO.sub(" ", _expand_negations(text))))
-    plain = _NOT_A_DENIAL.sub(" ", _HEDGE.sub(" ", plain))
+    plain = _plain(text)
     w = plain.split()
     if len(w) == 1 and w[0] in _ALONE:
         return _ALONE[w[0]]
@@ -483,8 +489,7 @@ def denies(text: str, subject: str | Sequence[str]) -> bool:
     and the description a reasoning query asks it by, "an animal that barks"): any one
     denied, none said to be there; a leading article is no part of a subject."""
     subjects = [subject] if isinstance(subject, str) else [s for s in subject if s]
-    plain = " ".join(words(_ECHO.sub(" ", _expand_negations(text))))
-    plain = _NOT_A_DENIAL.sub(" ", _HEDGE.sub(" ", plain))
+    plain = _plain(text)
     said = []
     for name in (re.sub(r"^(?:an?|the|some|any)\s+", "", s.strip().lower()) for s in subjects):
         about = _about(plain, name)

@@ -100,10 +100,18 @@ def get_box_frame(name: str) -> BoxFrame:
     return BOX_FRAMES[name]
 
 
-def default_box_frame(model) -> str:
-    """The frame ``model`` (a transformers model) writes boxes in, by its ``config.model_type``."""
-    return MODEL_TYPE_FRAMES.get(getattr(getattr(model, "config", None), "model_type", None), DEFAULT_FRAME)
+def model_type_of(model) -> str | None:
+    """``model.config.model_type`` (None for a model without one): the key of the per-family tables."""
+    return getattr(getattr(model, "config", None), "model_type", None)
+
+
+def default_box_frame(model, fallback: str | None = None) -> str:
+    """The frame ``model`` (a transformers model, or None) writes boxes in: its family's by
+    ``config.model_type`` where the family is listed (the frame is the checkpoint's, whatever
+    wording asks it), else ``fallback`` (the frame of the grounding format it is asked in),
+    else pixels."""
+    return MODEL_TYPE_FRAMES.get(model_type_of(model)) or fallback or DEFAULT_FRAME
 
 
 __all__ = ["BOX_FRAMES", "BoxFrame", "DEFAULT_FRAME", "MODEL_TYPE_FRAMES", "default_box_frame", "get_box_frame",
-           "register_box_frame"]
+           "model_type_of", "register_box_frame"]

@@ -241,9 +241,9 @@ def add_grounding_arguments(parser: argparse.ArgumentParser) -> None:
                              "default: its family's (Qwen2-VL, Qwen2.5-VL, Qwen3-VL / Qwen3.5, InternVL, PaliGemma), "
                              "else the toolkit's own 'where is the dog ?'")
     parser.add_argument("--box_frame", default=None, choices=sorted(BOX_FRAMES),
-                        help="the frame the model writes boxes in (evaluators/box_frames.py); default: the grounding "
-                             "format's, else its family's (relative_1000 for Qwen2-VL / Qwen3-VL / InternVL / "
-                             "GLM-4.xV, else pixels)")
+                        help="the frame the model writes boxes in (evaluators/box_frames.py); default: its family's "
+                             "(relative_1000 for Qwen2-VL / Qwen3-VL / InternVL / GLM-4.xV), else the grounding "
+                             "format's, else pixels")
 
 
 def output_path_wording(err: Exception) -> str:

@@ -167,7 +167,9 @@ def get_grounding_format(name: str) -> GroundingFormat:
 
 def default_grounding_format(model) -> str:
     """The format ``model`` (a transformers model) was trained to ground in, by its ``config.model_type``."""
-    return MODEL_TYPE_FORMATS.get(getattr(getattr(model, "config", None), "model_type", None), DEFAULT_FORMAT)
+    from .box_frames import model_type_of
+
+    return MODEL_TYPE_FORMATS.get(model_type_of(model), DEFAULT_FORMAT)
 
 
 def check_grounding(grounding: Mapping[str, str] | None) -> None:

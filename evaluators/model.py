@@ -18,7 +18,7 @@ import torch
 
 from hooks.prompting import user_prompt
 
-from .box_frames import DEFAULT_FRAME, MODEL_TYPE_FRAMES, get_box_frame
+from .box_frames import default_box_frame, get_box_frame
 from .grounding_formats import DEFAULT_FORMAT, default_grounding_format, get_grounding_format, worded
 from .query import Query
 
@@ -85,8 +85,7 @@ class HFModel:
         self.generate_kwargs = {"do_sample": False, **(generate_kwargs or {})}
         self.name = name or getattr(model.config, "_name_or_path", "") or type(model).__name__
         self.grounding = get_grounding_format(grounding_format or default_grounding_format(model))
-        family = MODEL_TYPE_FRAMES.get(getattr(model.config, "model_type", None))
-        self.box_frame = get_box_frame(box_frame or family or self.grounding.frame or DEFAULT_FRAME).name
+        self.box_frame = get_box_frame(box_frame or default_box_frame(model, self.grounding.frame)).name
 
     def describe(self) -> dict[str, Any]:
         """What the answers depend on, the same in every process (a run resumes by it):
@@ -237,7 +236,7 @@ class CallableModel:
             raise ValueError("fn must be callable: fn(images, prompt) -> str or mask")
         self.fn, self.name = fn, name
         self.grounding = get_grounding_format(grounding_format)
-        self.box_frame = get_box_frame(box_frame or self.grounding.frame or DEFAULT_FRAME).name
+        self.box_frame = get_box_frame(box_frame or default_box_frame(None, self.grounding.frame)).name
 
     def describe(self) -> dict[str, Any]:
         return {"model": self.name, "model_class": "callable", "fn": callable_name(self.fn)}
