@@ -257,8 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="organism", help="'organism' or an HF model id / path")
     parser.add_argument("--model_args", default="",
                         help="attn_implementation=...,dtype=bf16|fp16|fp32|auto,device=...,device_map=auto")
-    parser.add_argument("--tasks", "--suites", dest="tasks", default="dobench",
-                        help="comma-separated built-in suites ('' for none)")
+    parser.add_argument("--tasks", "--suites", dest="tasks", default=None,
+                        help="comma-separated built-in suites ('' for none; default: dobench, none when --data is given)")
     parser.add_argument("--data", default="", help="your data: benchmark=path[,benchmark=path] in native formats")
     parser.add_argument("--mitigations", default="", help="e.g. vcd:alpha=1;beta=0.1,prior_suppression")
     parser.add_argument("--batch_size", type=int, default=8)
@@ -289,11 +289,10 @@ def main(argv: list[str] | None = None) -> int:
     from .model import HFModel, check_generate_kwargs
     from .runner import RunMismatch, run, summary_line
 
-    from .benchmarks.suites import build_suite, check_tasks
+    from .benchmarks.suites import build_suite, chosen_tasks
 
-    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     try:  # every flag is checked before the model loads: a usage error, not a traceback
-        check_tasks(tasks)
+        tasks = chosen_tasks(args.tasks, args.data, "dobench")
         model_args, gen_kwargs, _ = parse_kv(args.model_args), parse_kv(args.gen_kwargs), parse_kv(args.data)
         check_mitigations(args.mitigations)
     except ValueError as err:

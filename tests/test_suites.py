@@ -17,6 +17,19 @@ def test_scales_size_each_suite():
     assert {q.benchmark for q in queries} == {"dobench", "reactbench"}
 
 
+def test_chosen_tasks_default_to_none_when_the_users_data_is_given():
+    """``--tasks`` as given, ``""`` for none; without it the command's default, or no built-in
+    suite at all when ``--data`` names the user's files; an unknown suite is an error."""
+    from evaluators.benchmarks.suites import chosen_tasks
+
+    assert chosen_tasks(None, "", "dobench,mioh") == ["dobench", "mioh"]
+    assert chosen_tasks(None, "dobench=my.jsonl", "dobench,mioh") == []
+    assert chosen_tasks("mioh", "dobench=my.jsonl", "dobench") == ["mioh"]
+    assert chosen_tasks("", "", "dobench") == [] and chosen_tasks(" , ", "", "dobench") == []
+    with pytest.raises(ValueError, match="unknown task"):
+        chosen_tasks("pope", "", "dobench")
+
+
 def test_large_mioh_has_four_times_the_questions_of_full_and_unique_ids():
     full, large = build_suite("mioh", seed=0, scale="full"), build_suite("mioh", seed=0, scale="large")
     assert len(large) == 4 * len(full)
@@ -302,7 +315,7 @@ def _blind_reactbench(query):
 
 @pytest.mark.parametrize("seed, prior_robust, react_score", [(0, 91.7, 40.2), (1, 91.7, 39.1)])
 def test_image_blind_policies_score_as_the_readme_says(seed, prior_robust, react_score):
-    """The README's "What a model that never looks at the image scores" figures, at --scale
+    """docs/suites.md's "What a model that never looks at the image scores" figures, at --scale
     full: they follow from the papers' protocols (every DO-Bench belief contradicts the
     truth; ReactBench's erasure and attribute questions have one answer each)."""
     from evaluators.benchmarks.reactbench.metrics import react_score_value
@@ -370,7 +383,7 @@ def test_dobench_is_answered_by_the_object_name_and_background_alone(seed):
     unconventional, the B-object typical and absent, so "yes exactly when the object is
     unusual for the background" is right on every Full-view instance without seeing the
     object: PriorRobust 100 (on the Cluster / Crop views the object can outweigh the
-    background; "yes" scores PerceptionAbility 100 there anyway). The README says so: a
+    background; "yes" scores PerceptionAbility 100 there anyway). docs/suites.md says so: a
     mitigation that merely inverts the context prior scores well here."""
     from evaluators.query import to_record
     from evaluators.runner import score

@@ -101,10 +101,12 @@ def test_vlm_report_on_user_data(tmp_path):
             for s in "AB" for lv in range(4)]
     (tmp_path / "do.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     out = tmp_path / "report"
-    assert main(["--tasks", "", "--data", f"dobench={tmp_path / 'do.jsonl'}", "--arms", "VCD (greedy)",
+    # --data alone runs that data alone: no built-in suite joins it (before, the default
+    # suites ran beside the data unless --tasks "" was given)
+    assert main(["--data", f"dobench={tmp_path / 'do.jsonl'}", "--arms", "VCD (greedy)",
                  "--resamples", "100", "--no_progress", "--output_path", str(out)]) == 0
     result = json.loads((out / "results.json").read_text())
-    assert result["data"] == {"dobench": str(tmp_path / "do.jsonl")}
+    assert result["data"] == {"dobench": str(tmp_path / "do.jsonl")} and result["tasks"] == []
     assert len(read_samples(out / "vcd-greedy" / "samples.jsonl")) == len(rows)
     # on the organism the report says which mechanisms the model exhibits (its model card)
     assert result["model_card"]["checks"]["prior_rise_level0_to_3"] is True

@@ -36,7 +36,7 @@ the kinds whose truth is one token are audited (``yes_no``, ``option``, ``number
 (:data:`PAPER_MADE`), each with the rule and the lift its design gives: a group that exceeds
 that lift is flagged like any other. A text audit is coarse: rules written for a suite's
 structure, and rules on the image's simple statistics (background colour, object count),
-find what these miss (``tests/test_suites.py`` keeps those), and the README says what this
+find what these miss (``tests/test_suites.py`` keeps those), and docs/suites.md says what this
 audit found and missed on earlier versions of the suites.
 """
 
@@ -305,11 +305,12 @@ def format_table(rows: list[GroupAudit]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .suites import SCALES, SUITE_NAMES, build_suite, check_tasks
+    from .suites import SCALES, SUITE_NAMES, build_suite, chosen_tasks
 
     parser = argparse.ArgumentParser(prog="python -m evaluators.benchmarks.blind_audit", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tasks", default=",".join(SUITE_NAMES), help="comma-separated built-in suites ('' for none)")
+    parser.add_argument("--tasks", default=None,
+                        help="comma-separated built-in suites ('' for none; default: all, none when --data is given)")
     parser.add_argument("--scale", default="large", choices=sorted(SCALES),
                         help="large by default: at full, groups of 12 items give chance lifts of 25-33 points")
     parser.add_argument("--seeds", default="10,11,20", help="suite seeds (two or more): rules fitted on each, scored on the others")
@@ -319,13 +320,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mask", default="", help="comma-separated words the templates mask too (your object names)")
     parser.add_argument("--min-lift", type=float, default=0.0, help="show groups whose lift is at least this")
     args = parser.parse_args(argv)
-    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     try:
+        tasks = chosen_tasks(args.tasks, args.data, ",".join(SUITE_NAMES))
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
         if len(seeds) < 2 or len(set(seeds)) < len(seeds):
             raise ValueError(f"--seeds: two or more different seeds (a rule scored on the scenes it was fitted on "
                              f"memorises them), got {args.seeds!r}")
-        check_tasks(tasks)
         from ..cli import parse_kv
         from .protocols import load_data
 

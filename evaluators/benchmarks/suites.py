@@ -4,7 +4,7 @@ CLIs (``vlm-eval --scale`` and ``vlm-report --scale``).
 Each suite is generated from the counterfactual world (:mod:`evaluators.world`), seeded.
 Sizes are in the suite's own unit (scenes for DO-Bench -> 10 queries each, pairs for
 Causal-HalBench and HalluSegBench, items per task / condition for ReactBench and MIOH).
-"small" keeps ``vlm-report``'s nine arms within minutes on 2 CPU cores; "full" is what an
+"small" keeps ``vlm-report``'s ten default arms within minutes on 2 CPU cores; "full" is what an
 effect measurement on the organism uses (DO-Bench 400 queries: PriorRobust per series
 rests on 40 queries per level); "large" is four times "full", for the cells whose
 intervals "full" leaves undecided (MIOH's LC-S / LC-I / HP rest on 12 questions each there,
@@ -46,6 +46,18 @@ def check_tasks(tasks: list[str]) -> None:
     bad = [t for t in tasks if t not in SUITE_NAMES]
     if bad:
         raise ValueError(f"unknown task(s) {bad}; available: {sorted(SUITE_NAMES)}")
+
+
+def chosen_tasks(tasks: str | None, data: str, default: str) -> list[str]:
+    """The built-in suites a command runs, checked: ``--tasks`` as given (``""`` for none);
+    without it, ``default`` -- or none when ``--data`` names the user's own files. Our
+    choice: a run on one's own data is that data alone unless built-in suites are asked for
+    too (``--tasks dobench --data ...``); before, ``--data`` alone also ran the default
+    suites, whose queries then entered the same results."""
+    text = tasks if tasks is not None else ("" if data.strip() else default)
+    chosen = [t.strip() for t in text.split(",") if t.strip()]
+    check_tasks(chosen)
+    return chosen
 
 
 def build_suite(task: str, seed: int = 0, scale: str = "full") -> list:

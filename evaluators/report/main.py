@@ -86,8 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="organism", help="'organism' (default) or an HF model id / path")
     parser.add_argument("--model_args", default="",
                         help="attn_implementation=...,dtype=bf16|fp16|fp32|auto,device=...,device_map=auto")
-    parser.add_argument("--tasks", default="dobench,mioh,causal_halbench,hallusegbench,reactbench",
-                        help="built-in probe suites ('' for none)")
+    parser.add_argument("--tasks", default=None,
+                        help="built-in probe suites, comma-separated ('' for none; default: all five, "
+                             "none when --data is given)")
     parser.add_argument("--data", default="", help="your data: benchmark=path[,benchmark=path] in native formats")
     parser.add_argument("--arms", default="",
                         help="comma-separated arm names or slugs (default: every default arm; optional ones "
@@ -131,10 +132,11 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.manual_seed(args.seed)
     out = Path(args.output_path or default_output(args.scale, args.seed))
-    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     from ..benchmarks.protocols import load_data
+    from ..benchmarks.suites import SUITE_NAMES, chosen_tasks
 
     try:
+        tasks = chosen_tasks(args.tasks, args.data, ",".join(SUITE_NAMES))
         queries = build_queries(tasks, args.seed, args.scale) + load_data(parse_kv(args.data))
         model_args = parse_kv(args.model_args)
     except ValueError as err:
