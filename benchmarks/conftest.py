@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 ROUNDS = 15
-#: where the models run: ``VLM_BENCH_DEVICE`` (default the CPU, the figures the README
+#: where the models run: ``VLM_BENCH_DEVICE`` (default the CPU, the figures docs/performance.md
 #: quotes). Benchmarks of a model (the ``organism`` fixture, the 7B-shaped model) run there;
 #: the others (span detection, the generic map) stay on the CPU. Each row records its
 #: device, and a group timed on another device is written to ``results/<device type>/``.

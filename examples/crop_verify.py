@@ -7,7 +7,7 @@ from the original image where the model's own attention points.
 
 No ground truth is used at inference: by default the box comes from last-token attention
 normalised by a generic prompt (ViCrop); ``--locate embedding`` / ``zoom`` read where the
-image tokens look like the object's name (README, "Where the views are cut"); pass
+image tokens look like the object's name (docs/report_organism.md, "Where the views are cut"); pass
 ``localizer=`` to plug in a detector instead.
 
 Two ways to use it, with the same answers: ``CropVerify.answer(model, images, prompts)``,

@@ -475,7 +475,7 @@ def test_object_localiser_finds_the_object_on_the_organism():
     """Issue 6: the attention-derived box covers half the planted object's box in most
     cases (v16 met that; v17 misses it by a few points). On the shipped organism with the
     object-token setting (layer 0, the object's tokens, the peak head; v17: 47% / 46% on
-    two sets of 100 scenes, v16: 59% / 60%, README), on 30 held-out scenes (v17: 50%),
+    two sets of 100 scenes, v16: 59% / 60%, docs/report_organism.md), on 30 held-out scenes (v17: 50%),
     against the same window sizes placed at random (chance about 7%)."""
     from evaluators.organism import ORGANISM_DIR, load_organism
     from evaluators.organism.localisation import measure

@@ -28,7 +28,7 @@ def _full_view_queries(n_scenes: int, per_level: int, seed: int = 1) -> list:
     return [q for level in range(4) for q in [q for q in full if q.record["level"] == level][:per_level]]
 
 
-#: The object-token localiser (README, "Where the views are cut"). On organism v17 the
+#: The object-token localiser (docs/report_organism.md, "Where the views are cut"). On organism v17 the
 #: default localiser's window rarely lands on the object (6% of 100 scenes) and overturns no
 #: answer among these queries; the tests that need overturned answers use this one (47%),
 #: at the threshold they were written for (tau 0.5; the default is 0.8 since session 40, at

@@ -110,7 +110,7 @@ def test_bad_use():
 
 def test_embedding_localiser_finds_the_object_on_the_organism(organism):
     """On organism v17 the window covers half the planted object's box in 94% / 97% of two
-    sets of 100 held-out scenes (README), against about 11% for the same window sizes placed
+    sets of 100 held-out scenes (docs/report_organism.md), against about 11% for the same window sizes placed
     at random; asserted on 30."""
     from evaluators.organism.localisation import measure
 
@@ -137,7 +137,7 @@ def test_localisation_probe_on_dobench_targets(organism):
 def test_zoomed_search_finds_dobench_small_objects(organism):
     """DO-Bench's A-objects (3-10 px of 128, under one patch of the 64 px input): on v17 the
     zoomed search (2x2 tiles) finds 75% of the report's 40, the whole-image embedding map
-    37.5% and ViCrop's attention none (README); asserted on its first 12."""
+    37.5% and ViCrop's attention none (docs/report_organism.md); asserted on its first 12."""
     from evaluators.organism.localisation import measure
 
     model, processor = organism

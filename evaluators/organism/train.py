@@ -1,6 +1,8 @@
 """Train the model organism on CPU from the biased world (deterministic).
 
-    python -m evaluators.organism.train                      # the recipe (see README for the measured time)
+    python -m evaluators.organism.train --out <folder> ...   # the recipe: the flags of the model card's command
+                                                             # (evaluators/organism/checkpoint/README.md; the
+                                                             # defaults are not it); docs/organism.md has its time
     python -m evaluators.organism.train --max-steps 300 --vision-steps 200 --out /tmp/organism   # a quick look
 
 Three stages, as real VLMs are built:
@@ -21,7 +23,7 @@ Three stages, as real VLMs are built:
    answer tokens only, vision tower, projector and word embeddings frozen (the projector
    was aligned to those embeddings). Each batch holds one task (so image counts match).
 
-Why this recipe (each point measured, in the README's organism section): three end-to-end
+Why this recipe (each point measured, in docs/organism.md): three end-to-end
 runs without stage 2, with the projector trainable and the decoder at lr 1.5e-3, learned
 only the text priors (clean existence at chance, the yes/no margin unchanged when the image
 is blanked). With the same decoder on oracle image tokens (the word embeddings above in
