@@ -2,7 +2,7 @@
 
     python -m evaluators.benchmarks.blind_audit                      # every suite, --scale large
     python -m evaluators.benchmarks.blind_audit --tasks reactbench --seeds 10,11,20,21 --min-lift 10
-    python -m evaluators.benchmarks.blind_audit --tasks "" --data dobench=my.jsonl --mask sofa,lamp
+    python -m evaluators.benchmarks.blind_audit --data dobench=my.jsonl --mask sofa,lamp
 
 A probe that a rule reading only the question (and its options) answers better than a
 constant answer measures that rule as much as the model's perception: a mitigation that

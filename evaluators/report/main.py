@@ -3,7 +3,7 @@ probe suites, and say which failure mechanism each mitigation fixes and which it
 
     vlm-report --output_path runs/report                     # the shipped organism, ~minutes on CPU
     vlm-report --model <hf id or path> --model_args dtype=bfloat16,device=cuda --output_path runs/x
-    vlm-report --tasks "" --data dobench=my_do.jsonl,hallusegbench=hsb/data.json --output_path runs/mine
+    vlm-report --data dobench=my_do.jsonl,hallusegbench=hsb/data.json --output_path runs/mine
 
 Writes ``<output_path>/results.json`` (every number, config, versions, seeds),
 ``<output_path>/<arm>/samples.jsonl`` (per-sample answers; reruns resume),
