@@ -51,7 +51,7 @@ def test_readme_test_command_is_what_ci_runs():
     assert "test-command" in (ROOT / ".ci" / "run").read_text()
 
 
-def test_the_first_use_snippet_runs_as_written():
+def test_the_use_snippets_run_as_written():
     """A user's walkthrough (session 39) found it could not run: ``path`` and ``inputs``
     were never defined, and nothing said where the shipped organism is. It now runs on
     the organism as it stands in the README, and its answer is a yes or a no."""
@@ -59,11 +59,22 @@ def test_the_first_use_snippet_runs_as_written():
 
     from evaluators.answers import parse_yes_no
 
-    text = (ROOT / "README.md").read_text().split("## Use", 1)[1]
-    snippet = text.split("```python", 1)[1].split("```", 1)[0]
+    text = (ROOT / "README.md").read_text().split("## Use", 1)[1].split("\n## ", 1)[0]
+    snippets = [block.split("```", 1)[0] for block in text.split("```python")[1:]]
+    assert len(snippets) == 2  # the mitigations, then the hooks on the same model and inputs
     scope: dict = {}
     with torch.no_grad():
-        exec(compile(snippet, "README.md (## Use)", "exec"), scope)
-    answer = scope["processor"].batch_decode(scope["out"][:, scope["inputs"]["input_ids"].shape[1]:],
-                                             skip_special_tokens=True)[0]
-    assert parse_yes_no(answer) is not None, answer
+        exec(compile(snippets[0], "README.md (## Use, first snippet)", "exec"), scope)
+        answer = scope["processor"].batch_decode(scope["out"][:, scope["inputs"]["input_ids"].shape[1]:],
+                                                 skip_special_tokens=True)[0]
+        assert parse_yes_no(answer) is not None, answer
+        before = {name: p.clone() for name, p in scope["model"].named_parameters()}
+        hooks_before = _hooks(scope["model"])  # transformers' own output-capturing hooks among them
+        exec(compile(snippets[1], "README.md (## Use, second snippet)", "exec"), scope)
+    # the hooks tour leaves no hook behind and the weights untouched
+    assert _hooks(scope["model"]) == hooks_before
+    assert all(torch.equal(p, before[name]) for name, p in scope["model"].named_parameters())
+
+
+def _hooks(model) -> dict:
+    return {name: (list(m._forward_hooks), list(m._forward_pre_hooks)) for name, m in model.named_modules()}
