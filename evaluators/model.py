@@ -431,7 +431,21 @@ _GENERATE_POSITIVE = ("max_length", "num_beams", "num_beam_groups", "num_return_
 def check_generate_kwargs(kwargs: dict[str, Any]) -> None:
     """A ``ValueError`` naming a ``generate()`` argument whose value cannot work, without a
     model: the type of the well-known integer, float and bool arguments, the counts that
-    must be positive, and what ``transformers.GenerationConfig`` itself refuses."""
+    must be positive, and what ``transformers.GenerationConfig`` itself refuses. A name that
+    is neither a ``GenerationConfig`` field nor a ``generate()`` parameter is refused too
+    (``GenerationConfig`` keeps unknown names silently, and ``generate()`` then fails on the
+    first batch, after the model has loaded)."""
+    import difflib
+
+    from transformers import GenerationConfig, GenerationMixin
+
+    known = set(GenerationConfig().to_dict()) | set(inspect.signature(GenerationMixin.generate).parameters)
+    known -= {"self", "kwargs", "inputs"}
+    for key in sorted(set(kwargs) - known):
+        close = difflib.get_close_matches(key, sorted(known), n=3)
+        hint = f" Did you mean {close}?" if close else ""
+        raise ValueError(f"unknown generate() argument {key!r}.{hint} (the names are transformers.GenerationConfig's "
+                         "fields and generate()'s parameters)")
     for key, value in kwargs.items():
         if key in GENERATE_INTS and (not isinstance(value, int) or isinstance(value, bool)):
             raise ValueError(f"{key} must be an integer, got {value!r}")
@@ -441,7 +455,6 @@ def check_generate_kwargs(kwargs: dict[str, Any]) -> None:
             raise ValueError(f"{key} must be true or false, got {value!r}")
         if key in _GENERATE_POSITIVE and value < 1:
             raise ValueError(f"{key} must be at least 1, got {value!r}")
-    from transformers import GenerationConfig
     from transformers.utils import logging
 
     verbosity = logging.get_verbosity()

@@ -105,6 +105,9 @@ def run(
     out.mkdir(parents=True, exist_ok=True)
     identity = run_identity(model, seed)
     stored = _read_identity(out)
+    if stored is not None and stored != identity and not shards.done_fingerprints(out):
+        stored = None  # a run that stopped before its first answer (a bad generate() argument,
+        # say): nothing to mix with, so the folder is this run's and run.json is rewritten
     if stored is not None and stored != identity:
         changed = changed_fields(stored, identity)
         raise RunMismatch(

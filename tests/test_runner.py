@@ -48,6 +48,25 @@ def test_unreadable_answers_are_wrong_and_counted(queries, tmp_path):
     assert payload["results"]["dobench"]["accuracy"] == 0.0
 
 
+def test_a_run_that_failed_before_its_first_answer_does_not_lock_its_folder(queries, tmp_path):
+    """A setting that fails on the first batch (a misspelt generate() argument) leaves
+    run.json and no answer: the corrected run into the same folder is taken, not refused
+    as "answers from a different run"; once a folder holds answers, it is refused."""
+    from evaluators.runner import RunMismatch
+
+    def broken(images, prompt):
+        raise TypeError("generate() got an unexpected keyword argument 'do_sampel'")
+
+    with pytest.raises(TypeError):
+        run(queries, CallableModel(broken, name="typo"), tmp_path, batch_size=5, progress=False)
+    assert (tmp_path / "run.json").exists() and not read_samples(tmp_path / SAMPLES)
+    fixed = run(queries, CallableModel(lambda i, p: "yes", name="fixed"), tmp_path, batch_size=5, progress=False)
+    assert fixed["n_samples"]["dobench"] == len(queries)
+    assert json.loads((tmp_path / "run.json").read_text())["model"]["model"] == "fixed"
+    with pytest.raises(RunMismatch, match="different run"):
+        run(queries, CallableModel(lambda i, p: "no", name="other"), tmp_path, batch_size=5, progress=False)
+
+
 def test_killed_run_resumes_without_loss_or_duplicates(queries, tmp_path):
     calls = {"n": 0}
 

@@ -28,6 +28,9 @@ def test_chosen_tasks_default_to_none_when_the_users_data_is_given():
     assert chosen_tasks("", "", "dobench") == [] and chosen_tasks(" , ", "", "dobench") == []
     with pytest.raises(ValueError, match="unknown task"):
         chosen_tasks("pope", "", "dobench")
+    # one benchmark from both sources would be scored as one: refused
+    with pytest.raises(ValueError, match=r"\['dobench', 'mioh'\] in both --tasks and --data"):
+        chosen_tasks("dobench,mioh", "mioh=x.jsonl, dobench=y.jsonl", "dobench")
 
 
 def test_large_mioh_has_four_times_the_questions_of_full_and_unique_ids():
