@@ -46,12 +46,14 @@ def _value(text: str) -> Any:
         return text
 
 
-def parse_kv(text: str | None) -> dict[str, Any]:
-    """``"a=1,b=x"`` -> ``{"a": 1, "b": "x"}`` (values parsed as JSON when they are JSON)."""
+def parse_kv(text: str | None, flag: str = "", form: str = "key=value") -> dict[str, Any]:
+    """``"a=1,b=x"`` -> ``{"a": 1, "b": "x"}`` (values parsed as JSON when they are JSON);
+    ``flag`` and ``form`` say in an error which option was misread and what it takes."""
     out: dict[str, Any] = {}
     for part in filter(None, (text or "").split(",")):
         if "=" not in part:
-            raise ValueError(f"expected key=value, got {part!r}")
+            where = f"{flag} takes " if flag else "expected "
+            raise ValueError(f"{where}{form}[,{form}], got {part!r}")
         key, value = part.split("=", 1)
         if key.strip() in out:  # the later one silently won (two data files of one benchmark)
             raise ValueError(f"{key.strip()!r} is given twice in {text!r} (one value each; several HalluSegBench "
@@ -119,7 +121,11 @@ def _mitigation_specs(text: str | None):
 
     for item in filter(None, (text or "").split(",")):
         name, _, args = item.partition(":")
-        yield name.strip(), get_mitigation(name.strip()), parse_kv(args.replace(";", ","))
+        mitigation = get_mitigation(name.strip())
+        if bad := [a for a in args.split(";") if a.strip() and "=" not in a]:
+            raise ValueError(f"--mitigations: {name.strip()}: expected key=value, got {bad[0].strip()!r} (a "
+                             "mitigation's arguments follow ':' and are separated by ';': vcd:alpha=1;beta=0.1)")
+        yield name.strip(), mitigation, parse_kv(args.replace(";", ","))
 
 
 def _make(cls: type, kwargs: dict[str, Any], tokenizer: Any, processor: Any):
@@ -293,7 +299,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:  # every flag is checked before the model loads: a usage error, not a traceback
         tasks = chosen_tasks(args.tasks, args.data, "dobench")
-        model_args, gen_kwargs, _ = parse_kv(args.model_args), parse_kv(args.gen_kwargs), parse_kv(args.data)
+        model_args = parse_kv(args.model_args, "--model_args")
+        gen_kwargs, _ = parse_kv(args.gen_kwargs, "--gen_kwargs"), parse_kv(args.data, "--data", "benchmark=path")
         check_mitigations(args.mitigations)
     except ValueError as err:
         parser.error(str(err))

@@ -506,8 +506,10 @@ class VerifiedGenerate:
             raise ValueError("crop-and-verify needs an image: this generate() call has no pixel inputs "
                              f"({', '.join(image_pixel_names(self.points))})")
         if beams > 1 or returned > 1:
-            raise ValueError(f"crop-and-verify verifies one answer per row; num_beams={beams} and "
-                             f"num_return_sequences={returned} are not supported while it is attached")
+            asked = " and ".join(f"{k}={v}" for k, v in (("num_beams", beams), ("num_return_sequences", returned))
+                                 if v > 1)
+            raise ValueError(f"crop-and-verify verifies one answer per row; {asked} is not supported while it is "
+                             "attached (detach it, or generate with one beam and one sequence)")
         streamer = kwargs.pop("streamer", None)
         want_dict = kwargs.get("return_dict_in_generate", getattr(config, "return_dict_in_generate", False))
         tok = cv.processor.tokenizer

@@ -68,7 +68,7 @@ def test_report_usage_errors_are_messages_not_tracebacks(tmp_path, capsys):
         main(["--model_args", "dtype", "--output_path", str(tmp_path / "r")])
     assert exit_.value.code == 2
     err = capsys.readouterr().err
-    assert "expected key=value" in err and "Traceback" not in err
+    assert "--model_args takes key=value" in err and "Traceback" not in err
 
 
 class _Scripted:

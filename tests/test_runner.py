@@ -117,8 +117,10 @@ def test_a_kill_between_a_records_brace_and_its_newline_loses_nothing(queries, t
     (["--mitigations", "crop_verify;prior_suppression"], "separated by ','"),
     (["--mitigations", "vcd:alfa=1"], "vcd has no argument"),
     (["--mitigations", "vcd:alpha=-1"], "alpha must be"),
-    (["--gen_kwargs", "do_sample"], "expected key=value"),
-    (["--model_args", "dtype"], "expected key=value"),
+    (["--gen_kwargs", "do_sample"], "--gen_kwargs takes key=value"),
+    (["--model_args", "dtype"], "--model_args takes key=value"),
+    (["--data", "my/do.jsonl"], "--data takes benchmark=path[,benchmark=path], got 'my/do.jsonl'"),
+    (["--mitigations", "vcd:alpha"], "--mitigations: vcd: expected key=value, got 'alpha'"),
 ])
 def test_cli_usage_errors_are_messages_not_tracebacks(tmp_path, capsys, flags, message):
     """A bad --mitigations / --gen_kwargs / --model_args value is a usage error (exit 2, the

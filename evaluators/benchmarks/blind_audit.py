@@ -329,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         from ..cli import parse_kv
         from .protocols import load_data
 
-        data = {bench: load_data({bench: path}) for bench, path in parse_kv(args.data).items()}
+        data = {bench: load_data({bench: path}) for bench, path in parse_kv(args.data, "--data", "benchmark=path").items()}
     except ValueError as err:
         parser.error(str(err))
     mask = [w.strip() for w in args.mask.split(",") if w.strip()]

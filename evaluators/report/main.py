@@ -137,8 +137,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         tasks = chosen_tasks(args.tasks, args.data, ",".join(SUITE_NAMES))
-        queries = build_queries(tasks, args.seed, args.scale) + load_data(parse_kv(args.data))
-        model_args = parse_kv(args.model_args)
+        queries = build_queries(tasks, args.seed, args.scale) + load_data(parse_kv(args.data, "--data", "benchmark=path"))
+        model_args = parse_kv(args.model_args, "--model_args")
     except ValueError as err:
         parser.error(str(err))
     if not queries:
