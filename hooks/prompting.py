@@ -30,9 +30,17 @@ def user_prompt(processor, text: str, n_images: int = 1) -> str:
     """The prompt for one user turn with ``n_images`` images, then ``text``, ending where the
     model's answer starts: the processor's chat template with a generation prompt where it
     has one, else ``n_images`` image placeholders followed by ``text``. A ``ValueError`` for a
-    processor with neither a template nor an image placeholder (``image_token``)."""
+    processor with neither a template nor an image placeholder (``image_token``), and for a
+    ``text`` that already holds the image placeholder: a prompt templated by the caller
+    would carry its images twice, which the processor refuses with a count of image tokens
+    that does not say why."""
     if n_images < 0:
         raise ValueError(f"n_images must be >= 0, got {n_images}")
+    placeholder = getattr(processor, "image_token", None)
+    if isinstance(placeholder, str) and placeholder and placeholder in text:
+        raise ValueError(f"the prompt already holds the image placeholder {placeholder!r} (a chat-templated "
+                         f"prompt?): pass the question alone, e.g. 'Is there a dog in the image?'; the chat "
+                         f"template and the image placeholders are added here. Got {text[:80]!r}")
     if has_chat_template(processor):
         content = [{"type": "image"} for _ in range(n_images)] + [{"type": "text", "text": text}]
         return processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True)
@@ -44,7 +52,6 @@ def user_prompt(processor, text: str, n_images: int = 1) -> str:
         warnings.warn(f"{name} has no chat template: prompts are its image placeholder(s) then the text, without "
                       "the roles its checkpoint may have been trained with (set processor.chat_template)",
                       stacklevel=2)
-    placeholder = getattr(processor, "image_token", None)
     if n_images and not placeholder:
         raise ValueError(f"{type(processor).__name__} has no chat template and no image_token: give the processor a "
                          "chat_template (processor.chat_template = ...) so the images can be placed in the prompt")

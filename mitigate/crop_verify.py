@@ -456,7 +456,9 @@ class CropVerify(Mitigation):
     @torch.no_grad()
     def answer(self, model, images: list[Image.Image], prompts: list[str], *, max_new_tokens: int = 8,
                objects: Sequence[str | None] | None = None, **generate_kwargs) -> list[dict]:
-        """Answers for one image per prompt, with what verification did for each.
+        """Answers for one image per prompt, with what verification did for each. Each
+        prompt is the question as plain text: the chat template (or, for a processor without
+        one, the image placeholder) is applied here (:func:`hooks.prompting.user_prompt`).
         ``objects`` names each prompt's object for ``queries="object"`` (default: read from
         the question, :func:`mitigate.localize.object_in_question`). A name given here must
         be found among its prompt's tokens (else a ``ValueError``); one read from the question

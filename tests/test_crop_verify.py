@@ -424,6 +424,12 @@ def test_bad_inputs(organism_like):
         cv.answer(model, [Image.new("RGB", (4, 4))], ["is there a dog ?"])
     with pytest.raises(ValueError, match="differ"):
         cv.answer(model, [Image.new("RGB", (64, 64))], [])
+    # a prompt the caller templated already holds the image placeholder: named, not a
+    # processor error about a count of image tokens
+    content = [{"type": "image"}, {"type": "text", "text": "is there a dog ?"}]
+    templated = processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True)
+    with pytest.raises(ValueError, match="already holds the image placeholder"):
+        cv.answer(model, [Image.new("RGB", (64, 64))], [templated])
 
 
 def test_caption_mentions_are_asked_about_once_each(organism_like):
