@@ -174,6 +174,13 @@ class PriorSuppression(Mitigation):
             raise ValueError(f"spans: given for {len(self.spans)} rows, the batch has {rows}")
         # generate() repeats each row for its beams / return sequences (repeat_interleave)
         source_row = None if self.spans is None else [r // (rows // len(self.spans)) for r in range(rows)]
+        if source_row is not None:  # ... as exact copies: other prompts are not a row's repeats
+            first = {}
+            for r, given in enumerate(source_row):
+                if not torch.equal(input_ids[r], input_ids[first.setdefault(given, r)]):
+                    raise ValueError(f"spans: given for {len(self.spans)} rows, the batch has {rows} rows whose "
+                                     f"prompts differ (rows {first[given]} and {r}), not one prompt's beams or "
+                                     "returned sequences: give one entry per prompt")
         mask = torch.zeros_like(input_ids, dtype=torch.bool)
         self.found, self.token_spans = [], []
         # a row repeated (beams, return sequences, one prompt asked of a batch) is read once

@@ -734,6 +734,10 @@ def test_bad_input_is_a_clear_error():
         model(**inputs)
     with pytest.raises(ValueError, match="rows"), attach(model, PriorSuppression(WordIds(), spans=[[], [], []])):
         model(**inputs)
+    # one entry for two different prompts: not a beam repeat, refused (it was applied to both)
+    with pytest.raises(ValueError, match="spans: given for 1 rows, the batch has 2 rows whose prompts differ"), \
+            attach(model, PriorSuppression(WordIds(), spans=[[]])):
+        model(**inputs)
 
 
 def test_extra_rows_count_the_image_free_branch():
