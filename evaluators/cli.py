@@ -341,7 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     under_test = HFModel(model, processor, mitigations=mitigations, max_new_tokens=args.max_new_tokens,
                          generate_kwargs=gen_kwargs, name=args.model, box_frame=args.box_frame,
                          grounding_format=args.grounding_format)
-    config = {"tasks": tasks, "limit": args.limit, "mitigations": args.mitigations,
+    config = {"tasks": tasks, "data": parse_kv(args.data, "--data", "benchmark=path"), "limit": args.limit,
+              "mitigations": args.mitigations,
               "grounding_format": under_test.grounding.name, "box_frame": under_test.box_frame}
     try:
         payload = run(queries, under_test, args.output_path, batch_size=args.batch_size, seed=args.seed,

@@ -207,11 +207,30 @@ def regrade(record: dict, query: Query) -> dict:
     return {**rule_graded(record), **to_record(query, record["answer"])}
 
 
+def _plain_truth(truth: Any) -> Any:
+    """``truth`` where a record can show it as it is (text, a number, a short list of them);
+    None for the rest (a HalluSegBench mask, a box array), which the benchmark's own data holds."""
+    simple = (str, int, float, bool)
+    if isinstance(truth, simple):
+        return truth
+    if isinstance(truth, (list, tuple)) and len(truth) <= 16 and all(
+            isinstance(t, simple) or (isinstance(t, (list, tuple)) and all(isinstance(u, simple) for u in t))
+            for t in truth):
+        return list(truth)
+    return None
+
+
 def to_record(query: Query, text: str) -> dict:
-    """The per-sample record: benchmark fields + raw answer + parsed/correct/invalid."""
+    """The per-sample record: benchmark fields + raw answer + parsed/correct/invalid, and
+    what a reader needs to check the answer by hand (lmms-eval's logged samples keep it too):
+    the ``prompt`` asked, the ``truth`` where it is plain (:func:`_plain_truth`), and
+    ``image_paths`` for images read from files (built-in suites render theirs)."""
     value = parse(query, text)
-    record = {**query.record, "id": query.id, "benchmark": query.benchmark, "answer": text,
-              "parsed": value, "invalid": value is None}
+    record = {**query.record, "id": query.id, "benchmark": query.benchmark, "prompt": query.prompt,
+              "truth": _plain_truth(query.truth), "answer": text, "parsed": value, "invalid": value is None}
+    paths = [str(im.path) for im in query.images if hasattr(im, "path") and not hasattr(im, "size")]
+    if paths:
+        record["image_paths"] = paths
     if query.kind == "yes_no":
         record["pred_yes"] = value
         record["correct"] = value is not None and value == (query.truth == "yes")

@@ -151,6 +151,10 @@ def test_cli_end_to_end_on_the_organism(tmp_path, capsys):
     payload = json.loads((out / RESULTS).read_text())
     assert payload["n_samples"]["dobench"] == 20
     assert 0.0 <= payload["results"]["dobench"]["accuracy"] <= 100.0
+    assert payload["config"]["tasks"] == ["dobench"] and payload["config"]["data"] == {}
+    # each record says what was asked and what was right, to check an answer by hand
+    assert all(r["prompt"].endswith("answer yes or no .") and r["truth"] in ("yes", "no")
+               for r in read_samples(out / SAMPLES))
     # with a mitigation, into another folder; then a rerun resumes (answers nothing new)
     args = ["--model", "organism", "--tasks", "dobench", "--limit", "20", "--mitigations", "vcd:alpha=1;beta=0.1",
             "--output_path", str(tmp_path / "vcd"), "--no_progress"]

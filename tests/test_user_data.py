@@ -107,7 +107,9 @@ def test_vlm_report_on_user_data(tmp_path):
                  "--resamples", "100", "--no_progress", "--output_path", str(out)]) == 0
     result = json.loads((out / "results.json").read_text())
     assert result["data"] == {"dobench": str(tmp_path / "do.jsonl")} and result["tasks"] == []
-    assert len(read_samples(out / "vcd-greedy" / "samples.jsonl")) == len(rows)
+    samples = read_samples(out / "vcd-greedy" / "samples.jsonl")
+    assert len(samples) == len(rows)
+    assert all(r["image_paths"] == [str(tmp_path / "s.png")] and r["truth"] in ("yes", "no") for r in samples)
     # on the organism the report says which mechanisms the model exhibits (its model card)
     assert result["model_card"]["checks"]["prior_rise_level0_to_3"] is True
     assert "What this organism can show" in (out / "report.html").read_text()
