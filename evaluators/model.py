@@ -321,6 +321,12 @@ def resolve_model(spec: str) -> str:
         return str(path)
     if not is_hub_id(spec):
         raise ModelSpecError(f"no such folder: {spec!r} ({path.absolute()} does not exist)")
+    import difflib
+
+    if "/" not in spec and difflib.get_close_matches(spec.lower(), ["organism"], n=1, cutoff=0.75):
+        # a one-word Hub id this close to the shipped model's name is almost surely a typo of it;
+        # the Hub would be tried first (retries, and a long wait offline)
+        raise ModelSpecError(f"no such folder: {spec!r}. Did you mean 'organism' (the shipped checkpoint)?")
     return spec
 
 
@@ -371,6 +377,7 @@ def _load_kwargs(attn_implementation: str = "sdpa", dtype: str | None = None, de
             raise ValueError(f"device must be a torch device such as cpu, cuda, cuda:1 or mps, got {device!r}") from None
         if kind == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device={device}: no CUDA GPU is visible to this process")
+    _check_attention(attn_implementation)
     kwargs: dict[str, Any] = {"attn_implementation": attn_implementation}
     if dtype:
         if str(dtype) not in DTYPES:
@@ -381,6 +388,25 @@ def _load_kwargs(attn_implementation: str = "sdpa", dtype: str | None = None, de
         if max_memory is not None:
             kwargs["max_memory"] = max_memory
     return kwargs, device
+
+
+def _check_attention(name: Any) -> None:
+    """``attn_implementation``: one transformers registers (``eager``, ``sdpa``, the flash
+    and flex kernels, their ``paged|`` forms) or a Hub kernel (``org/repo``, which transformers
+    fetches and checks itself); a typo was a traceback from ``from_pretrained``."""
+    import difflib
+
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    if not isinstance(name, str):
+        raise ValueError(f"attn_implementation must be a name such as sdpa or eager, got {name!r}")
+    known = {"eager", *ALL_ATTENTION_FUNCTIONS.valid_keys()}
+    known |= {f"paged|{k}" for k in list(known) if "|" not in k}
+    if name in known or "/" in name:
+        return
+    close = difflib.get_close_matches(name, sorted(known), n=3)
+    hint = f" Did you mean {close}?" if close else ""
+    raise ValueError(f"unknown attn_implementation {name!r}.{hint} Known: {sorted(known)} (or a Hub kernel, org/repo)")
 
 
 def check_model_args(model_args: dict[str, Any]) -> None:

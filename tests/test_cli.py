@@ -127,6 +127,8 @@ def test_vlm_hooks_inspects_the_organism_and_names_a_missing_folder(tmp_path, ca
     (["--mitigations", "crop_verify:views=crop+nope"], "--mitigations: crop_verify: views must be"),
     (["--tasks", ""], "nothing to evaluate: give --tasks and/or --data"),
     (["--gen_kwargs", "do_sampel=true"], "unknown generate() argument 'do_sampel'. Did you mean ['do_sample']?"),
+    (["--model_args", "attn_implementation=eagr"], "unknown attn_implementation 'eagr'. Did you mean ['eager']?"),
+    (["--model", "organsim"], "no such folder: 'organsim'. Did you mean 'organism'"),
     (["--tasks", " , "], "nothing to evaluate: give --tasks and/or --data"),
 ])
 def test_vlm_eval_flag_values_are_usage_errors_before_the_model_loads(flags, message, tmp_path, capsys, no_loading):
