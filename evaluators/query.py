@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Callable, Mapping
 
 from .answers import (count_value, existence_subject, keywords_found, parse_choice, parse_count, parse_option,
@@ -141,6 +142,37 @@ def fingerprint(query: Query) -> str:
         else:
             h.update(f"pixels:{image.mode}:{image.size}".encode())
             h.update(image.tobytes())
+    return h.hexdigest()[:16]
+
+
+def image_digests(query: Query) -> list[str] | None:
+    """A digest (sha256, 16 hex digits) of each image file ``query`` reads, in order; None
+    when it reads none, or one cannot be read. The fingerprint knows a file by its name
+    only (:func:`fingerprint`), so the runner stores these beside an answer and refuses to
+    resume onto an image that was changed in place since it was answered."""
+    paths = [im.path for im in query.images if hasattr(im, "path") and not hasattr(im, "size")]
+    if not paths:
+        return None
+    try:
+        return [_file_digest(str(p), *_stat(p)) for p in paths]
+    except OSError:
+        return None
+
+
+def _stat(path) -> tuple[int, int]:
+    st = path.stat()
+    return st.st_mtime_ns, st.st_size
+
+
+@lru_cache(maxsize=65536)
+def _file_digest(path: str, mtime_ns: int, size: int) -> str:
+    """Cached by modification time and size: each arm of a report reads the same files."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
     return h.hexdigest()[:16]
 
 

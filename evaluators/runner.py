@@ -33,7 +33,7 @@ import torch
 
 from . import shards
 from .distributed import Ranks
-from .query import Query, fingerprint, regrade, repeated_ids, to_record
+from .query import Query, fingerprint, image_digests, regrade, repeated_ids, to_record
 from .shards import SAMPLES, read_samples
 
 RESULTS = "results.json"
@@ -136,6 +136,17 @@ def run(
     # (restored), it is asked, and its answer replaces that record in the merge
     retry = shards.unasked_ids(out)
     done = {i for i in answered if i not in retry}
+    # an image file changed in place keeps its name, so its query its fingerprint: the
+    # digest stored with the answer tells (answers written before digests were kept: not checked)
+    stored_digests = shards.done_values(out, "image_sha256")
+    moved = [q for q in queries if q.id in done and stored_digests.get(q.id)
+             and (now := image_digests(q)) is not None and now != stored_digests[q.id]]
+    if moved:
+        names = sorted({p.name for q in moved[:3] for p in (getattr(im, "path", None) for im in q.images) if p})
+        raise RunMismatch(
+            f"output_dir {out} holds answers to {len(moved)} queries whose image files have changed since "
+            f"(e.g. {moved[0].id}: {', '.join(names)}); their answers are to the old images -- choose another "
+            "output_dir or delete that one")
     ranks.barrier()  # every rank has read the files before any rank cuts a torn tail or appends
     if stored is None and ranks.is_main:
         shards.write_atomically(out / RUN_IDENTITY, [json.dumps(identity, indent=2) + "\n"])
@@ -144,6 +155,10 @@ def run(
     # still unreadable and already recorded as such: nothing to write again
     todo = [q for q in mine if q.id not in done and not (q.problem and q.id in retry)]
     asking = {q.id for q in todo}
+    if ranks.is_main and len(todo) < len(mine):
+        share = " (this process's share)" if ranks.world_size > 1 else ""
+        print(f"resuming {out}: {len(mine) - len(todo)} of {len(mine)} queries{share} already answered there; "
+              f"asking {len(todo)}", file=sys.stderr)
     bar = _progress(len(mine), len(mine) - len(todo), progress and ranks.is_main)
     with own.open("a") as f:
         invalid = [q for q in todo if q.problem]
@@ -172,6 +187,8 @@ def run(
                 record = flag_invalid(with_box_frame(to_record(q, text), model))
                 if (shown := asked(q).prompt) != q.prompt:  # what the model read, when not the query's wording
                     record["asked_prompt"] = shown
+                if digests := image_digests(q):
+                    record["image_sha256"] = digests
                 f.write(json.dumps(_json_safe({**record, "query_fingerprint": prints[q.id]})) + "\n")
             f.flush()
             bar.update(len(batch))

@@ -37,7 +37,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 SAMPLES = "samples.jsonl"
 _RANK_FILE = re.compile(r"samples\.rank(\d+)\.jsonl")
@@ -105,7 +105,12 @@ def done_ids(folder: Path) -> set[str]:
 def done_fingerprints(folder: Path) -> dict[str, str | None]:
     """Ids answered in any samples file of ``folder``, with the fingerprint of the query each
     answers (:func:`evaluators.query.fingerprint`; None in files written before it was kept)."""
-    return {r["id"]: r.get("query_fingerprint") for path in _all_files(folder) for r in read_samples(path)}
+    return done_values(folder, "query_fingerprint")
+
+
+def done_values(folder: Path, key: str) -> dict[str, Any]:
+    """Ids recorded in any samples file of ``folder``, with their records' ``key`` (None where absent)."""
+    return {r["id"]: r.get(key) for path in _all_files(folder) for r in read_samples(path)}
 
 
 def unasked_ids(folder: Path) -> set[str]:

@@ -521,3 +521,30 @@ def test_a_dobench_file_without_one_series_says_prior_robust_will_be_nan(tmp_pat
     (tmp_path / "do.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     with pytest.warns(UserWarning, match="no B-series records, so PriorRobust"):
         PROTOCOLS["dobench"](tmp_path / "do.jsonl")
+
+
+def test_an_image_changed_in_place_is_not_resumed_onto(tmp_path, capsys):
+    """A query knows its image file by name (the fingerprint), so an image fixed or
+    re-rendered in place kept its old answer on a rerun into the same folder. The answer
+    now stores the file's digest: a changed file is refused, a restored one resumes, and a
+    resumed run says how much it found."""
+    from evaluators.runner import RunMismatch
+
+    rows = [{**_DO_ROW, "id": f"A{level}", "level": level, "question": f"Is there a dog? ({level})"}
+            for level in range(2)]
+    (tmp_path / "do.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    _png(tmp_path / "s.png")
+    load = lambda: PROTOCOLS["dobench"](tmp_path / "do.jsonl")  # noqa: E731 -- read again each time, as a rerun does
+    model = CallableModel(lambda images, prompt: "yes")
+    with pytest.warns(UserWarning):  # no B-series: PriorRobust is NaN (the loader says so)
+        run(load(), model, tmp_path / "run", progress=False)
+    digests = {r["image_sha256"][0] for r in read_samples(tmp_path / "run" / "samples.jsonl")}
+    assert len(digests) == 1
+    capsys.readouterr()
+    _png(tmp_path / "s.png", np.full((32, 32, 3), 200, dtype=np.uint8))  # the same name, other pixels
+    with pytest.warns(UserWarning), pytest.raises(RunMismatch, match="image files have changed since"):
+        run(load(), model, tmp_path / "run", progress=False)
+    _png(tmp_path / "s.png")  # restored: the same bytes, so the same answers stand
+    with pytest.warns(UserWarning):
+        run(load(), model, tmp_path / "run", progress=False)
+    assert "2 of 2 queries already answered there; asking 0" in capsys.readouterr().err
