@@ -398,6 +398,8 @@ def _check_attention(name: Any) -> None:
 
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+    if name is None:  # transformers' own default
+        return
     if not isinstance(name, str):
         raise ValueError(f"attn_implementation must be a name such as sdpa or eager, got {name!r}")
     known = {"eager", *ALL_ATTENTION_FUNCTIONS.valid_keys()}
@@ -458,9 +460,12 @@ def check_generate_kwargs(kwargs: dict[str, Any]) -> None:
     """A ``ValueError`` naming a ``generate()`` argument whose value cannot work, without a
     model: the type of the well-known integer, float and bool arguments, the counts that
     must be positive, and what ``transformers.GenerationConfig`` itself refuses. A name that
-    is neither a ``GenerationConfig`` field nor a ``generate()`` parameter is refused too
-    (``GenerationConfig`` keeps unknown names silently, and ``generate()`` then fails on the
-    first batch, after the model has loaded)."""
+    is neither a ``GenerationConfig`` field nor a ``generate()`` parameter but spelt like one
+    (``do_sampel``) is refused as a typo: ``GenerationConfig`` keeps unknown names silently,
+    and ``generate()`` then fails on the first batch, after the model has loaded. Other
+    unknown names pass: ``generate()`` also hands the model's forward its own arguments
+    (``vision_feature_layer``) and a Hub ``custom_generate`` recipe its own
+    (``trust_remote_code``)."""
     import difflib
 
     from transformers import GenerationConfig, GenerationMixin
@@ -468,10 +473,9 @@ def check_generate_kwargs(kwargs: dict[str, Any]) -> None:
     known = set(GenerationConfig().to_dict()) | set(inspect.signature(GenerationMixin.generate).parameters)
     known -= {"self", "kwargs", "inputs"}
     for key in sorted(set(kwargs) - known):
-        close = difflib.get_close_matches(key, sorted(known), n=3)
-        hint = f" Did you mean {close}?" if close else ""
-        raise ValueError(f"unknown generate() argument {key!r}.{hint} (the names are transformers.GenerationConfig's "
-                         "fields and generate()'s parameters)")
+        if close := difflib.get_close_matches(key, sorted(known), n=3, cutoff=0.8):
+            raise ValueError(f"unknown generate() argument {key!r}. Did you mean {close}? (the names are "
+                             "transformers.GenerationConfig's fields and generate()'s parameters)")
     for key, value in kwargs.items():
         if key in GENERATE_INTS and (not isinstance(value, int) or isinstance(value, bool)):
             raise ValueError(f"{key} must be an integer, got {value!r}")

@@ -139,13 +139,15 @@ def run(
     # an image file changed in place keeps its name, so its query its fingerprint: the
     # digest stored with the answer tells (answers written before digests were kept: not checked)
     stored_digests = shards.done_values(out, "image_sha256")
-    moved = [q for q in queries if q.id in done and stored_digests.get(q.id)
-             and (now := image_digests(q)) is not None and now != stored_digests[q.id]]
+    moved = {q.id: (q, now) for q in queries if q.id in done and stored_digests.get(q.id)
+             and (now := image_digests(q)) is not None and now != stored_digests[q.id]}
     if moved:
-        names = sorted({p.name for q in moved[:3] for p in (getattr(im, "path", None) for im in q.images) if p})
+        first, (q, now) = next(iter(moved.items()))
+        files = [im.path for im in q.images if hasattr(im, "path") and not hasattr(im, "size")]
+        names = [p.name for p, a, b in zip(files, now, stored_digests[first]) if a != b] or [p.name for p in files]
         raise RunMismatch(
             f"output_dir {out} holds answers to {len(moved)} queries whose image files have changed since "
-            f"(e.g. {moved[0].id}: {', '.join(names)}); their answers are to the old images -- choose another "
+            f"(e.g. {first}: {', '.join(names)}); their answers are to the old images -- choose another "
             "output_dir or delete that one")
     ranks.barrier()  # every rank has read the files before any rank cuts a torn tail or appends
     if stored is None and ranks.is_main:

@@ -264,3 +264,14 @@ def test_image_dependence_has_a_command_line_interface(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "clean_existence_accuracy" in printed and "mean_image_effect" in printed
     json.loads(printed.replace("'", '"'))  # the dict, as before
+
+
+def test_generate_arguments_pass_unless_spelt_like_a_known_one():
+    """A typo of a generate() name is refused before the model loads; names generate()
+    hands on (the model's forward: ``vision_feature_layer``; a Hub recipe:
+    ``trust_remote_code``) pass, as they did before the typo check."""
+    from evaluators.model import check_generate_kwargs
+
+    check_generate_kwargs({"vision_feature_layer": -1, "trust_remote_code": True, "penalty_alpha": 0.6, "top_k": 4})
+    with pytest.raises(ValueError, match=r"'temprature'. Did you mean \['temperature'\]"):
+        check_generate_kwargs({"temprature": 0.7})

@@ -31,6 +31,8 @@ def test_chosen_tasks_default_to_none_when_the_users_data_is_given():
     # one benchmark from both sources would be scored as one: refused
     with pytest.raises(ValueError, match=r"\['dobench', 'mioh'\] in both --tasks and --data"):
         chosen_tasks("dobench,mioh", "mioh=x.jsonl, dobench=y.jsonl", "dobench")
+    # ... unless the command keeps them apart (blind_audit audits each source on its own)
+    assert chosen_tasks("dobench", "dobench=y.jsonl", "", pooled=False) == ["dobench"]
 
 
 def test_large_mioh_has_four_times_the_questions_of_full_and_unique_ids():

@@ -542,7 +542,7 @@ def test_an_image_changed_in_place_is_not_resumed_onto(tmp_path, capsys):
     assert len(digests) == 1
     capsys.readouterr()
     _png(tmp_path / "s.png", np.full((32, 32, 3), 200, dtype=np.uint8))  # the same name, other pixels
-    with pytest.warns(UserWarning), pytest.raises(RunMismatch, match="image files have changed since"):
+    with pytest.warns(UserWarning), pytest.raises(RunMismatch, match=r"image files have changed since \(e.g. do-A0: s.png\)"):
         run(load(), model, tmp_path / "run", progress=False)
     _png(tmp_path / "s.png")  # restored: the same bytes, so the same answers stand
     with pytest.warns(UserWarning):

@@ -321,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-lift", type=float, default=0.0, help="show groups whose lift is at least this")
     args = parser.parse_args(argv)
     try:
-        tasks = chosen_tasks(args.tasks, args.data, ",".join(SUITE_NAMES))
+        tasks = chosen_tasks(args.tasks, args.data, ",".join(SUITE_NAMES), pooled=False)  # audited apart
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
         if len(seeds) < 2 or len(set(seeds)) < len(seeds):
             raise ValueError(f"--seeds: two or more different seeds (a rule scored on the scenes it was fitted on "

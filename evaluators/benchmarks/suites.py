@@ -48,18 +48,19 @@ def check_tasks(tasks: list[str]) -> None:
         raise ValueError(f"unknown task(s) {bad}; available: {sorted(SUITE_NAMES)}")
 
 
-def chosen_tasks(tasks: str | None, data: str, default: str) -> list[str]:
+def chosen_tasks(tasks: str | None, data: str, default: str, pooled: bool = True) -> list[str]:
     """The built-in suites a command runs, checked: ``--tasks`` as given (``""`` for none);
     without it, ``default`` -- or none when ``--data`` names the user's own files. Our
     choice: a run on one's own data is that data alone unless built-in suites are asked for
     too (``--tasks mioh --data dobench=...``); before, ``--data`` alone also ran the default
-    suites, whose queries then entered the same results. A benchmark both built in and in
+    suites, whose queries then entered the same results. Where the command scores both
+    sources together (``pooled``: vlm-eval, vlm-report), a benchmark both built in and in
     ``--data`` is refused: its two sets of queries would be scored as one."""
     text = tasks if tasks is not None else ("" if data.strip() else default)
     chosen = [t.strip() for t in text.split(",") if t.strip()]
     check_tasks(chosen)
     given = {item.split("=", 1)[0].strip() for item in data.split(",") if item.strip()}
-    if both := sorted(set(chosen) & given):
+    if pooled and (both := sorted(set(chosen) & given)):
         raise ValueError(f"{both} in both --tasks and --data: the built-in queries and yours would be scored as one "
                          "benchmark; run them into separate --output_path folders")
     return chosen
