@@ -519,8 +519,31 @@ def test_a_dobench_file_without_one_series_says_prior_robust_will_be_nan(tmp_pat
     _png(tmp_path / "s.png")
     rows = [{**_DO_ROW, "id": lv, "level": lv} for lv in range(4)]
     (tmp_path / "do.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
-    with pytest.warns(UserWarning, match="no B-series records, so PriorRobust"):
+    with pytest.warns(UserWarning, match="no records of B0, B1, B2, B3 in the Full view, so PriorRobust"):
         PROTOCOLS["dobench"](tmp_path / "do.jsonl")
+
+
+def test_a_dobench_file_lacking_levels_or_views_says_which_metric_will_be_nan(tmp_path):
+    """Two instances per scene (A0 and B0, Full view) loaded without a word and scored
+    PriorRobust and PerceptionAbility NaN (a user review); each NaN headline is named with
+    the cells it lacks. A file holding all ten instances is loaded silently."""
+    import warnings
+
+    _png(tmp_path / "s.png")
+    rows = [{**_DO_ROW, "id": "a0"}, {**_DO_ROW, "id": "b0", "series": "B", "object": "cat", "answer": "no"}]
+    (tmp_path / "do.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    with pytest.warns(UserWarning) as said:
+        PROTOCOLS["dobench"](tmp_path / "do.jsonl")
+    text = " ".join(str(w.message) for w in said)
+    assert "A1, A2, A3, B1, B2, B3 in the Full view, so PriorRobust" in text
+    assert "no A0 records in the Cluster or Crop view, so PerceptionAbility" in text
+    full = [{**_DO_ROW, "id": f"{s}{lv}", "series": s, "level": lv, "object": "dog" if s == "A" else "cat",
+             "answer": "yes" if s == "A" else "no"} for s in "AB" for lv in range(4)]
+    full += [{**_DO_ROW, "id": f"A0{v}", "view": v} for v in ("Cluster", "Crop")]
+    (tmp_path / "all.jsonl").write_text("\n".join(json.dumps(r) for r in full))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(PROTOCOLS["dobench"](tmp_path / "all.jsonl")) == 10
 
 
 def test_an_image_changed_in_place_is_not_resumed_onto(tmp_path, capsys):

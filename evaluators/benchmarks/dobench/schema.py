@@ -81,8 +81,16 @@ def check(rows, path) -> None:
         if named and unnamed:
             raise DataError(path, line, "margin", f"line {named} names a crop margin and line {unnamed} does not: "
                             "name it on every Cluster/Crop view or on none")
-    lacking = [s for s in ("A", "B") if not any(r["series"] == s for r in rows)]
-    if lacking and rows:  # loads and scores, but its headline metric is NaN: say why before the model runs
-        warnings.warn(f"{path}: no {lacking[0]}-series records, so PriorRobust (Eq. 3, over both series) is NaN "
-                      "and the report's language-prior cell stays empty; DO-Bench poses 10 instances per scene, "
-                      "A0-A3 and B0-B3 in the Full view and A0 in the Cluster and Crop views (schema.md)", stacklevel=3)
+    # loads and scores, but a headline metric whose cells are empty is NaN: say which, and
+    # why, before the model runs
+    posed = {(r["series"], r["level"], r["view"]) for r in rows}
+    curve = [f"{s}{lv}" for s in "AB" for lv in range(4) if (s, lv, "Full") not in posed]
+    views = [v for v in ("Cluster", "Crop") if ("A", 0, v) not in posed]
+    if rows and curve:
+        warnings.warn(f"{path}: no records of {', '.join(curve)} in the Full view, so PriorRobust (Eq. 3, the A-FN "
+                      "and B-FP curves over levels 0-3) is NaN and the report's language-prior cell stays empty; "
+                      "DO-Bench poses 10 instances per scene, A0-A3 and B0-B3 in the Full view and A0 in the Cluster "
+                      "and Crop views (schema.md)", stacklevel=3)
+    if rows and views:
+        warnings.warn(f"{path}: no A0 records in the {' or '.join(views)} view, so PerceptionAbility (Eq. 2) is NaN "
+                      "and the report's weak-perception cell stays empty (schema.md)", stacklevel=3)
