@@ -145,12 +145,18 @@ def fingerprint(query: Query) -> str:
     return h.hexdigest()[:16]
 
 
+def image_files(query: Query) -> list:
+    """The paths of the image files ``query`` reads (:class:`evaluators.data.ImageRef`; the
+    built-in suites' rendered PIL images have none)."""
+    return [im.path for im in query.images if hasattr(im, "path") and not hasattr(im, "size")]
+
+
 def image_digests(query: Query) -> list[str] | None:
     """A digest (sha256, 16 hex digits) of each image file ``query`` reads, in order; None
     when it reads none, or one cannot be read. The fingerprint knows a file by its name
     only (:func:`fingerprint`), so the runner stores these beside an answer and refuses to
     resume onto an image that was changed in place since it was answered."""
-    paths = [im.path for im in query.images if hasattr(im, "path") and not hasattr(im, "size")]
+    paths = image_files(query)
     if not paths:
         return None
     try:
@@ -260,9 +266,8 @@ def to_record(query: Query, text: str) -> dict:
     value = parse(query, text)
     record = {**query.record, "id": query.id, "benchmark": query.benchmark, "prompt": query.prompt,
               "truth": _plain_truth(query.truth), "answer": text, "parsed": value, "invalid": value is None}
-    paths = [str(im.path) for im in query.images if hasattr(im, "path") and not hasattr(im, "size")]
-    if paths:
-        record["image_paths"] = paths
+    if paths := image_files(query):
+        record["image_paths"] = [str(p) for p in paths]
     if query.kind == "yes_no":
         record["pred_yes"] = value
         record["correct"] = value is not None and value == (query.truth == "yes")

@@ -33,7 +33,7 @@ import torch
 
 from . import shards
 from .distributed import Ranks
-from .query import Query, fingerprint, image_digests, regrade, repeated_ids, to_record
+from .query import Query, fingerprint, image_digests, image_files, regrade, repeated_ids, to_record
 from .shards import SAMPLES, read_samples
 
 RESULTS = "results.json"
@@ -143,7 +143,7 @@ def run(
              and (now := image_digests(q)) is not None and now != stored_digests[q.id]}
     if moved:
         first, (q, now) = next(iter(moved.items()))
-        files = [im.path for im in q.images if hasattr(im, "path") and not hasattr(im, "size")]
+        files = image_files(q)
         names = [p.name for p, a, b in zip(files, now, stored_digests[first]) if a != b] or [p.name for p in files]
         raise RunMismatch(
             f"output_dir {out} holds answers to {len(moved)} queries whose image files have changed since "
