@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+if os.environ.get("PYTEST_XDIST_WORKER"):  # `pytest -n N` (the README's command): N processes on N cores,
+    import torch  # one torch thread each; two threads per worker would oversubscribe the cores
+
+    torch.set_num_threads(1)
 
 
 def save_tiny_organism(path: Path, seed: int = 0) -> Path:
