@@ -37,10 +37,12 @@ def user_prompt(processor, text: str, n_images: int = 1) -> str:
     if n_images < 0:
         raise ValueError(f"n_images must be >= 0, got {n_images}")
     placeholder = getattr(processor, "image_token", None)
-    if isinstance(placeholder, str) and placeholder and placeholder in text:
-        raise ValueError(f"the prompt already holds the image placeholder {placeholder!r} (a chat-templated "
-                         f"prompt?): pass the question alone, e.g. 'Is there a dog in the image?'; the chat "
-                         f"template and the image placeholders are added here. Got {text[:80]!r}")
+    # Gemma 3's template writes the image's opening token (boi_token), not its image_token
+    for marker in (placeholder, getattr(processor, "boi_token", None)):
+        if isinstance(marker, str) and marker and marker in text:
+            raise ValueError(f"the prompt already holds the image placeholder {marker!r} (a chat-templated "
+                             f"prompt?): pass the question alone, e.g. 'Is there a dog in the image?'; the chat "
+                             f"template and the image placeholders are added here. Got {text[:80]!r}")
     if has_chat_template(processor):
         content = [{"type": "image"} for _ in range(n_images)] + [{"type": "text", "text": text}]
         return processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True)

@@ -39,6 +39,18 @@ def test_a_saved_checkpoint_answers_a_batch(checkpoints, model_type):
 
 
 @pytest.mark.parametrize("model_type", TINY_PROCESSOR_TYPES)
+def test_a_prompt_already_templated_is_named_not_templated_twice(checkpoints, model_type):
+    """user_prompt on its own output (what a caller passing apply_chat_template's text to
+    CropVerify.answer does) names the mistake, on each family's own processor."""
+    from hooks.prompting import user_prompt
+
+    _, processor = load_hf(checkpoints[model_type])
+    once = user_prompt(processor, "is there a dog ?")
+    with pytest.raises(ValueError, match="already holds the image placeholder"):
+        user_prompt(processor, once)
+
+
+@pytest.mark.parametrize("model_type", TINY_PROCESSOR_TYPES)
 def test_beliefs_are_found_in_the_familys_own_template(checkpoints, model_type):
     """Context mode finds DO-Bench's belief sentence in the templated prompt, whatever the
     template puts before the image: the tiny tokenizers drop the template's newlines, so
