@@ -300,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     try:  # every flag is checked before the model loads: a usage error, not a traceback
         tasks = chosen_tasks(args.tasks, args.data, "dobench")
         model_args = parse_kv(args.model_args, "--model_args")
-        gen_kwargs, _ = parse_kv(args.gen_kwargs, "--gen_kwargs"), parse_kv(args.data, "--data", "benchmark=path")
+        gen_kwargs, data = parse_kv(args.gen_kwargs, "--gen_kwargs"), parse_kv(args.data, "--data", "benchmark=path")
         check_mitigations(args.mitigations)
     except ValueError as err:
         parser.error(str(err))
@@ -319,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         queries += built if args.limit is None else first_units(built, args.limit)
     from .benchmarks.protocols import load_data
 
-    for bench, path in parse_kv(args.data).items():
+    for bench, path in data.items():
         try:
             loaded = load_data({bench: path})
         except ValueError as err:
@@ -341,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     under_test = HFModel(model, processor, mitigations=mitigations, max_new_tokens=args.max_new_tokens,
                          generate_kwargs=gen_kwargs, name=args.model, box_frame=args.box_frame,
                          grounding_format=args.grounding_format)
-    config = {"tasks": tasks, "data": parse_kv(args.data, "--data", "benchmark=path"), "limit": args.limit,
+    config = {"tasks": tasks, "data": data, "limit": args.limit,
               "mitigations": args.mitigations,
               "grounding_format": under_test.grounding.name, "box_frame": under_test.box_frame}
     try:

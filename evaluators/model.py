@@ -394,9 +394,9 @@ def _check_attention(name: Any) -> None:
     """``attn_implementation``: one transformers registers (``eager``, ``sdpa``, the flash
     and flex kernels, their ``paged|`` forms) or a Hub kernel (``org/repo``, which transformers
     fetches and checks itself); a typo was a traceback from ``from_pretrained``."""
-    import difflib
-
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    from hooks.errors import unknown
 
     if name is None:  # transformers' own default
         return
@@ -406,9 +406,7 @@ def _check_attention(name: Any) -> None:
     known |= {f"paged|{k}" for k in list(known) if "|" not in k}
     if name in known or "/" in name:
         return
-    close = difflib.get_close_matches(name, sorted(known), n=3)
-    hint = f" Did you mean {close}?" if close else ""
-    raise ValueError(f"unknown attn_implementation {name!r}.{hint} Known: {sorted(known)} (or a Hub kernel, org/repo)")
+    raise ValueError(unknown("attn_implementation", name, known) + " (or a Hub kernel, org/repo)")
 
 
 def check_model_args(model_args: dict[str, Any]) -> None:

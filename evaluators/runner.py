@@ -105,7 +105,8 @@ def run(
     out.mkdir(parents=True, exist_ok=True)
     identity = run_identity(model, seed)
     stored = _read_identity(out)
-    if stored is not None and stored != identity and not shards.done_fingerprints(out):
+    answered = shards.done_fingerprints(out)
+    if stored is not None and stored != identity and not answered:
         stored = None  # a run that stopped before its first answer (a bad generate() argument,
         # say): nothing to mix with, so the folder is this run's and run.json is rewritten
     if stored is not None and stored != identity:
@@ -115,7 +116,6 @@ def run(
             f"see {out / RUN_IDENTITY}); a run resumes only with the same model, weights, mitigations, "
             "generation settings and seed -- choose another output_dir or delete that one")
     mine = [q for q in queries if ranks.owns(q.id)]
-    answered = shards.done_fingerprints(out)
     # each query as the model is asked it: a grounding query in the model's grounding format
     # (evaluators.grounding_formats) is another question under another wording
     asked = getattr(model, "asked", lambda q: q)
@@ -138,7 +138,7 @@ def run(
     done = {i for i in answered if i not in retry}
     # an image file changed in place keeps its name, so its query its fingerprint: the
     # digest stored with the answer tells (answers written before digests were kept: not checked)
-    stored_digests = shards.done_values(out, "image_sha256")
+    stored_digests = shards.done_values(out, "image_sha256") if done and any(map(image_files, queries)) else {}
     moved = {q.id: (q, now) for q in queries if q.id in done and stored_digests.get(q.id)
              and (now := image_digests(q)) is not None and now != stored_digests[q.id]}
     if moved:

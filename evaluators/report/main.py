@@ -137,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         tasks = chosen_tasks(args.tasks, args.data, ",".join(SUITE_NAMES))
-        queries = build_queries(tasks, args.seed, args.scale) + load_data(parse_kv(args.data, "--data", "benchmark=path"))
+        data = parse_kv(args.data, "--data", "benchmark=path")
+        queries = build_queries(tasks, args.seed, args.scale) + load_data(data)
         model_args = parse_kv(args.model_args, "--model_args")
     except ValueError as err:
         parser.error(str(err))
@@ -222,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         measured = base and base["seconds"] and costs[arm.name]["seconds"] is not None
         costs[arm.name]["wall_clock_vs_baseline"] = costs[arm.name]["seconds"] / base["seconds"] if measured else None
     result = {
-        "model": args.model, "tasks": tasks, "data": parse_kv(args.data), "scale": args.scale, "seed": args.seed,
+        "model": args.model, "tasks": tasks, "data": data, "scale": args.scale, "seed": args.seed,
         "resamples": args.resamples,
         "arms": [{"name": a.name, "baseline": a.baseline, "control": a.control, "generate_kwargs": a.generate_kwargs,
                   "mitigations": [repr(m) for m in a.build(processor)]} for a in arms],
