@@ -293,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from . import distributed
     from .model import HFModel, check_generate_kwargs
+    from .folder_lock import FolderBusy
     from .runner import RunMismatch, run, summary_line
 
     from .benchmarks.suites import build_suite, chosen_tasks
@@ -352,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
             judge = load_judge(parser, args.judge, judge_args) if ranks.is_main else None
             payload = run(queries, under_test, args.output_path, batch_size=args.batch_size, seed=args.seed,
                           config=config, progress=False, ranks=ranks, judge=judge)
-    except RunMismatch as err:
+    except (RunMismatch, FolderBusy) as err:
         parser.error(output_path_wording(err))
     distributed.finish(ranks)
     if payload is None:  # not the main process: the main one merged, scored and prints

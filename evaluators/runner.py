@@ -31,7 +31,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from . import shards
+from . import folder_lock, shards
 from .distributed import Ranks
 from .query import Query, fingerprint, image_digests, image_files, regrade, repeated_ids, to_record
 from .shards import SAMPLES, read_samples
@@ -103,6 +103,14 @@ def run(
         ranks = init()
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    with folder_lock.hold(out, take=ranks.is_main):  # one run at a time in a folder
+        return _run_in(out, queries, ids, model, ranks, batch_size=batch_size, seed=seed, config=config,
+                       progress=progress, judge=judge, judge_batch_size=judge_batch_size)
+
+
+def _run_in(out: Path, queries: Sequence[Query], ids: list[str], model, ranks: Ranks, *, batch_size: int,
+            seed: int, config: dict | None, progress: bool, judge, judge_batch_size: int | None) -> dict | None:
+    """:func:`run` once it holds ``out``: resume or take the folder, answer, merge, score."""
     identity = run_identity(model, seed)
     stored = _read_identity(out)
     answered = shards.done_fingerprints(out)

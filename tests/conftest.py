@@ -13,6 +13,35 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # `pytest -n N` (the README's command
     torch.set_num_threads(1)
 
 
+@pytest.fixture
+def held_elsewhere():
+    """Start a live process holding a folder's run lock (:mod:`evaluators.folder_lock`), as
+    a run writing there does; returns it (``.pid``). Killed after the test if still alive."""
+    import subprocess
+    import sys
+
+    from evaluators.folder_lock import AVAILABLE
+
+    if not AVAILABLE:
+        pytest.skip("no flock on this platform")
+    started = []
+    code = ("import sys; from evaluators.folder_lock import hold\n"
+            "with hold(sys.argv[1]):\n    print('held', flush=True); sys.stdin.read()")
+
+    def start(folder):
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        holder = subprocess.Popen([sys.executable, "-c", code, str(folder)], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True)
+        started.append(holder)
+        assert holder.stdout.readline().strip() == "held"
+        return holder
+
+    yield start
+    for holder in started:
+        holder.kill()
+        holder.wait()
+
+
 def save_tiny_organism(path: Path, seed: int = 0) -> Path:
     """A random-weight organism (the organism's tokenizer, processor and architecture,
     shrunk: 32 px images in 8 px patches, two small decoder layers) saved for ``--model``.

@@ -200,6 +200,19 @@ def test_a_refused_resume_names_the_flag_output_path(tmp_path, capsys, monkeypat
     assert "output_dir" not in line
 
 
+def test_a_folder_another_run_is_writing_is_a_usage_error_naming_the_flag(tmp_path, capsys, monkeypatch,
+                                                                          held_elsewhere):
+    import evaluators.model as model_module
+    from evaluators.cli import main
+
+    monkeypatch.setattr(model_module, "HFModel", _Scripted)
+    monkeypatch.setattr(model_module, "load_hf", lambda name, **kw: (object(), type("P", (), {"tokenizer": None})()))
+    holder = held_elsewhere(tmp_path / "o")
+    line = _usage_error(main, ["--tasks", "dobench", "--limit", "10", "--no_progress",
+                               "--output_path", str(tmp_path / "o")], capsys)
+    assert f"--output_path {tmp_path / 'o'} is being written by another run (pid {holder.pid}" in line
+
+
 def test_help_says_each_tools_default_scale(capsys):
     from evaluators.cli import main as vlm_eval
     from evaluators.report.main import main as vlm_report

@@ -67,6 +67,24 @@ def test_a_run_that_failed_before_its_first_answer_does_not_lock_its_folder(quer
         run(queries, CallableModel(lambda i, p: "no", name="other"), tmp_path, batch_size=5, progress=False)
 
 
+def test_a_folder_another_run_is_writing_is_refused_and_freed_when_it_dies(queries, tmp_path, held_elsewhere):
+    """Two runs started together into one empty folder would both take it (the takeover of
+    an answer-less folder cannot tell a crashed run from one warming up) and mix their
+    answers: the second is refused at once, naming the holder; a killed holder frees it."""
+    from evaluators.folder_lock import FolderBusy
+
+    holder = held_elsewhere(tmp_path)
+    with pytest.raises(FolderBusy, match=rf"being written by another run \(pid {holder.pid} on "):
+        run(queries, CallableModel(lambda i, p: "yes"), tmp_path, progress=False)
+    assert not (tmp_path / "run.json").exists() and not read_samples(tmp_path / SAMPLES)
+    holder.kill()  # a kill, not a clean exit: the operating system releases the lock
+    holder.wait()
+    payload = run(queries, CallableModel(lambda i, p: "yes"), tmp_path, progress=False)
+    assert payload["n_samples"]["dobench"] == len(queries)
+    # the lock is the run's only while it runs: the next run (here, a resume) takes it again
+    assert run(queries, CallableModel(lambda i, p: "yes"), tmp_path, progress=False)["results"] == payload["results"]
+
+
 def test_killed_run_resumes_without_loss_or_duplicates(queries, tmp_path):
     calls = {"n": 0}
 

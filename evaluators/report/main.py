@@ -124,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from ..model import HFModel
+    from ..folder_lock import FolderBusy
     from ..runner import RunMismatch, flag_invalid, metric_records, read_samples, run, versions
     from ..shards import done_ids
     from .attribution import cell_verdicts, compare, default_arms, explained_by_control, optional_arms, yes_ratio
@@ -177,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             payloads[arm.name] = run(queries, under_test, folder, batch_size=args.batch_size, seed=args.seed,
                                      config={"arm": arm.name}, progress=not args.no_progress)
-        except RunMismatch as err:
+        except (RunMismatch, FolderBusy) as err:
             parser.error(output_path_wording(err))
         seconds = time.perf_counter() - start
         rows = 1 + sum(getattr(m, "extra_rows", 0) for m in mitigations)
