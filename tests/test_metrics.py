@@ -196,6 +196,31 @@ def test_all_abstain_and_undefined_cms():
     assert isnan(hsb.scores([])["iou_fact"])
 
 
+def test_a_mask_edited_in_place_is_scored_as_it_is_now(monkeypatch):
+    """Scores were memoised in the record and trusted while it held the same mask objects,
+    so a mask edited in place kept its old IoU; inside the bootstrap's block (records
+    unchanged) each record is computed once, and a copy of it is another record."""
+    from evaluators.metrics import memo
+
+    gt = box(0, 2, 0, 2)
+    pred = gt.copy()
+    record = dict(gt_fact=gt, gt_counterfact=gt, pred_fact=gt, pred_textual=pred, pred_visual=None)
+    assert hsb.scores([record])["iou_textual"] == 1.0
+    pred[:] = False
+    assert hsb.scores([record])["iou_textual"] == 0.0
+    assert set(record) == {"gt_fact", "gt_counterfact", "pred_fact", "pred_textual", "pred_visual"}  # nothing added
+    calls = []
+    real = hsb._compute_record_scores
+    monkeypatch.setattr(hsb, "_compute_record_scores", lambda r, a: calls.append(id(r)) or real(r, a))
+    with memo.records_unchanged():
+        copy = {**record, "pred_textual": gt}
+        for _ in range(3):
+            assert hsb.scores([record, copy])["iou_textual"] == 0.5
+    assert len(calls) == 2  # once per record object, not per call
+    hsb.scores([record])
+    assert len(calls) == 3  # the block's end drops what it kept
+
+
 def test_unreadable_roles_take_the_worst_iou_and_leave_cms_to_readable_answers():
     """An unreadable textual / visual answer: IoU 1 (full leakage) and a count in its
     unreadable share; CMS averages the readable answers only (unbounded above, no value
@@ -207,7 +232,7 @@ def test_unreadable_roles_take_the_worst_iou_and_leave_cms_to_readable_answers()
     real = hsb.scores([first])
     assert real["cms_fact"] == pytest.approx(16 / 12) and real["abstain_visual"] == 1.0
     assert real["unreadable_textual"] == real["unreadable_visual"] == 0.0
-    # a copy carries the first record's memo of its scores along: it must not be read
+    # copies of one record with other unreadable roles: each is scored as it is
     base = lambda **more: {**first, **more}
     worst = hsb.scores([base(unreadable=["textual", "visual"]), base()])
     one = hsb.scores([base(unreadable=["textual", "visual"])])

@@ -20,6 +20,7 @@ from typing import Any, Callable, Hashable, Mapping, Sequence
 import numpy as np
 from scipy.stats import binomtest
 
+from ..metrics import memo
 from ..query import UNIT_FIELDS
 
 Record = Mapping[str, Any]
@@ -130,6 +131,12 @@ def paired_bootstrap(
         missing = sorted(map(str, set(groups_a) ^ set(groups_b)))[:5]
         raise UnpairedSamples(f"baseline and mitigated runs cover different samples (e.g. {missing}); "
                               "paired statistics need identical samples")
+    with memo.records_unchanged():  # a metric's per-record work is done once, not per resample
+        return _paired_bootstrap(groups_a, groups_b, metric, n_resamples, seed, level)
+
+
+def _paired_bootstrap(groups_a: dict, groups_b: dict, metric: Callable[[list[Record]], float], n_resamples: int,
+                      seed: int, level: float) -> dict[str, float]:
     units = sorted(groups_a, key=str)
     base_value = metric([r for u in units for r in groups_a[u]])
     mit_value = metric([r for u in units for r in groups_b[u]])
