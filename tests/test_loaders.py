@@ -116,6 +116,10 @@ def test_causal_halbench_qa_json_and_pairs(tmp_path):
     assert loaded[0].problem is None and "missing" in loaded[1].problem
     ((a, b),) = causal_halbench.pairs(loaded)
     assert (a.id, b.id) == ("1", "2")
+    # the original asked the question again (for another counterfactual of it): the pair keeps the first
+    items.insert(1, {**items[0], "id": 5})
+    (tmp_path / "qa.json").write_text(json.dumps(items))
+    assert [(a.id, b.id) for a, b in causal_halbench.pairs(causal_halbench.load(tmp_path))] == [("1", "2")]
 
 
 def test_causal_halbench_pairs_the_releases_underscore_names(tmp_path):

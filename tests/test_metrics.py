@@ -375,6 +375,10 @@ def test_cpr_one_original_with_several_counterfactuals():
     out = chb.cpr(rs)
     assert out["cpr_contextual"] == 50.0 and out["cpr_pairs"] == 2   # (T,T) and (T,F)
     assert out["cpr_unpaired"] == 1 and isnan(out["cpr_absent"])
+    assert out["cpr_no_pair_id"] == 0
+    # a record without a pair_id is counted, not left out without a word
+    assert chb.cpr([*rs, qa("counterfactual", "absent", True), qa("counterfactual", "counterfactual", True)]
+                   )["cpr_no_pair_id"] == 1
 
 
 def test_cpr_pairs_only_the_same_question_where_records_name_it():

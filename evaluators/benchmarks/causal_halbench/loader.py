@@ -114,9 +114,18 @@ def load(path: str | Path, image_dir: str | Path | None = None) -> list[QAItem]:
 
 
 def pairs(items: list[QAItem]) -> list[tuple[QAItem, QAItem]]:
-    """(origin item, counterfactual item) pairs asking the same question type about the
-    same base image -- the unit of CPR (both answers right)."""
-    origin = {(it.base_name, it.type, it.question): it for it in items if it.tag == "origin"}
+    """(origin item, counterfactual item) pairs asking the same question of the same base
+    image: one per counterfactual item, the unit of CPR (both answers right).
+
+    The original image is asked a question once per counterfactual derived from it (Sec.
+    4.2, Table 1), so several origin items may ask it; the pair holds the first of them
+    (file order), as the authors' ``calculate_cpr`` keeps the first question of each type.
+    :func:`evaluators.benchmarks.causal_halbench.metrics.cpr` scores answers, not items, and
+    averages those repeated original answers instead (identical under greedy decoding)."""
+    origin: dict[tuple, QAItem] = {}
+    for it in items:
+        if it.tag == "origin":
+            origin.setdefault((it.base_name, it.type, it.question), it)
     out = []
     for it in items:
         if it.tag == "inpainted":

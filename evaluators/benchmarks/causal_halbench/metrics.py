@@ -36,7 +36,8 @@ Choices:
   original with "spoon?" on the counterfactual). The user-data protocol stores the
   question, and so do the built-in suite's records (it asks two absent questions per image,
   Table 1's count). Groups lacking one
-  side are skipped, as in the authors' code, and counted in ``cpr_unpaired``. We report
+  side are skipped, as in the authors' code, and counted in ``cpr_unpaired``; Q_c / Q_a
+  records without a ``pair_id`` cannot be paired and are counted in ``cpr_no_pair_id``. We report
   ``cpr_contextual`` and ``cpr_absent`` (the authors' ``cpr_target`` / ``cpr_absent``) and,
   as our addition, ``cpr`` pooled over both.
 * **CPR unit: one counterfactual-image answer.** Each counterfactual record of a group is
@@ -132,9 +133,13 @@ def accuracy(records: Iterable[Mapping[str, Any]], image_type: str | None = None
 def cpr(records: Iterable[Mapping[str, Any]]) -> dict[str, float]:
     """Consistent-pair rate (%), see the module notes on pairing."""
     groups: dict[tuple, dict[str, list[bool]]] = defaultdict(lambda: {"original": [], "counterfactual": []})
+    no_pair_id = 0
     for r in _qa(records):
         image, question = _kind(r)
-        if question == "counterfactual" or "pair_id" not in r:
+        if question == "counterfactual":
+            continue
+        if "pair_id" not in r:  # nothing to pair it with: counted, not silently left out
+            no_pair_id += 1
             continue
         asked = " ".join(str(r.get("question", "")).lower().split())  # "" where records name no question
         groups[(r["pair_id"], question, asked)][image].append(_is_correct(r))
@@ -156,6 +161,7 @@ def cpr(records: Iterable[Mapping[str, Any]]) -> dict[str, float]:
         "cpr": _pct(both["contextual"] + both["absent"], total["contextual"] + total["absent"]),
         "cpr_pairs": total["contextual"] + total["absent"],
         "cpr_unpaired": unpaired,
+        "cpr_no_pair_id": no_pair_id,
     }
 
 

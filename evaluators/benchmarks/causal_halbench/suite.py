@@ -144,7 +144,15 @@ def assemble(rows: list[dict]) -> list[dict]:
     compare the two images' accuracies (Eq. 4-5), and keeping the other image's answers had
     compared 12 original contextual answers with 11 counterfactual ones (an audit: a model
     that answers both images alike scored CAC -6.8 instead of 0). The runner counts the
-    unusable inputs; rows without a ``pair_id`` are kept one by one."""
+    unusable inputs; rows without a ``pair_id`` are kept one by one.
+
+    In the authors' ``qa.json`` (:mod:`evaluators.benchmarks.protocols`) ``pair_id`` is the
+    base image, so what goes whole is the original *and every counterfactual made from it*:
+    one missing counterfactual file also leaves out its siblings' answers. That is a choice:
+    the original is asked each question once per counterfactual and nothing in the file
+    links a repeat to its counterfactual, so the original's side cannot be cut to match the
+    counterfactuals that remain; dropping the group keeps CAC and AAC comparing the same
+    images, at the cost of answers that could be read."""
     broken = {r["pair_id"] for r in rows if r.get("invalid_input") and r.get("pair_id") is not None}
     out = []
     for r in rows:
