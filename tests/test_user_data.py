@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -403,6 +404,12 @@ def test_reactbench_short_answers_are_graded_on_their_content_words_and_unsaid_b
     records = [to_record(erased, "no")]
     assert breakdown(records, "relational_erasure")["not given"] == 100.0  # no inducing dimension given
     assert "not given" not in breakdown([to_record(traced, "a fork was removed")], "alteration_tracing")
+    # a count without count_query is graded as an exact count, and broken down as one
+    (tmp_path / "c.jsonl").write_text(json.dumps({"id": 3, "task": "dense_counting", "images": ["s.png"],
+                                                  "question": "How many forks?", "question_type": "SA", "answer": "4"}))
+    (counted,) = PROTOCOLS["reactbench"](tmp_path / "c.jsonl")
+    split = breakdown([to_record(counted, "4")], "dense_counting")
+    assert split["exact"] == 100.0 and math.isnan(split["interval"]) and "not given" not in split
 
 
 _DO_ROW = {"id": 1, "scene_id": "s", "image": "s.png", "series": "A", "level": 0, "view": "Full", "object": "dog",

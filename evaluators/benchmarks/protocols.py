@@ -111,6 +111,9 @@ def reactbench(path: str | Path) -> list[Query]:
             if not re.fullmatch(r"[0-9]+", str(r["answer"]).strip()):
                 raise DataError(path, r["_line"], "answer", f"a count must be a whole number, got {r['answer']!r}")
             kind, truth, options = "number", int(r["answer"]), None
+            # graded as an exact count (schema: count_query left out), so Table 4's breakdown
+            # files it under Exact, not "not given"
+            record.setdefault("count_setting", "exact")
         elif isinstance(short[i], int):  # "how many forks are there ?" -> 0: read as a count
             # ("zero", "there are no forks"), not as the keyword "0" (an audit, session 39)
             kind, truth, options = "number", short[i], None
