@@ -375,8 +375,10 @@ class CropVerify(Mitigation):
         per prompt) also the encoded inputs and what :meth:`capture` took at the prefill of
         this very ``generate()`` (``"maps"``: each row's localisation map)."""
         enc = self._inputs(images, prompts, model)
-        # the first step's scores are read from a dict output: set here whatever the caller passed
-        kwargs = {"do_sample": False, **generate_kwargs, "max_new_tokens": max_new_tokens, "output_scores": True,
+        # the first step's logits are read from a dict output: set here whatever the caller passed.
+        # The model's own distribution (output_logits), not the scores after temperature / top-k /
+        # top-p: confidences and tau mean the same whatever the decoding settings
+        kwargs = {"do_sample": False, **generate_kwargs, "max_new_tokens": max_new_tokens, "output_logits": True,
                   "return_dict_in_generate": True}
         if capture_objects is None:
             out = model.generate(**enc, **kwargs)
@@ -387,7 +389,7 @@ class CropVerify(Mitigation):
                 captured["cache"] = output_cache(out)  # the generic prompt reuses its prefix
         start = enc["input_ids"].shape[1]
         texts = [t.strip() for t in self.processor.batch_decode(out.sequences[:, start:], skip_special_tokens=True)]
-        probs = torch.softmax(out.scores[0].float(), dim=-1)
+        probs = torch.softmax(out.logits[0].float(), dim=-1)
         confidence = emitted_probability(probs, out.sequences[:, start])
         if capture_objects is None:
             return texts, probs, confidence

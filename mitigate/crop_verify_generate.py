@@ -516,7 +516,10 @@ class VerifiedGenerate:
         images, settings = one_setting(self.originals.find_originals(pixels))
         if images is not None:  # as answer() does: refuse images too small for views before any pass
             cv.check_view_size([im for im in images if isinstance(im, Image.Image)])
-        first = {**kwargs, "output_scores": True, "return_dict_in_generate": True}
+        # the gate and tau read the model's own first-step distribution (output_logits), not the
+        # scores after the call's temperature / top-k / top-p: a sampling config (Qwen2-VL's
+        # shipped top_k=1) would make every confidence 1 and verify nothing, silently
+        first = {**kwargs, "output_scores": True, "output_logits": True, "return_dict_in_generate": True}
         captured, objects = {"maps": None}, None
         prompts = [tok.decode(row, skip_special_tokens=True) for row in ids]
         if cv.localizer is None:
@@ -528,7 +531,7 @@ class VerifiedGenerate:
             out = self.generate(**first)
         rows, start = ids.shape[0], ids.shape[1]
         texts = [t.strip() for t in tok.batch_decode(out.sequences[:, start:], skip_special_tokens=True)]
-        probs = torch.softmax(out.scores[0].float(), dim=-1)
+        probs = torch.softmax(out.logits[0].float(), dim=-1)
         confidence = emitted_probability(probs, out.sequences[:, start])
         cv.stats["queries"] += rows
         gated = cv.gate_rows(texts, confidence, prompts)
@@ -623,10 +626,10 @@ class VerifiedGenerate:
             if floor:
                 passthrough.pop("min_length", None)
                 passthrough["min_new_tokens"] = floor if limit is None else min(floor, limit)
-            vout = self.generate(**{**passthrough, **views, "output_scores": True, "return_dict_in_generate": True})
+            vout = self.generate(**{**passthrough, **views, "output_logits": True, "return_dict_in_generate": True})
             answers = vout.sequences[:, views["input_ids"].shape[1]:]
             vtexts = [t.strip() for t in tok.batch_decode(answers, skip_special_tokens=True)]
-            vprobs = torch.softmax(vout.scores[0].float(), dim=-1)
+            vprobs = torch.softmax(vout.logits[0].float(), dim=-1)
             return [(t, p, a, limit, c) for t, p, a, c in zip(vtexts, vprobs, answers,
                                                               emitted_probability(vprobs, answers[:, 0]))]
 

@@ -90,6 +90,31 @@ def test_generate_gives_the_answers_of_answer(organism, kwargs, seed):
     assert all(torch.isin(row[enc["input_ids"].shape[1]:], eos).any() for row in out)
 
 
+def test_the_gate_reads_the_models_distribution_whatever_the_sampling_settings(organism):
+    """Confidences came from generate()'s scores, after temperature / top-k / top-p: under
+    Qwen2-VL-Instruct's shipped sampling config (top_k=1, top_p=0.001, temperature=0.01) every
+    confidence was 1 and nothing was verified, silently. It is near-greedy: the answers and
+    counts must be greedy answer()'s."""
+    model, processor = organism
+    queries = _full_view_queries(12, 10, 4)
+    images, prompts = [q.images[0] for q in queries], [q.prompt for q in queries]
+    reference = CropVerify(processor)
+    expected = reference.answer(model, images, prompts, max_new_tokens=4)
+    assert reference.stats["overturned"] >= 2
+    cv = CropVerify(processor)
+    with attach(model, cv):
+        enc = processor(text=_templated(processor, prompts), images=images, return_tensors="pt", padding=True)
+        out = model.generate(**enc, max_new_tokens=4, do_sample=True, top_k=1, top_p=0.001, temperature=0.01)
+    assert _decode(processor, out, enc) == [r["answer"] for r in expected]
+    assert cv.stats == reference.stats
+    # and answer() under the same settings: its confidences do not move either
+    sampled = CropVerify(processor)
+    got = sampled.answer(model, images, prompts, max_new_tokens=4, do_sample=True, top_k=1, top_p=0.001,
+                         temperature=0.01)
+    assert [r["confidence"] for r in got] == pytest.approx([r["confidence"] for r in expected], abs=1e-6)
+    assert sampled.stats == reference.stats
+
+
 @pytest.mark.parametrize("limits, view_tokens", [
     ({"max_new_tokens": 1}, 1),
     ({"generation_config": "max_new_tokens=1"}, 3),  # the config's limit, not only the keyword's
