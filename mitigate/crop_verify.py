@@ -301,6 +301,10 @@ class CropVerify(Mitigation):
     # the views of a yes/no question answer with this many tokens (None: the call's
     # max_new_tokens); the policy reads only their first token (view_tokens)
     yes_no_view_tokens: int | None = 1
+    # attach(): the originals of the attached processor's last keep_originals preprocess calls are
+    # kept for generate() to find (each holds its images); left out of the repr, as it does not
+    # change an answer the views can give, only whether a call preprocessed long before is verified
+    keep_originals: int = field(default=16, repr=False)
     stats: dict = field(default_factory=lambda: {"queries": 0, "verified": 0, "overturned": 0}, repr=False)
 
     name = "crop_verify"
@@ -342,6 +346,8 @@ class CropVerify(Mitigation):
                                                     or isinstance(self.yes_no_view_tokens, bool)
                                                     or self.yes_no_view_tokens < 1):
             raise ValueError(f"yes_no_view_tokens must be an int >= 1 or None, got {self.yes_no_view_tokens!r}")
+        if not isinstance(self.keep_originals, int) or isinstance(self.keep_originals, bool) or self.keep_originals < 1:
+            raise ValueError(f"keep_originals must be an int >= 1, got {self.keep_originals!r}")
         if self.localizer is not None and self.locate != "attention":
             raise ValueError(f"localizer and locate={self.locate!r} both say where to cut the views: give one")
 

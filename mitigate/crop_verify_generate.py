@@ -42,7 +42,9 @@ range is ambiguous (:func:`_as_pil`) -- are answered unverified, counted in
 and free text are never re-asked (``stats["not_verifiable"]``, see
 :func:`mitigate.answer_kinds.answer_kind`). The "pair" view needs two images per prompt
 and is only available through :meth:`CropVerify.answer`. Returned ``scores`` (when asked
-for) are the first pass's.
+for) are the first pass's; the returned ``past_key_values`` is None when any answer of the
+call was overturned (the cache holds the first pass's answers: continuing it would condition
+a chat's next turn on the answer that was replaced).
 
 A ``streamer`` receives the *final* answer: a verified row's answer is only known after
 the views, and a streamed token cannot be taken back, so the tokens are put to the
@@ -252,6 +254,10 @@ class OriginalImages:
         # per call: ("rows", a fingerprint per image) or ("whole", the tensor's), its images
         # (each as an Original: the PIL image and the call's preprocessing settings)
         self._seen: deque = deque(maxlen=keep)
+        self.keep = keep
+        # the fingerprints (not the images) of calls that fell out of ``_seen``: a miss on one
+        # of them is told apart from pixels never preprocessed here, in the warning
+        self._forgotten: deque = deque(maxlen=4096)
         self.paused = False
         self.names = tuple(names)  # the pixel inputs a preprocess call may return, first found read
 
@@ -266,11 +272,22 @@ class OriginalImages:
         if self.paused or not isinstance(pixels, torch.Tensor):
             return
         settings = dict(settings or {})
+        if len(self._seen) == self.keep:  # the oldest call is dropped by the append below
+            kind, fps, _ = self._seen[0]
+            self._forgotten.extend(fps if kind == "rows" else [fps])
         flat = [Original(_as_pil(im, do_rescale, factor, data_format), settings) for im in _flat_images(images)]
         if pixels.dim() >= 2 and len(pixels) == len(flat):  # one row per image
             self._seen.append(("rows", [_fingerprint(row, _CASTS) for row in pixels], flat))
         else:
             self._seen.append(("whole", _fingerprint(pixels, _CASTS), flat))
+
+    def forgotten(self, pixels: torch.Tensor) -> bool:
+        """Whether ``pixels`` (or one of its rows) was preprocessed here in a call since dropped
+        from the ``keep`` most recent ones."""
+        if not self._forgotten:
+            return False
+        probes = [_probe(pixels)] + ([_probe(row) for row in pixels] if pixels.dim() >= 2 else [])
+        return any(_matches(p, fp) for p in probes for fp in self._forgotten)
 
     def find(self, pixels: torch.Tensor) -> list[Image.Image | Unusable | None] | None:
         """Per image row of ``pixels``, its original (a PIL image), :class:`Unusable` (it
@@ -536,7 +553,7 @@ class VerifiedGenerate:
         cv.stats["queries"] += rows
         gated = cv.gate_rows(texts, confidence, prompts)
         if gated:
-            gated = self._with_originals(gated, images, rows)
+            gated = self._with_originals(gated, images, rows, pixels)
         boxes = None
         if gated and cv.localizer is None and cv.locate == "embedding":
             gated, _ = cv.located(gated, [captured["maps"][i] for i in gated])  # nothing named: unverified, counted
@@ -550,18 +567,31 @@ class VerifiedGenerate:
             cv.not_found(sum(objects[i] is None for i in gated))
             cv.count_unnamed(gated, captured)
         if gated:
+            first_sequences = out.sequences
             out.sequences = self._verify(kwargs, gated, [images[i] for i in gated], texts, confidence, out.sequences,
                                          captured["maps"], boxes, cache=output_cache(out), settings=settings)
+            if getattr(out, "past_key_values", None) is not None and not torch.equal(out.sequences, first_sequences):
+                # the cache holds the first pass's answers, an overturned one among them: a chat
+                # continued over it would be conditioned on the answer thrown away. None: the
+                # next turn recomputes its prefix from the returned sequences
+                out.past_key_values = None
         if streamer is not None:
             _replay(streamer, out.sequences, start)
         return out if want_dict else out.sequences
 
-    def _with_originals(self, gated: list[int], images: list | None, rows: int) -> list[int]:
+    def _with_originals(self, gated: list[int], images: list | None, rows: int,
+                        pixels: torch.Tensor | None = None) -> list[int]:
         """The ``gated`` rows whose original image is known and can be cut; the others are
         answered unverified, counted in ``stats["no_original"]`` and warned about, saying why."""
-        if images is None:
-            left, why = [], ("its pixels match no image the attached processor preprocessed (preprocess while "
-                             "attached, and pass its pixel_values unchanged but for a cast or a move)")
+        if images is None and pixels is not None and self.originals.forgotten(pixels):
+            left, why = [], (f"they were preprocessed more than {self.originals.keep} preprocess calls before this "
+                             "generate(), and only the originals of the last "
+                             f"{self.originals.keep} are kept (CropVerify(..., keep_originals=N))")
+        elif images is None:
+            left, why = [], ("its pixels match no image the attached processor preprocessed in this process "
+                             "(preprocess while attached and in this process -- not in DataLoader workers, "
+                             "whose calls the attached processor never sees -- and pass its pixel_values "
+                             "unchanged but for a cast or a move)")
         elif len(images) != rows:
             left, why = [], (f"its pixels hold {len(images)} images for {rows} rows; crop-and-verify cuts the "
                              "views of one image per row")
@@ -681,7 +711,7 @@ class VerifiedGenerate:
 def attach_verified_generate(cv, points: ModelPoints, group: HookGroup) -> None:
     """Patch the processor's ``preprocess`` and the model's ``generate`` (owned by ``group``)."""
     image_processor = cv.processor.image_processor
-    originals = OriginalImages(names=image_pixel_names(points))
+    originals = OriginalImages(keep=cv.keep_originals, names=image_pixel_names(points))
     preprocess = image_processor.preprocess
 
     def remembering(images, *args, **kwargs):

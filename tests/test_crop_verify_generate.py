@@ -115,6 +115,27 @@ def test_the_gate_reads_the_models_distribution_whatever_the_sampling_settings(o
     assert sampled.stats == reference.stats
 
 
+def test_an_overturned_answer_does_not_come_back_with_the_cache_of_the_first(organism):
+    """The returned past_key_values held the first pass's "no" after it was overturned to
+    "yes": a chat's next turn over it was conditioned on the discarded answer. It is None
+    when an answer changed, and kept when none did."""
+    from evaluators.world import BIASED, World
+
+    model, processor = organism
+    image = World(BIASED).scene(0).render()
+    asked = {"bird": "is there a bird in the image ? answer yes or no .",
+             "unchanged": "is there a dog in the image ? answer yes or no ."}
+    for name, question in asked.items():
+        cv = CropVerify(processor, tau=0.5)
+        with attach(model, cv):
+            enc = processor(text=_templated(processor, [question]), images=[image], return_tensors="pt")
+            out = model.generate(**enc, max_new_tokens=4, do_sample=False, return_dict_in_generate=True)
+        if name == "bird":
+            assert cv.stats["overturned"] == 1 and out.past_key_values is None
+        else:
+            assert cv.stats["overturned"] == 0 and out.past_key_values is not None
+
+
 @pytest.mark.parametrize("limits, view_tokens", [
     ({"max_new_tokens": 1}, 1),
     ({"generation_config": "max_new_tokens=1"}, 3),  # the config's limit, not only the keyword's
@@ -241,7 +262,7 @@ def test_unverifiable_calls_are_counted_and_warned_or_refused(organism, queries)
     plain = model.generate(**enc, max_new_tokens=4, do_sample=False)
     cv = CropVerify(processor, gate=1.0)
     with attach(model, cv):  # preprocessed before attaching: the originals are unknown
-        with pytest.warns(UserWarning, match="not verified"):
+        with pytest.warns(UserWarning, match="not verified.*not in DataLoader workers"):
             out = model.generate(**enc, max_new_tokens=4, do_sample=False)
         assert torch.equal(out, plain)
         # never a silent fall-back to plain decoding
@@ -256,6 +277,29 @@ def test_unverifiable_calls_are_counted_and_warned_or_refused(organism, queries)
     with attach(model, CropVerify(processor, tau=1.0)):  # tau = 1: plain generate(), beams included
         beams = model.generate(**enc, max_new_tokens=4, do_sample=False, num_beams=2)
     assert torch.equal(beams, model.generate(**enc, max_new_tokens=4, do_sample=False, num_beams=2))
+
+
+def test_inputs_preprocessed_long_before_are_verified_within_keep_originals_and_named_beyond(organism):
+    """Only the last ``keep_originals`` preprocess calls' originals are kept (16 by default);
+    an older call's rows were answered unverified with a warning to "preprocess while
+    attached", which the caller had done."""
+    model, processor = organism
+    questions = _templated(processor, ["is there a bird in the image ? answer yes or no ."])
+    from evaluators.world import BIASED, World
+
+    images = [World(BIASED).scene(s).render() for s in range(3)]
+    for keep, verified in ((2, False), (3, True)):
+        cv = CropVerify(processor, gate=1.0, keep_originals=keep)
+        with attach(model, cv):
+            batches = [processor(text=questions, images=[im], return_tensors="pt") for im in images]
+            if verified:
+                model.generate(**batches[0], max_new_tokens=2, do_sample=False)
+            else:
+                with pytest.warns(UserWarning, match="preprocessed more than 2 preprocess calls before"):
+                    model.generate(**batches[0], max_new_tokens=2, do_sample=False)
+        assert cv.stats["verified"] == int(verified) and cv.stats.get("no_original", 0) == int(not verified)
+    with pytest.raises(ValueError, match="keep_originals must be an int >= 1"):
+        CropVerify(processor, keep_originals=0)
 
 
 def test_an_image_too_small_for_views_is_a_clear_error_under_generate(organism):
