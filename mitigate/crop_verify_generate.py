@@ -728,4 +728,15 @@ def attach_verified_generate(cv, points: ModelPoints, group: HookGroup) -> None:
         return out
 
     group.patch_attribute(image_processor, "preprocess", remembering)
+    # transformers serialises an image processor from its instance __dict__ (to_dict: repr,
+    # print, save_pretrained), where the patch lives: leave the patches out, as if unattached
+    own_to_dict = image_processor.to_dict
+
+    def to_dict(*args, **kwargs):
+        out = own_to_dict(*args, **kwargs)
+        for name in ("preprocess", "to_dict"):
+            out.pop(name, None)
+        return out
+
+    group.patch_attribute(image_processor, "to_dict", to_dict)
     group.patch_attribute(points.model, "generate", VerifiedGenerate(cv, points, points.model.generate, originals))

@@ -78,7 +78,20 @@ def organism():
 
     if not (ORGANISM_DIR / "config.json").exists():
         pytest.skip("organism checkpoint missing")
-    return load_organism()
+    model, processor = load_organism()
+    # one forward: transformers installs its output-recording hooks at a model's first forward,
+    # so a test comparing hook_state before and after would see them appear if it ran first
+    # in its process (which test that is depends on pytest-xdist's scheduling)
+    import torch
+    from PIL import Image
+
+    from hooks.prompting import user_prompt
+
+    enc = processor(text=[user_prompt(processor, "is there a dog ?")], images=[Image.new("RGB", (64, 64))],
+                    return_tensors="pt")
+    with torch.no_grad():
+        model(**enc)
+    return model, processor
 
 
 @pytest.fixture(scope="session")

@@ -238,12 +238,28 @@ def test_each_row_finds_its_own_original_when_another_batch_held_the_same_images
     assert _decode(processor, out, enc) == expected and cv.stats["overturned"] > 0
 
 
+def test_the_processor_prints_and_saves_as_it_would_unattached(organism, tmp_path):
+    """The patched preprocess lives in the image processor's __dict__, which transformers
+    serialises: repr(processor), print(processor.image_processor) and save_pretrained raised
+    'Object of type function is not JSON serializable' while crop-and-verify was attached."""
+    model, processor = organism
+    plain = repr(processor)
+    processor.image_processor.save_pretrained(tmp_path / "plain")
+    with attach(model, CropVerify(processor)):
+        assert repr(processor) == plain
+        processor.image_processor.save_pretrained(tmp_path / "attached")
+    assert (tmp_path / "attached" / "preprocessor_config.json").read_text() == \
+        (tmp_path / "plain" / "preprocessor_config.json").read_text()
+    assert "to_dict" not in vars(processor.image_processor)
+
+
 def test_tau_one_and_detach_leave_generate_exactly_as_it_was(organism, queries):
     model, processor = organism
     images, prompts = [q.images[0] for q in queries[:6]], [q.prompt for q in queries[:6]]
-    before = hook_state(model)
     enc = processor(text=_templated(processor, prompts), images=images, return_tensors="pt", padding=True)
     plain = model.generate(**enc, max_new_tokens=4, do_sample=False)
+    # after a forward: transformers installs its output-recording hooks at a model's first one
+    before = hook_state(model)
     cv = CropVerify(processor, tau=1.0)
     with attach(model, cv):
         enc = processor(text=_templated(processor, prompts), images=images, return_tensors="pt", padding=True)
