@@ -67,6 +67,8 @@ from .spans import Span, decode_with_offsets, find_prior_spans_between, spans_to
 from .vcd import _check_beta, cut_implausible, refuse_length_penalty
 
 MODES = ("context", "output", "both")
+#: Instance attribute marking a model with context-mode suppression attached (one at a time).
+_CONTEXT_MARK = "_prior_suppression_context"
 #: Zero-bias columns kept after the prompt's row for generated tokens (grown when exceeded).
 GENERATED_ROOM = 256
 
@@ -213,6 +215,11 @@ class PriorSuppression(Mitigation):
     def attach_hooks(self, points: ModelPoints, group: HookGroup) -> None:
         if not self.uses_context or self.strength == 0:
             return
+        model = points.model
+        if vars(model).get(_CONTEXT_MARK) is not None:  # two biases would add: strength 1 - (1 - s)^2
+            raise ValueError("prior suppression (context mode) is already attached to this model by another attach(); "
+                             "detach it first (two would suppress the spans twice over)")
+        group.patch_attribute(model, _CONTEXT_MARK, self)
         value = -math.inf if self.strength >= 1.0 else math.log1p(-self.strength)
         state: dict[str, Any] = {}
         prompt_cache = PromptCache()

@@ -215,6 +215,12 @@ class Plausibility(Mitigation):
                             "which adds guidance_scale - 1 times their difference, would then lift every token "
                             "plausible in one forward and not in the other by about (guidance_scale - 1) * 1e4")
             refuse_length_penalty()
+            labels = kwargs.get("labels")
+            if labels is not None and bool((labels != -100).any()):
+                # the loss was computed inside forward from the uncut logits: it would score the
+                # unmitigated model beside logits that are cut (PaliGemma's all -100 labels score nothing)
+                raise ValueError("the plausibility cut is an inference-time mitigation; do not pass labels (the "
+                                 "returned loss would be the unmitigated model's)")
             output.logits = cut_implausible(output.logits, output.logits, beta)
             return output
 

@@ -305,6 +305,31 @@ def _deleted_rows(inputs, keys, pad_id):
     return out
 
 
+def test_context_mode_attached_twice_is_refused_not_stacked():
+    """Two attach() calls of context mode added their biases: strength 0.5 twice acted as 0.75,
+    without a word (a user review); the second is refused and the first keeps working."""
+    from hooks import hook_state
+
+    model = build_tiny_model("llava")
+    inputs = tiny_inputs(model, batch_size=1, text_lengths=[7], seed=3)
+    _, strings = _span_rows(inputs, resolve(model))
+    with torch.no_grad():
+        model(**inputs)  # transformers' output recorders are installed at the first forward
+    before = hook_state(model)
+    with attach(model, PriorSuppression(WordIds(), spans=strings, strength=0.5)):
+        with torch.no_grad():
+            once = model(**inputs).logits
+        inside = hook_state(model)
+        with pytest.raises(ValueError, match="already attached to this model by another attach"):
+            attach(model, PriorSuppression(WordIds(), spans=strings, strength=0.5))
+        assert hook_state(model) == inside
+        with torch.no_grad():
+            assert torch.equal(model(**inputs).logits, once)
+    assert hook_state(model) == before
+    with attach(model, PriorSuppression(WordIds(), spans=strings, strength=0.5)):  # free again after detach
+        pass
+
+
 @pytest.mark.parametrize("model_type", HYBRID)
 def test_compact_positions_are_refused_on_hybrid_decoders(model_type):
     """Qwen3.5's Gated DeltaNet layers step through a masked span's positions, so no

@@ -358,6 +358,12 @@ def test_plausibility_alone_masks_implausible_tokens(llava):
     keep = plausibility_mask(plain, 0.5)
     assert torch.equal(allowed(cut), keep)
     assert torch.equal(cut[keep], plain[keep])
+    # labels: the loss was the unmitigated model's beside cut logits; refused (all -100: no target, kept)
+    labels = inputs["input_ids"].clone()
+    with torch.no_grad(), attach(llava, Plausibility(beta=0.5)):
+        with pytest.raises(ValueError, match="do not pass labels"):
+            llava(**inputs, labels=labels)
+        assert torch.equal(llava(**inputs, labels=torch.full_like(labels, -100)).logits, cut)
     # outside the set: below every plausible token, in the model's own order
     lowest = plain.masked_fill(~keep, float("inf")).amin(-1, keepdim=True)
     assert bool((cut[~keep] < lowest.expand_as(cut)[~keep] - 1000).all())
