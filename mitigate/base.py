@@ -14,12 +14,16 @@ expansion and applies the combinations in the order the mitigations were given.
 Everything is registered through one :class:`hooks.HookGroup`, so ``detach()`` removes
 exactly what was added. While attached, ``generate()`` does not compile the forward (it
 would for a static cache on a GPU, and a compiled graph does not see hooks added after it:
-:mod:`hooks.compiled`), and a model with a compiled module is refused.
+:mod:`hooks.compiled`), and a model with a compiled module is refused. ``generate()`` calls on an attached model run
+one at a time (:class:`OneCallAtATime`): the mitigations keep per-call state on the model
+(the last prompt's cache and spans), so two threads generating at once -- a web server's
+thread pool -- would read each other's; the second call waits for the first.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import threading
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
@@ -93,6 +97,24 @@ class _RefuseContinuousBatching:
             "cache_implementation='static'")
 
 
+class OneCallAtATime:
+    """The instance's ``generate`` while mitigations are attached: the model's own (or a
+    mitigation's wrapper of it, :attr:`inner`) under a lock, so that concurrent calls from
+    several threads run one after another instead of interleaving their forwards over one
+    set of per-call state (each would otherwise fail with an error about another call's
+    cache, or read another call's spans). Re-entrant: a call made from inside a call (a
+    streamer's callback, say) on the same thread proceeds. Direct forwards
+    (``model(**inputs)``) from several threads at once are not serialised."""
+
+    def __init__(self, inner: Callable) -> None:
+        self.inner = inner
+        self.lock = threading.RLock()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with self.lock:
+            return self.inner(*args, **kwargs)
+
+
 class MitigationHandle:
     """What :func:`attach` returns; ``detach()`` (or leaving the ``with``) removes everything."""
 
@@ -114,6 +136,9 @@ class MitigationHandle:
             refusing = [m.name for m, bs in declared if bs or not m.continuous_batching]
             if refusing and callable(getattr(self.model, "init_continuous_batching", None)):
                 self.group.patch_attribute(self.model, "init_continuous_batching", _RefuseContinuousBatching(refusing))
+            if callable(getattr(self.model, "generate", None)):  # before attach_hooks: a mitigation
+                # that wraps generate() itself (crop-and-verify) wraps OneCallAtATime.inner
+                self.group.patch_attribute(self.model, "generate", OneCallAtATime(self.model.generate))
             all_branches = [b for _, bs in declared for b in bs]
             if all_branches:
                 spans, start = [], 0

@@ -508,6 +508,8 @@ class VerifiedGenerate:
         if args:  # generate(inputs, ...): the first positional argument is the input ids
             kwargs = {"input_ids": args[0], **kwargs}
             args = ()
+        if kwargs.get("inputs") is not None and kwargs.get("input_ids") is None:  # generate(inputs=ids), by name
+            kwargs["input_ids"] = kwargs.pop("inputs")
         cv = self.cv
         ids, pixels = kwargs.get("input_ids"), pixel_input(kwargs, image_pixel_names(self.points))
         config = kwargs.get("generation_config") or self.model.generation_config
@@ -739,4 +741,11 @@ def attach_verified_generate(cv, points: ModelPoints, group: HookGroup) -> None:
         return out
 
     group.patch_attribute(image_processor, "to_dict", to_dict)
-    group.patch_attribute(points.model, "generate", VerifiedGenerate(cv, points, points.model.generate, originals))
+    from .base import OneCallAtATime
+
+    serial = vars(points.model).get("generate")
+    if isinstance(serial, OneCallAtATime):  # attach()'s lock around it: verify inside it (the whole
+        # verified call, views included, is one call); the lock's patch restores generate on detach
+        serial.inner = VerifiedGenerate(cv, points, serial.inner, originals)
+    else:
+        group.patch_attribute(points.model, "generate", VerifiedGenerate(cv, points, points.model.generate, originals))

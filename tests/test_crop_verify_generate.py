@@ -132,6 +132,11 @@ def test_an_overturned_answer_does_not_come_back_with_the_cache_of_the_first(org
             out = model.generate(**enc, max_new_tokens=4, do_sample=False, return_dict_in_generate=True)
         if name == "bird":
             assert cv.stats["overturned"] == 1 and out.past_key_values is None
+            # generate()'s first parameter given by name, inputs=, is the input ids as well
+            with attach(model, CropVerify(processor, tau=0.5)) as handle:
+                enc = processor(text=_templated(processor, [question]), images=[image], return_tensors="pt")
+                named = model.generate(inputs=enc.pop("input_ids"), **enc, max_new_tokens=4, do_sample=False)
+            assert torch.equal(named, out.sequences) and handle.mitigations[0].stats["overturned"] == 1
         else:
             assert cv.stats["overturned"] == 0 and out.past_key_values is not None
 

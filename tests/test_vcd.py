@@ -1007,3 +1007,48 @@ def test_drafts_that_repeat_the_image_token_stay_in_view_of_the_image_free_branc
         drafted = model.generate(**inputs, prompt_lookup_num_tokens=3, **options)
     assert image_id in stepwise[0, n:].tolist()  # the case: a generated token with the image token's id
     assert torch.equal(drafted, stepwise)
+
+
+@pytest.mark.parametrize("mitigations", ["vcd", "context", "crop_verify"])
+def test_threads_generating_at_once_on_an_attached_model_get_their_sequential_answers(organism, mitigations):
+    """Four threads calling generate() at once (a web server's pool) interleaved their forwards
+    over the mitigations' per-call state and failed with errors about another call's cache
+    (a user review); the calls now run one at a time and each gets its own answer."""
+    import threading
+
+    from evaluators.world import BIASED, World
+    from hooks.prompting import user_prompt
+    from mitigate import CropVerify
+
+    model, processor = organism
+    questions = ["is there a dog in the image ? answer yes or no .", "how many cats are in the image ?",
+                 "i think there is a bird . is there a bird in the image ? answer yes or no .",
+                 "is there a bird in the image ? answer yes or no ."]
+    world = World(BIASED)
+    make = {"vcd": lambda: VCD(seed=0), "context": lambda: PriorSuppression(processor.tokenizer),
+            "crop_verify": lambda: CropVerify(processor, tau=0.5)}[mitigations]
+
+    def ask(i):
+        enc = processor(text=[user_prompt(processor, questions[i])], images=[world.scene(i).render()],
+                        return_tensors="pt")
+        return model.generate(**enc, max_new_tokens=6, do_sample=False)
+
+    with attach(model, make()):
+        alone = [ask(i) for i in range(4)]
+    got, errors = {}, []
+
+    def work(i):
+        try:
+            got[i] = ask(i)
+        except Exception as err:  # noqa: BLE001 - reported below
+            errors.append(f"{type(err).__name__}: {err}")
+
+    with attach(model, make()):
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert not errors, errors[0]
+    assert all(torch.equal(got[i], alone[i]) for i in range(4))
+    assert "generate" not in vars(model)
