@@ -25,6 +25,7 @@ Abstract point names (``<part>.<input|output>``), see :data:`POINTS`:
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -147,9 +148,15 @@ class ModelPoints:
         n = self.num_layers
         if layers is None:
             return list(range(n))
+        if isinstance(layers, (str, bytes)) or not isinstance(layers, Iterable):
+            # "all" was read letter by letter ("layer index 'a' out of range")
+            raise ValueError(f"layers must be None (every layer) or a list of layer indices, got {layers!r}")
         out = []
         for i in layers:
-            if not isinstance(i, int) or not -n <= i < n:
+            if isinstance(i, bool) or not isinstance(i, numbers.Integral):  # True is not layer 1
+                raise ValueError(f"layer indices must be ints, got {i!r} in {layers!r}")
+            i = int(i)  # numpy ints too
+            if not -n <= i < n:
                 raise ValueError(f"layer index {i!r} out of range for a {n}-layer decoder ({self.model_type})")
             out.append(i % n)
         return sorted(set(out))
@@ -361,9 +368,13 @@ def resolve(model: nn.Module, adapter: Adapter | None = None) -> ModelPoints:
     if image_token_id is None:
         missing.append(f"image_token_id (config attributes tried: {list(adapter.image_token_id)})")
     if missing:
+        # a part of a model (its LlavaModel, its vision tower) has no LM head: say what to pass
+        part = any(m.startswith("lm_head") for m in missing)
         raise HookPointError(
             f"cannot resolve hook points for model_type {adapter.model_type!r} ({type(model).__name__}, "
             f"adapter from {adapter.source}): missing {', '.join(missing)}"
+            + ("; pass the whole model with its LM head (the ...ForConditionalGeneration that "
+               "AutoModelForImageTextToText loads), not a part of it" if part else "")
         )
     return ModelPoints(
         model=model,

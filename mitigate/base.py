@@ -188,6 +188,10 @@ class MitigationHandle:
 
 def attach(model: nn.Module, *mitigations: Mitigation) -> MitigationHandle:
     """Attach ``mitigations`` to an unmodified HF VLM; returns a handle (also a context manager)."""
+    if not isinstance(model, nn.Module):  # attach(processor, ...) failed on 'named_modules'
+        raise TypeError(f"attach() takes the model (a torch.nn.Module, e.g. what AutoModelForImageTextToText "
+                        f"loads) first, got {type(model).__name__}; a mitigation that needs the processor takes "
+                        "it itself: CropVerify(processor), PriorSuppression(processor.tokenizer)")
     if not mitigations:
         raise ValueError("attach() needs at least one mitigation")
     for m in mitigations:

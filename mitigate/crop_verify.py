@@ -102,6 +102,7 @@ from hooks.prompting import user_prompt
 
 from .answer_kinds import answer_kind, count_value
 from .base import Mitigation, register
+from .checks import real
 from .localize import (
     GENERIC_PROMPT, HEADS, QUERIES, attention_boxes, boxes_from_maps, capture_first_pass, generic_queries,
     image_attention_maps, name_matches, object_in_question, object_token_mask,
@@ -315,10 +316,8 @@ class CropVerify(Mitigation):
     def __post_init__(self) -> None:
         if not isinstance(self.control, bool):
             raise ValueError(f"control must be True or False, got {self.control!r}")
-        if not isinstance(self.tau, (int, float)) or not 0.0 <= self.tau <= 1.0:
-            raise ValueError(f"tau must be in [0, 1], got {self.tau!r}")
-        if not isinstance(self.gate, (int, float)) or not 0.0 <= self.gate <= 1.0:
-            raise ValueError(f"gate must be in [0, 1], got {self.gate!r}")
+        self.tau = real(self.tau, "tau", "in [0, 1]", lambda v: 0.0 <= v <= 1.0)
+        self.gate = real(self.gate, "gate", "in [0, 1]", lambda v: 0.0 <= v <= 1.0)
         check_margin(self.margin)
         if isinstance(self.views, str):  # "crop+pair", as a command-line spec gives it
             self.views = tuple(v.strip() for v in self.views.split("+"))
@@ -481,6 +480,11 @@ class CropVerify(Mitigation):
         The questions this class writes itself (:meth:`verify_caption`,
         :meth:`answer_which_image`) pass their objects leniently: a name in words the
         tokenizer does not know is counted, as one read from the question is."""
+        for name, value in (("images", images), ("prompts", prompts)):
+            if isinstance(value, (str, Image.Image)) or not isinstance(value, Sequence):
+                # a lone prompt was read character by character ("differ in number: 1 vs 49")
+                raise ValueError(f"{name} must be a list (one entry per question), got a {type(value).__name__}: "
+                                 f"answer(model, [image], [prompt])")
         if len(images) != len(prompts):
             raise ValueError(f"images and prompts differ in number: {len(images)} vs {len(prompts)}")
         if objects is not None and len(objects) != len(prompts):
@@ -573,6 +577,9 @@ class CropVerify(Mitigation):
         :meth:`answer` record of each image) and, where the answer changed, ``chosen`` (the
         image's 0-based index, or ``"none"``).
         """
+        for name, value in (("image_sets", image_sets), ("prompts", prompts)):
+            if isinstance(value, str) or not isinstance(value, Sequence):
+                raise ValueError(f"{name} must be a list (one entry per question), got a {type(value).__name__}")
         if len(image_sets) != len(prompts):
             raise ValueError(f"image_sets and prompts differ in number: {len(image_sets)} vs {len(prompts)}")
         if not image_sets or any(not isinstance(s, (list, tuple)) or not s or

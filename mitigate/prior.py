@@ -62,6 +62,7 @@ from hooks import BiasContext, HookGroup, ModelPoints, add_attention_bias
 from hooks.cache import PromptCache, cache_of
 
 from .base import Mitigation, register
+from .checks import real
 from .branches import Branch, refuse_guidance, refuse_paged_cache, verifies_drafts
 from .spans import Span, decode_with_offsets, find_prior_spans_between, spans_to_mask, user_spans
 from .vcd import _check_beta, cut_implausible, refuse_length_penalty
@@ -110,11 +111,10 @@ class PriorSuppression(Mitigation):
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
-        if not isinstance(self.strength, (int, float)) or not 0.0 <= self.strength <= 1.0:
-            raise ValueError(f"strength must be in [0, 1] (0 = off, 1 = full masking), got {self.strength!r}")
-        if not isinstance(self.gamma, (int, float)) or not 0.0 <= self.gamma or math.isinf(self.gamma):
-            raise ValueError(f"gamma must be a finite number >= 0, got {self.gamma!r}")
-        _check_beta(self.beta)
+        self.strength = real(self.strength, "strength", "in [0, 1] (0 = off, 1 = full masking)",
+                             lambda v: 0.0 <= v <= 1.0)
+        self.gamma = real(self.gamma, "gamma", "a finite number >= 0", lambda v: 0.0 <= v < math.inf)
+        self.beta = _check_beta(self.beta)
         if not isinstance(self.compact_positions, bool):
             raise ValueError(f"compact_positions must be True or False, got {self.compact_positions!r}")
         if self.compact_positions and (self.mode not in ("context", "both") or self.strength != 1.0):

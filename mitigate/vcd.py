@@ -48,6 +48,7 @@ import torch
 from hooks import HookGroup, ModelPoints
 
 from .base import Mitigation, register
+from .checks import real
 from .branches import Branch, refuse_guidance
 from .distortions import DISTORTIONS
 
@@ -120,9 +121,7 @@ def allowed(scores: torch.Tensor) -> torch.Tensor:
 
 
 def _check_beta(beta: float) -> float:
-    if not isinstance(beta, (int, float)) or not 0.0 < beta <= 1.0:
-        raise ValueError(f"beta must be in (0, 1] (the plausibility threshold of VCD Eq. 4), got {beta!r}")
-    return float(beta)
+    return real(beta, "beta", "in (0, 1] (the plausibility threshold of VCD Eq. 4)", lambda v: 0.0 < v <= 1.0)
 
 
 @register
@@ -146,18 +145,15 @@ class VCD(Mitigation):
     name = "vcd"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.alpha, (int, float)) or not self.alpha >= 0 or math.isinf(self.alpha):
-            raise ValueError(f"alpha must be a finite number >= 0 (VCD Eq. 3), got {self.alpha!r}")
-        _check_beta(self.beta)
+        self.alpha = real(self.alpha, "alpha", "a finite number >= 0 (VCD Eq. 3)", lambda v: 0 <= v < math.inf)
+        self.beta = _check_beta(self.beta)
         if self.distortion not in DISTORTION_NAMES:
             raise ValueError(f"distortion must be one of {DISTORTION_NAMES}, got {self.distortion!r}")
         # validate every distortion parameter now, not at the first image
         if not isinstance(self.noise_step, int) or not 0 <= self.noise_step < 1000:
             raise ValueError(f"noise_step must be an int in [0, 1000), got {self.noise_step!r}")
-        if not self.blur_sigma > 0:
-            raise ValueError(f"blur_sigma must be positive, got {self.blur_sigma!r}")
-        if not 0 < self.mask_ratio <= 1:
-            raise ValueError(f"mask_ratio must be in (0, 1], got {self.mask_ratio!r}")
+        self.blur_sigma = real(self.blur_sigma, "blur_sigma", "positive", lambda v: 0 < v < math.inf)
+        self.mask_ratio = real(self.mask_ratio, "mask_ratio", "in (0, 1]", lambda v: 0 < v <= 1)
 
     @property
     def extra_rows(self) -> int:
@@ -205,7 +201,7 @@ class Plausibility(Mitigation):
     name = "plausibility"
 
     def __post_init__(self) -> None:
-        _check_beta(self.beta)
+        self.beta = _check_beta(self.beta)
 
     def attach_hooks(self, points: ModelPoints, group: HookGroup) -> None:
         beta = self.beta

@@ -424,6 +424,11 @@ def test_bad_inputs(organism_like):
         cv.answer(model, [Image.new("RGB", (4, 4))], ["is there a dog ?"])
     with pytest.raises(ValueError, match="differ"):
         cv.answer(model, [Image.new("RGB", (64, 64))], [])
+    # one prompt not in a list was read letter by letter ("differ in number: 1 vs 16")
+    with pytest.raises(ValueError, match="prompts must be a list .* got a str"):
+        cv.answer(model, [Image.new("RGB", (64, 64))], "is there a dog ?")
+    with pytest.raises(ValueError, match="images must be a list .* got a Image"):
+        cv.answer(model, Image.new("RGB", (64, 64)), ["is there a dog ?"])
     # a prompt the caller templated already holds the image placeholder: named, not a
     # processor error about a count of image tokens
     content = [{"type": "image"}, {"type": "text", "text": "is there a dog ?"}]

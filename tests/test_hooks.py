@@ -481,8 +481,36 @@ def test_bad_point_and_layer_names_are_clear():
         points.add_hook(HookGroup(), "lm_head.outptu", lambda *a: None)
     with pytest.raises(ValueError, match="out of range"):
         points.add_hook(HookGroup(), "decoder_layer.output", lambda *a: None, layers=[99])
+    # "all" was read letter by letter ("layer index 'a' out of range"); True was taken as layer 1
+    with pytest.raises(ValueError, match="layers must be None .* got 'all'"):
+        points.layer_indices("all")
+    with pytest.raises(ValueError, match="layer indices must be ints, got True"):
+        points.layer_indices([True])
+    import numpy as np
+
+    assert points.layer_indices(np.array([0, -1])) == [0, points.num_layers - 1]
     with pytest.raises(ValueError, match="not per-layer"):
         points.add_hook(HookGroup(), "lm_head.output", lambda *a: None, layers=[0])
+
+
+def test_a_part_of_a_model_or_a_processor_gets_a_clear_error():
+    """resolve(model.model.vision_tower) raised AttributeError "has no attribute ``" (an empty
+    path from introspection); resolve(model.model) listed every path without saying to pass
+    the whole model; attach(processor, ...) failed on 'named_modules' (a user review)."""
+    import warnings
+
+    from hooks import HookPointError
+    from mitigate import VCD, attach
+
+    model = build_tiny_model("llava")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # introspection warns that it guesses
+        with pytest.raises(HookPointError, match="introspection could not find"):
+            resolve(model.model.vision_tower)
+    with pytest.raises(HookPointError, match=r"pass the whole model with its LM head"):
+        resolve(model.model)
+    with pytest.raises(TypeError, match="attach\\(\\) takes the model .* got Processor"):
+        attach(type("Processor", (), {})(), VCD())
 
 
 def test_a_text_only_model_gets_a_clear_error():

@@ -334,11 +334,33 @@ def test_one_mitigation_object_given_twice_is_refused(llava):
 @pytest.mark.parametrize("kwargs, argument", [
     ({"alpha": -0.5}, "alpha"), ({"alpha": float("inf")}, "alpha"), ({"beta": 0.0}, "beta"), ({"beta": 1.5}, "beta"),
     ({"distortion": "jpeg"}, "distortion"), ({"noise_step": 1000}, "noise_step"), ({"mask_ratio": 0}, "mask_ratio"),
-    ({"distortion": "gaussian_blur", "blur_sigma": -1}, "blur_sigma"),
+    ({"distortion": "gaussian_blur", "blur_sigma": -1}, "blur_sigma"), ({"alpha": True}, "alpha"),
+    ({"beta": "0.1"}, "beta"), ({"alpha": float("nan")}, "alpha"), ({"blur_sigma": "2"}, "blur_sigma"),
 ])
 def test_bad_config_names_the_argument(kwargs, argument):
     with pytest.raises(ValueError, match=argument):
         VCD(**kwargs)
+
+
+def test_numpy_scalars_are_settings_like_floats():
+    """np.float32(0.1) was refused as a beta while np.float64 (a float subclass) passed; numpy
+    scalars of any width are taken, and kept as Python floats (a run records its settings as
+    JSON); an int or float is kept as given (its repr is part of a run's identity)."""
+    import json
+
+    import numpy as np
+
+    from hooks.testing import WordIds
+    from mitigate import CropVerify
+
+    vcd = VCD(alpha=np.float32(0.5), beta=np.float16(0.25), blur_sigma=np.int64(3))
+    assert (vcd.alpha, vcd.beta, vcd.blur_sigma) == (0.5, 0.25, 3.0)
+    assert all(type(v) is float for v in (vcd.alpha, vcd.beta, vcd.blur_sigma))
+    json.dumps([vcd.alpha, vcd.beta])
+    assert "alpha=1," in repr(VCD(alpha=1)) and type(VCD(alpha=1).alpha) is int
+    assert type(PriorSuppression(WordIds(), strength=np.float32(0.5)).strength) is float
+    processor = type("Processor", (), {"tokenizer": WordIds(), "image_processor": object()})()
+    assert CropVerify(processor, tau=np.float32(0.5)).tau == 0.5
 
 
 def test_call_without_pixels_is_a_clear_error(llava):

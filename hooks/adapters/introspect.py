@@ -57,13 +57,16 @@ def _text_layers(model: nn.Module, language_model: str | None) -> str | None:
     text_config = getattr(config, "text_config", None) or config
     expected = getattr(text_config, "num_hidden_layers", None)
     base = model.get_submodule(language_model)
+    def under(name: str) -> str:  # "" is the model itself (get_decoder() returned it)
+        return f"{language_model}.{name}" if language_model else name
+
     for name in LAYER_LIST_NAMES:
         child = getattr(base, name, None)
         if isinstance(child, nn.ModuleList) and (expected is None or len(child) == expected):
-            return f"{language_model}.{name}"
+            return under(name)
     for name, child in base.named_modules():  # nested, e.g. language_model.model.layers
         if isinstance(child, nn.ModuleList) and expected is not None and len(child) == expected and name:
-            return f"{language_model}.{name}"
+            return under(name)
     return None
 
 
