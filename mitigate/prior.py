@@ -65,6 +65,7 @@ from .base import Mitigation, register
 from .checks import real
 from .branches import Branch, refuse_guidance, refuse_paged_cache, verifies_drafts
 from .spans import Span, decode_with_offsets, find_prior_spans_between, spans_to_mask, user_spans
+from .turns import assistant_token_ranges, turn_markers
 from .vcd import _check_beta, cut_implausible, refuse_length_penalty
 
 MODES = ("context", "output", "both")
@@ -98,6 +99,9 @@ class PriorSuppression(Mitigation):
     compact_positions: bool = False  # context mode, strength 1: positions as if the span were deleted
     spans: Sequence[Sequence[str | tuple[int, int]]] | None = None
     span_texts: Sequence[str] | None = field(default=None, repr=False)
+    # the chat template the prompts were written with (default: the tokenizer's own): detection
+    # leaves the model's own earlier answers (assistant turns) alone (mitigate.turns)
+    chat_template: str | None = field(default=None, repr=False)
     found: list[list[Span]] = field(default_factory=list, init=False, repr=False)
     #: per row of the last prompt: the ``(start, end)`` token index ranges (end exclusive)
     #: the bias suppresses -- what ``found``'s character spans cover in ``input_ids``
@@ -194,8 +198,13 @@ class PriorSuppression(Mitigation):
                 text, offsets = decode_with_offsets(tok, ids, skip)
                 if source_row is None:
                     # an image ends a sentence: a tokenizer that drops the template's newlines
-                    # would otherwise join "user" before the image to the belief after it
-                    spans = find_prior_spans_between(text, [offsets[i][0] for i in image[row].nonzero().flatten().tolist()])
+                    # would otherwise join "user" before the image to the belief after it; so
+                    # does a turn's edge, and the model's own earlier answers are not searched
+                    cuts = [offsets[i][0] for i in image[row].nonzero().flatten().tolist()]
+                    answered = self._assistant_turns(ids, offsets, text)
+                    cuts += [c for a, b in answered for c in a]
+                    spans = [s for s in find_prior_spans_between(text, cuts)
+                             if not any(s.start < end and start < s.end for (start, end), _ in answered)]
                 else:
                     given = source_row[row]
                     spans = user_spans(text, self.spans[given], None if self.span_texts is None else self.span_texts[given],
@@ -211,6 +220,19 @@ class PriorSuppression(Mitigation):
             self.found.append(list(spans))
             self.token_spans.append(list(runs))
         return mask
+
+    def _assistant_turns(self, ids: list[int], offsets: list[tuple[int, int]], text: str) -> list:
+        """Per assistant turn of the prompt (:mod:`mitigate.turns`), its ``(start, end)``
+        characters in ``text`` and its token range; none without a readable chat template."""
+        if "_turn_markers" not in vars(self):  # read once: the template does not change
+            self._turn_markers = turn_markers(self.tokenizer, self.chat_template)
+        if self._turn_markers is None:
+            return []
+        out = []
+        for begin, end in assistant_token_ranges(ids, offsets, text, self.tokenizer, self._turn_markers):
+            start = min(offsets[j][0] for j in range(begin, end))
+            out.append(((start, max(offsets[j][1] for j in range(begin, end))), (begin, end)))
+        return out
 
     def attach_hooks(self, points: ModelPoints, group: HookGroup) -> None:
         if not self.uses_context or self.strength == 0:

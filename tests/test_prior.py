@@ -989,3 +989,71 @@ def test_context_mode_without_a_cache_never_finds_spans_in_generated_tokens():
     for step_cached, step_fresh in zip(cached.logits, fresh.logits):
         torch.testing.assert_close(step_fresh, step_cached, rtol=0, atol=1e-4)
     assert not torch.allclose(cached.logits[-1], plain.logits[-1], atol=1e-3)  # the prompt's belief is suppressed
+
+
+def _conversation(first_belief: str = "", second_belief: str = "") -> list[dict]:
+    def user(text, image=False):
+        return {"role": "user", "content": [{"type": "image"}] * image + [{"type": "text", "text": text}]}
+
+    return [user(f"{first_belief}describe the image .", image=True),
+            {"role": "assistant", "content": [{"type": "text", "text": "i see a dog in the image ."}]},
+            user(f"{second_belief}what colour is the dog ?")]
+
+
+def test_the_models_own_earlier_answers_are_not_suppressed(organism):
+    """In a conversation the prompt holds the model's earlier answers; "i see a dog in the
+    image ." read as a belief and was suppressed, so the follow-up lost what it referred to
+    (a user review). Assistant turns are told by the chat template (mitigate.turns); the
+    users' beliefs in every turn are still found."""
+    from evaluators.world import BIASED, World
+
+    model, processor = organism
+    image = World(BIASED).scene(0).render()
+    for beliefs, expected in ((("", ""), []),
+                              (("i think there is a dog in the image . ", "i am sure there is a bird in the image . "),
+                               ["i think there is a dog in the image.", "i am sure there is a bird in the image."])):
+        prompt = processor.apply_chat_template(_conversation(*beliefs), add_generation_prompt=True)
+        enc = processor(text=[prompt], images=[image], return_tensors="pt")
+        ps = PriorSuppression(processor.tokenizer)
+        with attach(model, ps), torch.no_grad():
+            model(**enc)
+        assert [s.text for s in ps.found[0]] == expected
+    # without a template to read the turns by, the whole prompt is searched, as before
+    tokenizer = processor.tokenizer
+    template, tokenizer.chat_template = tokenizer.chat_template, None
+    try:
+        ps = PriorSuppression(tokenizer)
+        with attach(model, ps), torch.no_grad():
+            model(**processor(text=[processor.apply_chat_template(_conversation(), add_generation_prompt=True)],
+                              images=[image], return_tensors="pt"))
+        assert [s.text for s in ps.found[0]] == ["i see a dog in the image."]
+    finally:
+        tokenizer.chat_template = template
+
+
+def test_assistant_turns_made_of_special_tokens_are_told_apart(tmp_path):
+    """Gemma 3's turns open with special tokens (<start_of_turn>model): the markers are
+    matched with the special tokens written out, on the family's own tiny checkpoint."""
+    import json
+
+    from transformers import AutoProcessor
+
+    from evaluators.organism import ORGANISM_DIR
+    from hooks.testing.processors import save_tiny_checkpoint
+    from mitigate.turns import turn_markers
+
+    vocab = json.loads((ORGANISM_DIR / "tokenizer.json").read_text())["model"]["vocab"]
+    words = [w for w in vocab if not w.startswith("<")] + ["model"]  # the template's role name
+    folder = save_tiny_checkpoint("gemma3", tmp_path / "gemma3", words=words)
+    processor = AutoProcessor.from_pretrained(folder)
+    markers = turn_markers(processor.tokenizer, processor.chat_template)
+    assert markers is not None and "<start_of_turn>model" in markers.open and "<start_of_turn>user" in markers.close
+    model = build_tiny_model("gemma3")
+    prompt = processor.apply_chat_template(_conversation("i think there is a dog in the image . "),
+                                           add_generation_prompt=True)
+    from evaluators.world import BIASED, World
+
+    enc = processor(text=[prompt], images=[World(BIASED).scene(0).render()], return_tensors="pt")
+    ps = PriorSuppression(processor.tokenizer, chat_template=processor.chat_template)
+    mask = ps.span_mask(resolve(model), enc["input_ids"])
+    assert [s.text.strip() for s in ps.found[0]] == ["i think there is a dog in the image ."] and mask.any()
