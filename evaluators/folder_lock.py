@@ -18,8 +18,9 @@ Choices the runner's callers should know:
   process exits with an error and the launcher (``torchrun``/``accelerate launch``)
   stops the other ranks.
 - ``flock`` is local to a machine on some network filesystems (older NFS): two hosts
-  writing one shared folder are then not kept apart. Where ``fcntl`` does not exist
-  (Windows) no lock is taken, and the module says so in :data:`AVAILABLE`.
+  writing one shared folder are then not kept apart. A filesystem that refuses ``flock``
+  (Lustre mounted without ``-o flock``) gets a warning and no lock. Where ``fcntl`` does not
+  exist (Windows) no lock is taken, and the module says so in :data:`AVAILABLE`.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ def hold(folder: str | Path, *, take: bool = True) -> Iterator[None]:
     path = Path(folder) / LOCK
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
+        unsupported = None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -63,8 +65,17 @@ def hold(folder: str | Path, *, take: bool = True) -> Iterator[None]:
             raise FolderBusy(
                 f"output_dir {Path(folder)} is being written by another run ({holder}); two runs into one "
                 "folder would mix their answers -- wait for it to finish, or choose another output_dir") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        except OSError as err:  # a filesystem without flock (Lustre without -o flock: ENOSYS)
+            unsupported = err.strerror or str(err)
+        if unsupported is not None:
+            import warnings
+
+            warnings.warn(f"output_dir {Path(folder)}: its filesystem cannot lock files ({unsupported}); "
+                          "the run goes on without the lock, so make sure no other run writes there",
+                          stacklevel=3)
+        else:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
         yield
     finally:
         os.close(fd)  # closing the descriptor releases the lock

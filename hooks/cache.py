@@ -49,6 +49,17 @@ def output_cache(output: Any) -> Any:
     return None
 
 
+def drop_output_cache(output: Any) -> None:
+    """Set the cache a generate() output returns to None, in its dict as well as its attribute
+    (a ``ModelOutput`` keeps both, and ``output.x = None`` leaves the dict's entry, which
+    ``output["cache"]``, ``to_tuple()`` and :func:`output_cache` read)."""
+    for name in CACHE_NAMES:
+        if isinstance(output, dict) and name in output:
+            output[name] = None
+        elif name in getattr(type(output), "__dataclass_fields__", {}):
+            object.__setattr__(output, name, None)
+
+
 class PromptCache:
     """Which KV cache a hook's last prompt forward filled, held weakly (a finished call's
     cache is not kept alive), so that a later forward can be checked to continue it and

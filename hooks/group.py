@@ -126,6 +126,14 @@ class HookGroup:
             raise ValueError(f"{self.name}: {type(owner).__name__}.{name} is already patched by this group")
         return self._own(AttributePatch(owner, name, value))
 
+    def patched(self, owner: Any, name: str) -> Any:
+        """The value this group put on ``owner.<name>`` (:meth:`patch_attribute`) while it is
+        still there, else None."""
+        for h in self._handles:
+            if isinstance(h, AttributePatch) and h.owner is owner and h.name == name and not h._removed:
+                return h.value
+        return None
+
     def keep_generate_uncompiled(self, model: nn.Module):
         """Until the group is removed, ``model.generate()`` runs its decoding steps uncompiled,
         and a model with a compiled module is refused (``ValueError``): a compiled graph does

@@ -114,6 +114,17 @@ class OneCallAtATime:
         with self.lock:
             return self.inner(*args, **kwargs)
 
+    def __getattr__(self, name: str) -> Any:  # the wrapped generate's attributes (crop-and-verify's)
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def __deepcopy__(self, memo: dict) -> "OneCallAtATime":
+        # copy.deepcopy(model) while attached: a lock of its own around the copy's generate
+        import copy
+
+        return OneCallAtATime(copy.deepcopy(self.inner, memo))
+
 
 class MitigationHandle:
     """What :func:`attach` returns; ``detach()`` (or leaving the ``with``) removes everything."""
@@ -136,8 +147,11 @@ class MitigationHandle:
             refusing = [m.name for m, bs in declared if bs or not m.continuous_batching]
             if refusing and callable(getattr(self.model, "init_continuous_batching", None)):
                 self.group.patch_attribute(self.model, "init_continuous_batching", _RefuseContinuousBatching(refusing))
-            if callable(getattr(self.model, "generate", None)):  # before attach_hooks: a mitigation
-                # that wraps generate() itself (crop-and-verify) wraps OneCallAtATime.inner
+            if callable(getattr(self.model, "generate", None)) and not isinstance(vars(self.model).get("generate"),
+                                                                                  OneCallAtATime):
+                # before attach_hooks: a mitigation that wraps generate() itself (crop-and-verify)
+                # wraps OneCallAtATime.inner. A model another attach() already locked keeps that
+                # lock (a second one would make the two handles' detach order matter)
                 self.group.patch_attribute(self.model, "generate", OneCallAtATime(self.model.generate))
             all_branches = [b for _, bs in declared for b in bs]
             if all_branches:

@@ -55,6 +55,7 @@ streamer once verification is done (prompt first, then one step at a time, as
 from __future__ import annotations
 
 import hashlib
+import threading
 import warnings
 from collections import deque
 from dataclasses import dataclass
@@ -65,7 +66,7 @@ import torch
 from PIL import Image
 
 from hooks import HookGroup, ModelPoints
-from hooks.cache import output_cache
+from hooks.cache import drop_output_cache, output_cache
 
 from .answer_kinds import answer_kind
 from .crop_verify import ask_by_limit, emitted_probability, view_image
@@ -258,8 +259,19 @@ class OriginalImages:
         # the fingerprints (not the images) of calls that fell out of ``_seen``: a miss on one
         # of them is told apart from pixels never preprocessed here, in the warning
         self._forgotten: deque = deque(maxlen=4096)
-        self.paused = False
+        self._pausing = threading.local()  # per thread: another thread's preprocess is still recorded
         self.names = tuple(names)  # the pixel inputs a preprocess call may return, first found read
+
+    @property
+    def paused(self) -> bool:
+        """Whether this thread's preprocess calls are the views' own (not recorded): set by the
+        verifying call, for its thread only -- a request preprocessed meanwhile in another
+        thread must be found by its own generate() later."""
+        return getattr(self._pausing, "on", False)
+
+    @paused.setter
+    def paused(self, value: bool) -> None:
+        self._pausing.on = bool(value)
 
     def record(self, images: Any, out: Any, do_rescale: bool = True, factor: float = 1 / 255,
                data_format: Any = None, settings: dict | None = None) -> None:
@@ -538,7 +550,7 @@ class VerifiedGenerate:
         # the gate and tau read the model's own first-step distribution (output_logits), not the
         # scores after the call's temperature / top-k / top-p: a sampling config (Qwen2-VL's
         # shipped top_k=1) would make every confidence 1 and verify nothing, silently
-        first = {**kwargs, "output_scores": True, "output_logits": True, "return_dict_in_generate": True}
+        first = {**kwargs, "output_logits": True, "return_dict_in_generate": True}
         captured, objects = {"maps": None}, None
         prompts = [tok.decode(row, skip_special_tokens=True) for row in ids]
         if cv.localizer is None:
@@ -572,11 +584,11 @@ class VerifiedGenerate:
             first_sequences = out.sequences
             out.sequences = self._verify(kwargs, gated, [images[i] for i in gated], texts, confidence, out.sequences,
                                          captured["maps"], boxes, cache=output_cache(out), settings=settings)
-            if getattr(out, "past_key_values", None) is not None and not torch.equal(out.sequences, first_sequences):
+            if output_cache(out) is not None and not torch.equal(out.sequences, first_sequences):
                 # the cache holds the first pass's answers, an overturned one among them: a chat
                 # continued over it would be conditioned on the answer thrown away. None: the
                 # next turn recomputes its prefix from the returned sequences
-                out.past_key_values = None
+                drop_output_cache(out)
         if streamer is not None:
             _replay(streamer, out.sequences, start)
         return out if want_dict else out.sequences
@@ -743,9 +755,9 @@ def attach_verified_generate(cv, points: ModelPoints, group: HookGroup) -> None:
     group.patch_attribute(image_processor, "to_dict", to_dict)
     from .base import OneCallAtATime
 
-    serial = vars(points.model).get("generate")
-    if isinstance(serial, OneCallAtATime):  # attach()'s lock around it: verify inside it (the whole
-        # verified call, views included, is one call); the lock's patch restores generate on detach
+    serial = group.patched(points.model, "generate")
+    if isinstance(serial, OneCallAtATime):  # this attach()'s lock around it: verify inside it (the
+        # whole verified call, views included, is one call); the lock's patch restores generate on detach
         serial.inner = VerifiedGenerate(cv, points, serial.inner, originals)
     else:
         group.patch_attribute(points.model, "generate", VerifiedGenerate(cv, points, points.model.generate, originals))

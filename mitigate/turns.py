@@ -13,8 +13,11 @@ between the first user message and the assistant's (``open``: "ASSISTANT:", or
 ``<|im_end|>\\n<|im_start|>assistant\\n``) and between the assistant's and the next user
 message (``close``) are the markers. They are found in the prompt's tokens read with the
 special tokens written out (a marker made of special tokens cannot occur in user text), up
-to case and whitespace; an assistant turn runs from the end of an ``open`` to the start of
-the next ``close`` (the generation prompt's ``open`` at the end opens an empty one).
+to case and whitespace; an assistant turn runs from the end of the last ``open`` before a
+``close`` to that ``close``. A turn must be closed: the generation prompt's ``open`` at the
+end opens none, and neither do a role's words in the user's own text ("assistant: i think
+there is a dog ...", with plain-text markers such as the organism's " ASSISTANT: "), unless
+the template's own ``close`` follows them before any other ``open``.
 
 Without a chat template (PaliGemma), or with one whose rendering does not hold the
 sentinels in that order, nothing is told apart and the whole prompt is searched, as before.
@@ -67,7 +70,9 @@ def turn_markers(tokenizer: Any, template: Any = None) -> TurnMarkers | None:
         a, b, c = (text.find(s) for s in _SENTINELS)
         if 0 <= a < b < c:
             opening, closing = text[a + len(user) : b], text[b + len(assistant) : c]
-            if opening.strip() and closing.strip():
+            # a text template given the list form prints the list ("[{'type': 'text', 'text': '...")
+            printed = any(q in opening + closing for q in ("'type'", '"type"'))
+            if opening.strip() and closing.strip() and not printed:
                 return TurnMarkers(opening, closing)
     return None
 
@@ -107,9 +112,13 @@ def assistant_token_ranges(ids: Sequence[int], offsets: Sequence[tuple[int, int]
         return out
 
     opens, closes = found(markers.open), found(markers.close)
-    turns = []
-    for _, begin in opens:
-        end = next((s for s, _ in closes if s >= begin), len(ids))
-        if end > begin:
-            turns.append((begin, end))
+    # a turn is closed: it runs from the last open before a close (after the previous close)
+    # to that close. An open with no close after it is the generation prompt -- or the role's
+    # words in the user's own text ("assistant: i think ..."), which must not hide what follows
+    turns, after = [], 0
+    for start, stop in closes:
+        begin = max((b for a, b in opens if a >= after and b <= start), default=None)
+        if begin is not None and start > begin:
+            turns.append((begin, start))
+        after = stop
     return turns

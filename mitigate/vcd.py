@@ -48,7 +48,7 @@ import torch
 from hooks import HookGroup, ModelPoints
 
 from .base import Mitigation, register
-from .checks import real
+from .checks import integer, real
 from .branches import Branch, refuse_guidance
 from .distortions import DISTORTIONS
 
@@ -150,8 +150,7 @@ class VCD(Mitigation):
         if self.distortion not in DISTORTION_NAMES:
             raise ValueError(f"distortion must be one of {DISTORTION_NAMES}, got {self.distortion!r}")
         # validate every distortion parameter now, not at the first image
-        if not isinstance(self.noise_step, int) or not 0 <= self.noise_step < 1000:
-            raise ValueError(f"noise_step must be an int in [0, 1000), got {self.noise_step!r}")
+        self.noise_step = integer(self.noise_step, "noise_step", "in [0, 1000)", lambda v: 0 <= v < 1000)
         self.blur_sigma = real(self.blur_sigma, "blur_sigma", "positive", lambda v: 0 < v < math.inf)
         self.mask_ratio = real(self.mask_ratio, "mask_ratio", "in (0, 1]", lambda v: 0 < v <= 1)
 

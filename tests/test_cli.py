@@ -120,7 +120,7 @@ def test_vlm_hooks_inspects_the_organism_and_names_a_missing_folder(tmp_path, ca
     (["--seed", "-1"], "--seed must be a non-negative integer, got -1"),
     (["--max_new_tokens", "0"], "--max_new_tokens must be a positive integer, got 0"),
     (["--mitigations", "vcd:alpha=-1"], "--mitigations: vcd: alpha must be"),
-    (["--mitigations", "vcd:blur_sigma=x"], "--mitigations: vcd: a value of the wrong type in blur_sigma='x'"),
+    (["--mitigations", "vcd:blur_sigma=x"], "--mitigations: vcd: blur_sigma must be a number (positive), got 'x'"),
     (["--mitigations", "plausibility:beta=2"], "--mitigations: plausibility: beta"),
     (["--mitigations", "prior_suppression:mode=x"], "--mitigations: prior_suppression: mode must be one of"),
     (["--mitigations", "crop_verify:tau=2"], "--mitigations: crop_verify: tau must be in [0, 1]"),

@@ -120,6 +120,7 @@ def test_an_overturned_answer_does_not_come_back_with_the_cache_of_the_first(org
     "yes": a chat's next turn over it was conditioned on the discarded answer. It is None
     when an answer changed, and kept when none did."""
     from evaluators.world import BIASED, World
+    from hooks.cache import output_cache
 
     model, processor = organism
     image = World(BIASED).scene(0).render()
@@ -131,14 +132,15 @@ def test_an_overturned_answer_does_not_come_back_with_the_cache_of_the_first(org
             enc = processor(text=_templated(processor, [question]), images=[image], return_tensors="pt")
             out = model.generate(**enc, max_new_tokens=4, do_sample=False, return_dict_in_generate=True)
         if name == "bird":
-            assert cv.stats["overturned"] == 1 and out.past_key_values is None
+            assert cv.stats["overturned"] == 1 and output_cache(out) is None
+            assert all(v is None for k, v in out.items() if k in ("cache", "past_key_values"))  # the dict too
             # generate()'s first parameter given by name, inputs=, is the input ids as well
             with attach(model, CropVerify(processor, tau=0.5)) as handle:
                 enc = processor(text=_templated(processor, [question]), images=[image], return_tensors="pt")
                 named = model.generate(inputs=enc.pop("input_ids"), **enc, max_new_tokens=4, do_sample=False)
             assert torch.equal(named, out.sequences) and handle.mitigations[0].stats["overturned"] == 1
         else:
-            assert cv.stats["overturned"] == 0 and out.past_key_values is not None
+            assert cv.stats["overturned"] == 0 and output_cache(out) is not None
 
 
 @pytest.mark.parametrize("limits, view_tokens", [
@@ -321,6 +323,34 @@ def test_inputs_preprocessed_long_before_are_verified_within_keep_originals_and_
         assert cv.stats["verified"] == int(verified) and cv.stats.get("no_original", 0) == int(not verified)
     with pytest.raises(ValueError, match="keep_originals must be an int >= 1"):
         CropVerify(processor, keep_originals=0)
+
+
+def test_a_request_preprocessed_in_another_thread_during_a_verification_is_recorded(organism):
+    """The verifying call pauses the recording of its views' preprocessing; the pause was
+    shared, so a request another thread preprocessed meanwhile was never recorded and its
+    generate() answered unverified (a review). The pause is the verifying thread's own."""
+    import threading
+
+    from evaluators.world import BIASED, World
+    from mitigate.crop_verify_generate import OriginalImages
+
+    _, processor = organism
+    first, second = (World(BIASED).scene(s).render() for s in (0, 1))
+    originals = OriginalImages()
+    originals.paused = True  # this thread is verifying: its own preprocess calls are the views'
+    view = processor.image_processor([first], return_tensors="pt")
+    originals.record([first], view)
+    request = {}
+
+    def other_thread():
+        request["out"] = processor.image_processor([second], return_tensors="pt")
+        originals.record([second], request["out"])
+
+    worker = threading.Thread(target=other_thread)
+    worker.start()
+    worker.join()
+    assert originals.find(view["pixel_values"]) is None  # the view: not recorded
+    assert originals.find(request["out"]["pixel_values"]) == [second]  # the other thread's request: recorded
 
 
 def test_an_image_too_small_for_views_is_a_clear_error_under_generate(organism):

@@ -85,6 +85,25 @@ def test_a_folder_another_run_is_writing_is_refused_and_freed_when_it_dies(queri
     assert run(queries, CallableModel(lambda i, p: "yes"), tmp_path, progress=False)["results"] == payload["results"]
 
 
+def test_a_filesystem_that_cannot_lock_gets_a_warning_not_a_crash(queries, tmp_path, monkeypatch):
+    """Lustre mounted without -o flock answers ENOSYS: the run died with an OSError; it now
+    warns that it runs unlocked (a review)."""
+    import errno
+
+    from evaluators import folder_lock
+
+    if not folder_lock.AVAILABLE:
+        pytest.skip("no flock on this platform")
+
+    def no_flock(fd, op):
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(folder_lock.fcntl, "flock", no_flock)
+    with pytest.warns(UserWarning, match="cannot lock files .*Function not implemented"):
+        payload = run(queries, CallableModel(lambda i, p: "yes"), tmp_path, progress=False)
+    assert payload["n_samples"]["dobench"] == len(queries)
+
+
 def test_killed_run_resumes_without_loss_or_duplicates(queries, tmp_path):
     calls = {"n": 0}
 

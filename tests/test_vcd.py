@@ -353,6 +353,9 @@ def test_numpy_scalars_are_settings_like_floats():
     from hooks.testing import WordIds
     from mitigate import CropVerify
 
+    with pytest.raises(ValueError, match="alpha must be a finite number >= 0"):
+        VCD(alpha=10**400)  # beyond a float: an OverflowError before
+    assert VCD(noise_step=np.int64(500)).noise_step == 500
     vcd = VCD(alpha=np.float32(0.5), beta=np.float16(0.25), blur_sigma=np.int64(3))
     assert (vcd.alpha, vcd.beta, vcd.blur_sigma) == (0.5, 0.25, 3.0)
     assert all(type(v) is float for v in (vcd.alpha, vcd.beta, vcd.blur_sigma))
@@ -1074,3 +1077,25 @@ def test_threads_generating_at_once_on_an_attached_model_get_their_sequential_an
     assert not errors, errors[0]
     assert all(torch.equal(got[i], alone[i]) for i in range(4))
     assert "generate" not in vars(model)
+
+
+def test_two_attaches_detach_in_any_order_and_an_attached_model_deep_copies(llava):
+    """Each attach() had put its own lock on generate(), so detaching the first of two
+    handles raised "generate was replaced after this patch", and deepcopy failed on the
+    lock (a review): the model's lock is taken by the first attach() only."""
+    import copy
+
+    from hooks import hook_state
+
+    inputs = tiny_inputs(llava, batch_size=1, seed=2)
+    with torch.no_grad():
+        llava(**inputs)
+    before = hook_state(llava)
+    first, second = attach(llava, VCD(seed=0)), attach(llava, Plausibility(beta=1.0))
+    copy.deepcopy(llava)
+    first.detach()
+    with torch.no_grad():
+        cut = llava(**inputs).logits
+    assert bool((cut < -1000).any())  # the plausibility cut still acts
+    second.detach()
+    assert hook_state(llava) == before and "generate" not in vars(llava)
