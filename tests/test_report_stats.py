@@ -46,6 +46,47 @@ def test_verdict_needs_the_interval_to_exclude_zero():
     assert verdict(-1.0, 5.0, True) == "no detectable effect"
     assert verdict(0.5, 5.0, None) == "no detectable effect"
     assert verdict(math.nan, 1.0, True) == "no detectable effect"
+    with pytest.raises(ValueError, match="low end 5.0 is above its high end -1.0"):  # was "fixes"
+        verdict(5.0, -1.0, True)
+    rows = [{"id": i, "correct": i % 2 == 0} for i in range(10)]
+    for bad in (0, -5, 2.5, True):  # 0 or fewer gave NaN intervals without a word
+        with pytest.raises(ValueError, match="n_resamples must be a positive int"):
+            paired_bootstrap(rows, rows, _acc, n_resamples=bad)
+
+
+def _do_rows(n_scenes, flip=()):
+    """Ten A/B questions per scene; the scenes in ``flip`` answered all right."""
+    return [{"id": f"do-{s}-{q}", "scene_id": f"s{s}", "series": "AB"[q % 2] if q < 8 else "A",
+             "level": q // 2 if q < 8 else 0,
+             "view": "Full" if q < 8 else ("Cluster" if q == 8 else "Crop"), "pred_yes": (q < 8 and q % 2 == 1) != (s in flip),
+             "correct": s in flip, "invalid": False} for s in range(n_scenes) for q in range(10)]
+
+
+def test_records_without_their_sample_field_are_refused_not_resampled_one_by_one():
+    """Without scene_id each DO-Bench question was its own bootstrap unit: 3 scenes of 12
+    changed read as "fixes" [16, 34] where by scenes it was no detectable effect [0, 50]
+    (a user review)."""
+    from evaluators.report.attribution import MissingUnits, compare
+
+    base, arm = _do_rows(12), _do_rows(12, flip={0, 1, 2})
+    assert compare({"dobench": base}, {"dobench": arm}, n_resamples=200)
+    bare = [{k: v for k, v in r.items() if k != "scene_id"} for r in base]
+    with pytest.raises(MissingUnits, match="dobench: 120 records lack 'scene_id'"):
+        compare({"dobench": bare}, {"dobench": arm}, n_resamples=200)
+
+
+def test_a_malformed_record_is_an_error_not_a_mechanism_not_measured():
+    """compare() skipped a metric on any ValueError, so one pred_yes "no" among 120 records
+    left language prior and perception "not measured" without a word."""
+    from evaluators.report.attribution import compare
+
+    base, arm = _do_rows(12), _do_rows(12, flip={0})
+    arm[5]["pred_yes"] = "no"
+    with pytest.raises(ValueError, match=r"^dobench\.\w+: record field 'pred_yes' must be true or false"):
+        compare({"dobench": base}, {"dobench": arm}, n_resamples=200)
+    arm[5]["pred_yes"], arm[6]["correct"] = False, math.nan  # so is a NaN outcome (bool(nan) is True)
+    with pytest.raises(ValueError, match="record field 'correct' must be true or false, got nan"):
+        compare({"dobench": base}, {"dobench": arm}, n_resamples=200)
 
 
 def test_named_arms_bring_their_baselines_and_controls():

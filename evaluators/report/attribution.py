@@ -110,6 +110,29 @@ def optional_arms() -> list[Arm]:
     ]
 
 
+#: The field a benchmark's records must carry for the bootstrap to resample whole samples:
+#: without it each record is its own unit (a DO-Bench scene's ten questions resampled one by
+#: one), the interval comes out too narrow and the support counts records, not samples.
+#: HalluSegBench, ReactBench and MIOH's decomposed records are told by their ids
+#: (:data:`evaluators.query.UNIT_RULES`).
+UNIT_FIELD = {"dobench": "scene_id", "causal_halbench": "pair_id"}
+
+
+class MissingUnits(ValueError):
+    """Records lack the field that groups them into the benchmark's samples (:data:`UNIT_FIELD`)."""
+
+
+def _check_units(bench: str, *arms: Sequence[dict]) -> None:
+    need = UNIT_FIELD.get(bench)
+    if need is None:
+        return
+    lacking = [r.get("id", "?") for records in arms for r in records if r.get(need) is None]
+    if lacking:
+        raise MissingUnits(f"{bench}: {len(lacking)} records lack {need!r} (e.g. {lacking[:3]}); the paired bootstrap "
+                           f"resamples whole samples by it, and without it each record would count as a sample of "
+                           "its own, giving intervals that are too narrow")
+
+
 def _unit(bench: str) -> Callable[[dict], Any]:
     return UNITS.get(bench) or functools.partial(unit_key, bench)
 
@@ -122,6 +145,7 @@ def compare(base: dict[str, list], arm: dict[str, list], *, n_resamples: int = 1
         raise ValueError(f"n_resamples must be at least {MIN_RESAMPLES} for a 95% interval, got {n_resamples}")
     rows = []
     for bench in sorted(set(base) & set(arm)):
+        _check_units(bench, base[bench], arm[bench])
         for spec in metrics_for(bench):
             if spec.mechanism is None and not spec.name.endswith(("accuracy", "yes_rate")):
                 continue
@@ -130,8 +154,11 @@ def compare(base: dict[str, list], arm: dict[str, list], *, n_resamples: int = 1
                                          n_resamples=n_resamples, seed=seed)
             except UnpairedSamples:
                 raise  # the arms were not run on the same samples: no verdict may rest on them
-            except (KeyError, ValueError, TypeError):
+            except KeyError:
                 continue  # a metric whose fields this suite lacks (reported as not computed elsewhere)
+            except (ValueError, TypeError) as err:
+                # a malformed value (pred_yes "no"): an error, never a mechanism silently "not measured"
+                raise type(err)(f"{spec.name}: {err}") from err
             rows.append({"benchmark": bench, "metric": spec.name, "mechanism": spec.mechanism,
                          "higher_is_better": spec.higher_is_better, **stats,
                          "verdict": verdict(stats["low"], stats["high"], spec.higher_is_better,

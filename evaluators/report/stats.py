@@ -121,6 +121,9 @@ def paired_bootstrap(
     """
     if not 0 < level < 1:
         raise ValueError(f"level must be in (0, 1), got {level}")
+    if isinstance(n_resamples, bool) or not isinstance(n_resamples, int) or n_resamples < 1:
+        # 0 or fewer gave NaN intervals without a word (compare() asks for MIN_RESAMPLES)
+        raise ValueError(f"n_resamples must be a positive int, got {n_resamples!r}")
     groups_a: dict[Hashable, list] = {}
     groups_b: dict[Hashable, list] = {}
     for r in baseline:
@@ -266,6 +269,8 @@ def verdict(low: float, high: float, higher_is_better: bool | None, support: int
     side, otherwise *no detectable effect* (also for metrics without a direction, and for a
     metric that rests on fewer than :data:`MIN_SUPPORT` units, whatever its interval:
     ``support`` is the fewer of the units it reads and the units that changed)."""
+    if not (math.isnan(low) or math.isnan(high)) and low > high:
+        raise ValueError(f"verdict: the interval's low end {low} is above its high end {high}")
     if higher_is_better is None or math.isnan(low) or math.isnan(high):
         return "no detectable effect"
     if support is not None and support < MIN_SUPPORT:

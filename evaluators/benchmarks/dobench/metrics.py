@@ -4,7 +4,9 @@ Each scene yields 10 instances (§3.1, §4.1): the present A-object (GT yes) at 
 0-3 in the Full view, plus A0 in the Cluster and Crop views; the removed B-object (GT no) at
 levels 0-3 in the Full view. Record fields: ``series`` ("A" | "B"), ``level`` (0-3),
 ``view`` ("Full" | "Cluster" | "Crop"; default "Full"), and the answer as ``pred_yes``
-(True / False / None = unreadable) and/or ``correct``; optional ``invalid``.
+(True / False / None = unreadable) and/or ``correct``; optional ``invalid``. The
+report's paired bootstrap also needs ``scene_id`` (it resamples whole scenes:
+:data:`evaluators.report.attribution.UNIT_FIELD`); the metrics themselves do not read it.
 
 Formulas (all values in %, as in Table 2)::
 
