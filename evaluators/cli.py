@@ -87,6 +87,33 @@ class _NotLoaded:
         return "<not loaded>"
 
 
+def include(spec: str) -> None:
+    """Import each comma-separated Python module name or ``.py`` file of ``spec`` (``--include``),
+    so that the mitigations it registers (``@mitigate.register``) can be named in
+    ``--mitigations``; a ``ValueError`` naming what could not be imported and why."""
+    import importlib
+    import importlib.util
+    from pathlib import Path
+
+    for item in (part.strip() for part in (spec or "").split(",")):
+        if not item:
+            continue
+        path = Path(item)
+        try:
+            if item.endswith(".py") or path.exists():
+                if not path.is_file():
+                    raise FileNotFoundError(f"no such file: {path}")
+                name = f"vlm_eval_include_{path.stem}"
+                loader = importlib.util.spec_from_file_location(name, path)
+                module = importlib.util.module_from_spec(loader)
+                sys.modules[name] = module
+                loader.loader.exec_module(module)
+            else:
+                importlib.import_module(item)
+        except Exception as err:  # noqa: BLE001 - any failure of user code is reported by name
+            raise ValueError(f"--include: could not import {item!r}: {type(err).__name__}: {err}") from err
+
+
 def check_mitigations(text: str | None) -> None:
     """A ``ValueError`` naming what is wrong in a ``--mitigations`` value -- an unknown
     mitigation or argument, or a value the mitigation refuses (``vcd:alpha=-1``) -- before
@@ -267,6 +294,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma-separated built-in suites ('' for none; default: dobench, none when --data is given)")
     parser.add_argument("--data", default="", help="your data: benchmark=path[,benchmark=path] in native formats")
     parser.add_argument("--mitigations", default="", help="e.g. vcd:alpha=1;beta=0.1,prior_suppression")
+    parser.add_argument("--include", default="",
+                        help="comma-separated Python modules or .py files imported first: your own mitigations, "
+                             "registered with @mitigate.register, for --mitigations (docs/mitigations.md)")
     parser.add_argument("--batch_size", type=int, default=8)
     parser.add_argument("--limit", type=int, default=None,
                         help="first N queries of each suite or data file, completed to whole samples (an image "
@@ -299,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     from .benchmarks.suites import build_suite, chosen_tasks
 
     try:  # every flag is checked before the model loads: a usage error, not a traceback
+        include(args.include)
         tasks = chosen_tasks(args.tasks, args.data, "dobench")
         model_args = parse_kv(args.model_args, "--model_args")
         gen_kwargs, data = parse_kv(args.gen_kwargs, "--gen_kwargs"), parse_kv(args.data, "--data", "benchmark=path")

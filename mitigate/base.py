@@ -10,7 +10,9 @@
 A mitigation is a validated config plus the hooks it registers. Mitigations that need
 contrast branches declare them (:meth:`Mitigation.branches`) and a logits combination
 (:meth:`Mitigation.combine`); :func:`attach` runs all declared branches in one batch
-expansion and applies the combinations in the order the mitigations were given.
+expansion and applies the combinations in the order the mitigations were given; hooks a
+mitigation adds itself (:meth:`Mitigation.attach_hooks`: the plausibility cut, an attention
+bias) act on the forward's combined output, whatever the mitigation's place in the list.
 Everything is registered through one :class:`hooks.HookGroup`, so ``detach()`` removes
 exactly what was added. While attached, ``generate()`` does not compile the forward (it
 would for a static cache on a GPU, and a compiled graph does not see hooks added after it:
@@ -38,9 +40,28 @@ MITIGATIONS: dict[str, type["Mitigation"]] = {}
 
 
 def register(cls: type["Mitigation"]) -> type["Mitigation"]:
-    """Class decorator: make a mitigation available by name (``get_mitigation("vcd")``)."""
-    if cls.name in MITIGATIONS and MITIGATIONS[cls.name] is not cls:
-        raise ValueError(f"a mitigation named {cls.name!r} is registered already")
+    """Class decorator: make a mitigation available by name (``get_mitigation("vcd")``).
+
+    ``cls`` must be a :class:`Mitigation` subclass that sets its own ``name`` and is a
+    ``@dataclass`` (apply ``@register`` above ``@dataclass``): its fields are its settings,
+    which the command line fills by name (``--mitigations name:key=value``) and a run records
+    by its repr. A class redefined under the same module and name (a notebook cell run
+    again) replaces the earlier one; another class under a taken name is refused."""
+    import dataclasses
+
+    if not (isinstance(cls, type) and issubclass(cls, Mitigation)):
+        raise TypeError(f"register() takes a Mitigation subclass, got {cls!r}")
+    if "name" not in vars(cls) or not isinstance(cls.name, str) or not cls.name:
+        raise ValueError(f"{cls.__name__} must set its own name (name = \"my_mitigation\"), the name the command "
+                         f"line and get_mitigation() know it by; it inherits {cls.name!r}")
+    if not dataclasses.is_dataclass(cls):
+        raise TypeError(f"{cls.__name__} must be a @dataclass (put @register above @dataclass): its fields are the "
+                        "settings --mitigations fills by name and a run records")
+    taken = MITIGATIONS.get(cls.name)
+    if taken is not None and taken is not cls and (taken.__module__, taken.__qualname__) != (cls.__module__,
+                                                                                              cls.__qualname__):
+        raise ValueError(f"a mitigation named {cls.name!r} is registered already ({taken.__module__}."
+                         f"{taken.__qualname__})")
     MITIGATIONS[cls.name] = cls
     return cls
 
@@ -209,6 +230,8 @@ def attach(model: nn.Module, *mitigations: Mitigation) -> MitigationHandle:
     if not mitigations:
         raise ValueError("attach() needs at least one mitigation")
     for m in mitigations:
+        if isinstance(m, type) and issubclass(m, Mitigation):
+            raise TypeError(f"attach() takes mitigation instances: got the class {m.__name__}, pass {m.__name__}()")
         if not isinstance(m, Mitigation):
             raise TypeError(f"expected Mitigation instances, got {type(m).__name__}")
     twice = [m for i, m in enumerate(mitigations) if any(m is other for other in mitigations[:i])]

@@ -213,6 +213,19 @@ def test_a_folder_another_run_is_writing_is_a_usage_error_naming_the_flag(tmp_pa
     assert f"--output_path {tmp_path / 'o'} is being written by another run (pid {holder.pid}" in line
 
 
+def test_include_names_what_it_could_not_import(tmp_path, capsys, no_loading):
+    from evaluators.cli import main
+
+    line = _usage_error(main, ["--include", "no_such_module_xyz", "--output_path", str(tmp_path)], capsys)
+    assert "--include: could not import 'no_such_module_xyz': ModuleNotFoundError" in line
+    broken = tmp_path / "broken.py"
+    broken.write_text("raise RuntimeError('my plugin is broken')\n")
+    line = _usage_error(main, ["--include", str(broken), "--output_path", str(tmp_path)], capsys)
+    assert "RuntimeError: my plugin is broken" in line
+    line = _usage_error(main, ["--include", str(tmp_path / "missing.py"), "--output_path", str(tmp_path)], capsys)
+    assert "no such file" in line
+
+
 def test_help_says_each_tools_default_scale(capsys):
     from evaluators.cli import main as vlm_eval
     from evaluators.report.main import main as vlm_report

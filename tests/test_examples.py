@@ -9,7 +9,8 @@ import pytest
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
-NEEDS_ORGANISM = {"vcd.py", "prior_suppression.py", "crop_verify.py", "compose.py", "user_data.py", "judge.py"}  # default model: the trained organism
+NEEDS_ORGANISM = {"vcd.py", "prior_suppression.py", "crop_verify.py", "compose.py", "user_data.py", "judge.py",
+                  "custom_mitigation.py"}  # default model: the trained organism
 
 
 @pytest.mark.parametrize("script", sorted(p.name for p in EXAMPLES.glob("*.py")))

@@ -1099,3 +1099,50 @@ def test_two_attaches_detach_in_any_order_and_an_attached_model_deep_copies(llav
     assert bool((cut < -1000).any())  # the plausibility cut still acts
     second.detach()
     assert hook_state(llava) == before and "generate" not in vars(llava)
+
+
+def test_register_refuses_what_the_command_line_could_not_use_and_takes_a_rerun_cell():
+    """A subclass without its own name registered as "mitigation" and blocked the next; a
+    non-dataclass registered and then crashed vlm-eval; a notebook cell run twice was
+    refused; attach(model, VCD) said only "got type" (a researcher's review)."""
+    from dataclasses import dataclass
+
+    from mitigate import Mitigation, register
+    from mitigate.base import MITIGATIONS
+
+    @dataclass
+    class Nameless(Mitigation):
+        k: int = 1
+
+    with pytest.raises(ValueError, match="must set its own name"):
+        register(Nameless)
+
+    class Plain(Mitigation):
+        name = "plain_test_mitigation"
+
+    with pytest.raises(TypeError, match="must be a @dataclass"):
+        register(Plain)
+    with pytest.raises(TypeError, match="takes a Mitigation subclass"):
+        register(int)
+
+    def cell():  # the same class defined again, as a notebook cell run twice defines it
+        @dataclass
+        class Rerun(Mitigation):
+            name = "rerun_test_mitigation"
+
+        return Rerun
+
+    try:
+        first, second = register(cell()), register(cell())
+        assert MITIGATIONS["rerun_test_mitigation"] is second is not first
+
+        @dataclass
+        class Other(Mitigation):
+            name = "rerun_test_mitigation"
+
+        with pytest.raises(ValueError, match="registered already"):
+            register(Other)
+    finally:
+        MITIGATIONS.pop("rerun_test_mitigation", None)
+    with pytest.raises(TypeError, match=r"got the class VCD, pass VCD\(\)"):
+        attach(build_tiny_model("llava"), VCD)
