@@ -276,6 +276,24 @@ def _config_id(config: Any, names: tuple[str, ...]) -> int | None:
     return None
 
 
+def _check_image_token(config: Any, adapter: Adapter, image_token_id: int) -> None:
+    """A registered adapter naming the wrong config attribute (``bos_token_id``) marked other
+    tokens as the image: VCD's no-image branch hid BOS, or, with ``pad_token_id``, nothing,
+    and answered as the plain model, silently. The id must be the model's own image token
+    where its config names one, and never a BOS / EOS / PAD token."""
+    own = _config_id(config, ("image_token_id", "image_token_index"))
+    if own is not None and own != image_token_id:
+        raise HookPointError(f"adapter {adapter.model_type!r} (from {adapter.source}): image_token_id "
+                             f"{list(adapter.image_token_id)} gives {image_token_id}, but the model's config says its "
+                             f"image token is {own}; the hooks would take other tokens for the image")
+    for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        ids = _config_id(config, (name,))
+        if ids is not None and ids == image_token_id:
+            raise HookPointError(f"adapter {adapter.model_type!r} (from {adapter.source}): image_token_id "
+                                 f"{list(adapter.image_token_id)} gives {image_token_id}, the model's {name}, not an "
+                                 "image token")
+
+
 def _get(model: nn.Module, path: str, what: str, missing: list[str]) -> Any:
     try:
         return model.get_submodule(path)
@@ -367,6 +385,8 @@ def resolve(model: nn.Module, adapter: Adapter | None = None) -> ModelPoints:
     image_token_id = _config_id(config, adapter.image_token_id)
     if image_token_id is None:
         missing.append(f"image_token_id (config attributes tried: {list(adapter.image_token_id)})")
+    else:
+        _check_image_token(config, adapter, image_token_id)
     if missing:
         # a part of a model (its LlavaModel, its vision tower) has no LM head: say what to pass
         part = any(m.startswith("lm_head") for m in missing)

@@ -551,6 +551,14 @@ def test_register_adapter_for_a_new_model_type():
     bad = hooks.Adapter.from_dict({**row, "projector": "model.nope"})
     with pytest.raises(HookPointError, match=r"projector \(model.nope\)"):
         resolve(model, adapter=bad)
+    # a researcher's slips: a string split into letters, a missing field, a token that is not the image's
+    with pytest.raises(ValueError, match=r"image_token_id must be a list of names, got 'image_token_id' \(write"):
+        hooks.Adapter.from_dict({**row, "image_token_id": "image_token_id"})
+    with pytest.raises(ValueError, match=r"adapter 'my_llava': missing field\(s\) \['lm_head'\]"):
+        hooks.Adapter.from_dict({k: v for k, v in row.items() if k != "lm_head"})
+    for wrong in ("bos_token_id", "pad_token_id"):  # VCD hid BOS, or nothing, silently
+        with pytest.raises(HookPointError, match="image token"):
+            resolve(model, adapter=hooks.Adapter.from_dict({**row, "image_token_id": [wrong]}))
     with pytest.raises(KeyError, match="Did you mean"):
         hooks.get_adapter("lava")
 

@@ -131,7 +131,12 @@ class Adapter:
         if self.token_layout not in LAYOUTS:
             raise ValueError(f"adapter {self.model_type!r}: token_layout {self.token_layout!r} is not one of {sorted(LAYOUTS)}")
         for name in ("image_token_id", "video_token_id", "pixel_inputs", "image_inputs", "image_count_inputs"):
-            object.__setattr__(self, name, tuple(getattr(self, name)))
+            value = getattr(self, name)
+            # a lone string was split into letters ("config attributes tried: ['i', 'm', ...]")
+            if isinstance(value, str) or not all(isinstance(v, str) and v for v in value):
+                raise ValueError(f"adapter {self.model_type!r}: {name} must be a list of names, got {value!r}"
+                                 + (f" (write [{value!r}])" if isinstance(value, str) else ""))
+            object.__setattr__(self, name, tuple(value))
         stray = [n for n in self.image_count_inputs if n not in (*self.pixel_inputs, *self.image_inputs)]
         if stray:
             raise ValueError(f"adapter {self.model_type!r}: image_count_inputs {stray} are not among its pixel inputs "
@@ -176,6 +181,12 @@ class Adapter:
             raise ValueError(f"adapter {data.get('model_type')!r}: unknown field(s) {unknown}; known: {sorted(known)}")
         if "model_type" not in data:
             raise ValueError("adapter data needs a 'model_type'")
+        required = [f.name for f in dataclasses.fields(cls)
+                    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        missing = [name for name in required if name not in data]
+        if missing:  # the dataclass's own TypeError named neither the adapter nor the fields' meaning
+            raise ValueError(f"adapter {data['model_type']!r}: missing field(s) {missing} (module paths, as in "
+                             "hooks/adapters/llava.json)")
         return cls(**{**data, "source": source})
 
     def to_dict(self) -> dict:
