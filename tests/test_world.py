@@ -485,6 +485,12 @@ def test_image_set_reads_present_as_a_bool():
         image_set(World(BIASED), 0, 4, "cup", present="no")
     with pytest.raises(ValueError, match="n_images"):
         image_set(World(BIASED), 0, True, "cup")
+    import numpy as np
+
+    # a numpy int is a count as it is a seed (np.int64(3) was refused); a bool is no probability
+    assert len(image_set(World(BIASED), 0, np.int64(3), "cup").scenes) == 3
+    with pytest.raises(ValueError, match="small_fraction"):
+        WorldConfig(small_fraction=True)
 
 
 def test_a_neighbour_in_the_targets_own_box_is_a_neighbour():

@@ -239,8 +239,9 @@ def image_set(world: World, seed: int, n_images: int, target: str, condition: st
     check_category(target, "target")
     if condition not in MIOH_CONDITIONS:
         raise ValueError(f"condition must be one of {MIOH_CONDITIONS}, got {condition!r}")
-    if isinstance(n_images, bool) or not isinstance(n_images, int) or not 1 <= n_images <= 10:
+    if isinstance(n_images, bool) or not isinstance(n_images, (int, np.integer)) or not 1 <= n_images <= 10:
         raise ValueError(f"n_images must be an int in [1, 10], got {n_images!r}")
+    n_images = int(n_images)  # numpy ints too, as seeds are
     if not isinstance(present, bool):
         raise ValueError(f"present must be a bool, got {present!r}")
     if condition == "hard_positive" and not present:
