@@ -16,6 +16,8 @@ and nothing else. Run it::
 
 It attaches the bias to the organism, shows the yes-ratio on DO-Bench questions with and
 without it, then runs the same mitigation through ``vlm-eval --include`` in a subprocess.
+It also registers a report arm, so ``vlm-report --include examples/custom_mitigation.py
+--arms yes-bias`` puts it in the mechanism table beside the greedy baseline.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 import torch
 
 import mitigate
+from evaluators.report.attribution import Arm, register_arm
 
 
 @mitigate.register
@@ -55,6 +58,11 @@ class YesBias(mitigate.Mitigation):
             return output
 
         group.add_forward_hook(points.model, lower_yes)
+
+
+# ... and an arm of the mechanism report, compared with the greedy baseline on the same samples:
+# vlm-report --include examples/custom_mitigation.py --arms yes-bias
+register_arm(Arm("yes bias", lambda processor: [YesBias(processor.tokenizer, delta=2.0)], {}, "baseline (greedy)"))
 
 
 def main() -> None:

@@ -331,3 +331,34 @@ def test_the_table_reads_a_null_delta_as_undefined(tmp_path, capsys):
     (tmp_path / "results.json").write_text(json.dumps(result))
     assert table_main([str(tmp_path / "results.json")]) == 0
     assert "| weak perception | \u2212 |" in capsys.readouterr().out
+
+
+def test_a_users_arm_runs_in_the_report_through_include(tmp_path, capsys):
+    """vlm-report's arms were a fixed list: a registered arm (examples/custom_mitigation.py)
+    is named with --arms after --include imported it, and compared with its baseline."""
+    import json
+    from pathlib import Path
+
+    from evaluators.organism import ORGANISM_DIR
+    from evaluators.report.main import main
+
+    if not (ORGANISM_DIR / "config.json").exists():
+        pytest.skip("organism checkpoint missing")
+    from evaluators.report.attribution import USER_ARMS
+    from mitigate.base import MITIGATIONS
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "custom_mitigation.py"
+    out = tmp_path / "report"
+    try:
+        assert main(["--include", str(example), "--arms", "yes-bias", "--tasks", "dobench", "--resamples", "100",
+                     "--no_progress", "--output_path", str(out)]) == 0
+        result = json.loads((out / "results.json").read_text())
+        arms = {a["name"]: a for a in result["arms"]}
+        assert set(arms) == {"yes bias", "baseline (greedy)"} and arms["yes bias"]["baseline"] == "baseline (greedy)"
+        assert result["yes_ratio"]["yes bias"]["dobench"] < result["yes_ratio"]["baseline (greedy)"]["dobench"]
+        with pytest.raises(SystemExit):
+            main(["--arms", "yes-bias-typo", "--include", str(example), "--output_path", str(tmp_path / "x")])
+        assert "unknown arm(s) ['yes-bias-typo']" in capsys.readouterr().err
+    finally:  # the process's registries as they were, for the tests after this one
+        USER_ARMS.pop("yes bias", None)
+        MITIGATIONS.pop("yes_bias", None)

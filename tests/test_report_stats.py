@@ -309,3 +309,20 @@ def test_the_report_resamples_the_samples_limit_keeps_whole(bench):
         kept = first_units(build_suite(bench, 0, "full"), 30)
         items = {UNITS[bench]({"id": q.id}) for q in kept}
         assert [q for q in build_suite(bench, 0, "full") if UNITS[bench]({"id": q.id}) in items] == kept
+
+
+def test_register_arm_refuses_a_built_in_name_and_what_is_no_arm():
+    from evaluators.report.attribution import USER_ARMS, Arm, optional_arms, register_arm
+
+    with pytest.raises(ValueError, match="is a built-in arm"):
+        register_arm(Arm("VCD (greedy)", lambda p: [], {}, "baseline (greedy)"))
+    with pytest.raises(TypeError, match="takes an Arm"):
+        register_arm({"name": "x"})
+    with pytest.raises(ValueError, match="build must be callable"):
+        register_arm(Arm("mine", None))
+    try:
+        first = register_arm(Arm("mine", lambda p: [], {}, "baseline (greedy)"))
+        again = register_arm(Arm("mine", lambda p: [], {}, "baseline (greedy)"))  # a notebook cell run twice
+        assert [a for a in optional_arms() if a.name == "mine"] == [again] and again is not first
+    finally:
+        USER_ARMS.pop("mine", None)

@@ -74,9 +74,35 @@ def default_arms() -> list[Arm]:
     ]
 
 
+#: Arms added from user code (:func:`register_arm`): run, like the optional ones, only when
+#: ``--arms`` names them (``vlm-report --include my_arms.py --arms "my arm"``).
+USER_ARMS: dict[str, Arm] = {}
+
+
+def register_arm(arm: Arm) -> Arm:
+    """Add ``arm`` for ``vlm-report --arms`` to name (after ``--include`` imported the module
+    that registers it). Its ``baseline`` / ``control`` name arms it is compared with -- a
+    built-in one (``"baseline (greedy)"``) or another registered one. A name the built-in arms
+    use is refused; registering a name again (a notebook cell run twice) replaces it."""
+    if not isinstance(arm, Arm):
+        raise TypeError(f"register_arm() takes an Arm, got {type(arm).__name__}")
+    if not isinstance(arm.name, str) or not arm.name.strip():
+        raise ValueError(f"an arm needs a name, got {arm.name!r}")
+    if not callable(arm.build):
+        raise ValueError(f"arm {arm.name!r}: build must be callable, build(processor) -> [mitigations]")
+    if any(a.name == arm.name for a in default_arms() + _builtin_optional_arms()):
+        raise ValueError(f"arm {arm.name!r} is a built-in arm; give yours another name")
+    USER_ARMS[arm.name] = arm
+    return arm
+
+
 def optional_arms() -> list[Arm]:
     """Arms run only when ``--arms`` names them (options measured on their own, not in the
-    default table)."""
+    default table), the registered ones (:func:`register_arm`) last."""
+    return _builtin_optional_arms() + list(USER_ARMS.values())
+
+
+def _builtin_optional_arms() -> list[Arm]:
     from mitigate import CropVerify, PriorSuppression
 
     return [

@@ -93,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arms", default="",
                         help="comma-separated arm names or slugs (default: every default arm; optional ones "
                              "such as crop-and-verify-which-image only when named)")
+    parser.add_argument("--include", default="",
+                        help="comma-separated Python modules or .py files imported first: your own mitigations "
+                             "and arms (evaluators.report.attribution.register_arm) for --arms")
     parser.add_argument("--scale", default="small", choices=sorted(SCALES),
                         help="built-in suite sizes (evaluators/benchmarks/suites.py); default: small "
                              "(vlm-eval's default is full)")
@@ -105,8 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resamples", type=int, default=1000,
                         help="paired-bootstrap resamples behind each 95%% interval (default 1000; at least "
                              "100, evaluators/report/stats.py MIN_RESAMPLES)")
-    from ..cli import (add_grounding_arguments, add_judge_arguments, check_model, check_positive, judge_options,
-                       load_judge, load_model, output_path_wording, parse_kv)
+    from ..cli import (add_grounding_arguments, add_judge_arguments, check_model, check_positive, include,
+                       judge_options, load_judge, load_model, output_path_wording, parse_kv)
 
     add_grounding_arguments(parser)
     add_judge_arguments(parser)  # it grades once every arm has answered: the cost column times the arms alone
@@ -137,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     from ..benchmarks.suites import SUITE_NAMES, chosen_tasks
 
     try:
+        include(args.include)
         tasks = chosen_tasks(args.tasks, args.data, ",".join(SUITE_NAMES))
         data = parse_kv(args.data, "--data", "benchmark=path")
         queries = build_queries(tasks, args.seed, args.scale) + load_data(data)
@@ -154,7 +158,11 @@ def main(argv: list[str] | None = None) -> int:
         unknown = [w for w in wanted if not any(w in (a.name, slug(a.name)) for a in known)]
         if unknown:
             parser.error(f"unknown arm(s) {unknown}; available: {', '.join(slug(a.name) for a in known)}")
-        arms = with_references([a for a in known if a.name in wanted or slug(a.name) in wanted], known)
+        try:
+            arms = with_references([a for a in known if a.name in wanted or slug(a.name) in wanted], known)
+        except KeyError as err:  # a registered arm compared with an arm no one defined
+            parser.error(f"an arm's baseline or control {err.args[0]!r} is no arm; available: "
+                         f"{', '.join(a.name for a in known)}")
     model, processor = load_model(parser, args.model, model_args)
     records, costs, payloads, testers = {}, {}, {}, {}
     # Warm-up, untimed and unrecorded: the first generate() pays one-off costs (lazy
