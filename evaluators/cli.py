@@ -89,26 +89,41 @@ class _NotLoaded:
 
 def include(spec: str) -> None:
     """Import each comma-separated Python module name or ``.py`` file of ``spec`` (``--include``),
-    so that the mitigations it registers (``@mitigate.register``) can be named in
-    ``--mitigations``; a ``ValueError`` naming what could not be imported and why."""
+    so that the mitigations and report arms it registers (``@mitigate.register``,
+    ``register_arm``) can be named in ``--mitigations`` / ``--arms``; a ``ValueError`` naming
+    what could not be imported and why.
+
+    A file is imported as the module its name makes (``my_mits.py`` -> ``my_mits``) with its
+    folder on ``sys.path``, as ``python my_mits.py``'s neighbours would import it: a plugin
+    split over two files (``my_arms.py`` doing ``from my_mits import ...``) loads once, not
+    twice under two names. A file already imported is run again (a notebook's edited cell),
+    so its registrations are the file's; a module of the same name from another file is refused."""
     import importlib
-    import importlib.util
     from pathlib import Path
 
     for item in (part.strip() for part in (spec or "").split(",")):
         if not item:
             continue
-        path = Path(item)
         try:
-            if item.endswith(".py") or path.exists():
+            if item.endswith(".py"):
+                path = Path(item).resolve()
                 if not path.is_file():
-                    raise FileNotFoundError(f"no such file: {path}")
-                name = f"vlm_eval_include_{path.stem}"
-                loader = importlib.util.spec_from_file_location(name, path)
-                module = importlib.util.module_from_spec(loader)
-                sys.modules[name] = module
-                loader.loader.exec_module(module)
-            else:
+                    raise FileNotFoundError(f"no such file: {item}")
+                name = path.stem
+                if not name.isidentifier():
+                    raise ValueError(f"{path.name} cannot be imported as a module (its name is not an identifier)")
+                loaded = sys.modules.get(name)
+                if loaded is not None:
+                    where = getattr(loaded, "__file__", None)
+                    if where is None or Path(where).resolve() != path:
+                        raise ValueError(f"a module named {name!r} is imported already (from {where}); rename "
+                                         f"{path.name}")
+                    importlib.reload(loaded)
+                    continue
+                if str(path.parent) not in sys.path:
+                    sys.path.insert(0, str(path.parent))
+                importlib.import_module(name)
+            else:  # a module or package name (a folder of that name here is found the same way)
                 importlib.import_module(item)
         except Exception as err:  # noqa: BLE001 - any failure of user code is reported by name
             raise ValueError(f"--include: could not import {item!r}: {type(err).__name__}: {err}") from err

@@ -286,9 +286,12 @@ def _check_image_token(config: Any, adapter: Adapter, image_token_id: int) -> No
         raise HookPointError(f"adapter {adapter.model_type!r} (from {adapter.source}): image_token_id "
                              f"{list(adapter.image_token_id)} gives {image_token_id}, but the model's config says its "
                              f"image token is {own}; the hooks would take other tokens for the image")
+    text = getattr(config, "text_config", None)
     for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
-        ids = _config_id(config, (name,))
-        if ids is not None and ids == image_token_id:
+        # the text config's first: a VLM config's own copy is deprecated in some families (Idefics3)
+        value = next((getattr(cfg, name) for cfg in (text, config) if cfg is not None and name in vars(cfg)), None)
+        ids = value if isinstance(value, (list, tuple)) else [value]
+        if image_token_id in [i for i in ids if isinstance(i, int)]:
             raise HookPointError(f"adapter {adapter.model_type!r} (from {adapter.source}): image_token_id "
                                  f"{list(adapter.image_token_id)} gives {image_token_id}, the model's {name}, not an "
                                  "image token")

@@ -47,14 +47,12 @@ def register(cls: type["Mitigation"]) -> type["Mitigation"]:
     which the command line fills by name (``--mitigations name:key=value``) and a run records
     by its repr. A class redefined under the same module and name (a notebook cell run
     again) replaces the earlier one; another class under a taken name is refused."""
-    import dataclasses
-
     if not (isinstance(cls, type) and issubclass(cls, Mitigation)):
         raise TypeError(f"register() takes a Mitigation subclass, got {cls!r}")
     if "name" not in vars(cls) or not isinstance(cls.name, str) or not cls.name:
         raise ValueError(f"{cls.__name__} must set its own name (name = \"my_mitigation\"), the name the command "
                          f"line and get_mitigation() know it by; it inherits {cls.name!r}")
-    if not dataclasses.is_dataclass(cls):
+    if "__dataclass_fields__" not in vars(cls):  # a subclass of one without @dataclass: its new fields are no settings
         raise TypeError(f"{cls.__name__} must be a @dataclass (put @register above @dataclass): its fields are the "
                         "settings --mitigations fills by name and a run records")
     taken = MITIGATIONS.get(cls.name)

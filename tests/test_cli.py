@@ -226,6 +226,43 @@ def test_include_names_what_it_could_not_import(tmp_path, capsys, no_loading):
     assert "no such file" in line
 
 
+def test_include_loads_a_plugin_split_over_files_and_a_package_beside_a_folder(tmp_path, monkeypatch):
+    """--include of a folder-named package was read as a missing file; a plugin whose second
+    file imports the first ran the first twice under two names ("registered already") or
+    could not find it (a review). Files are imported by their own module name, folder on sys.path."""
+    import sys
+
+    from evaluators.cli import include
+    from mitigate.base import MITIGATIONS
+
+    plugin = tmp_path / "plugins"
+    plugin.mkdir()
+    (plugin / "s45_mits.py").write_text(
+        "from dataclasses import dataclass\nimport mitigate\n\n@mitigate.register\n@dataclass\n"
+        "class Nop(mitigate.Mitigation):\n    name = 's45_nop'\n")
+    (plugin / "s45_arms.py").write_text("from s45_mits import Nop\nUSED = Nop\n")
+    package = tmp_path / "s45_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("LOADED = True\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        include(f"{plugin / 's45_mits.py'},{plugin / 's45_arms.py'},s45_pkg")
+        assert MITIGATIONS["s45_nop"] is sys.modules["s45_mits"].Nop is sys.modules["s45_arms"].USED  # loaded once
+        include(str(plugin / "s45_mits.py"))  # again, as a notebook re-runs it: replaced, not refused
+        assert MITIGATIONS["s45_nop"] is sys.modules["s45_mits"].Nop
+        assert sys.modules["s45_pkg"].LOADED
+        (tmp_path / "json.py").write_text("")
+        with pytest.raises(ValueError, match="a module named 'json' is imported already"):
+            include(str(tmp_path / "json.py"))
+    finally:
+        MITIGATIONS.pop("s45_nop", None)
+        for name in ("s45_mits", "s45_arms", "s45_pkg"):
+            sys.modules.pop(name, None)
+        if str(plugin) in sys.path:
+            sys.path.remove(str(plugin))
+
+
 def test_help_says_each_tools_default_scale(capsys):
     from evaluators.cli import main as vlm_eval
     from evaluators.report.main import main as vlm_report

@@ -316,6 +316,8 @@ def test_register_arm_refuses_a_built_in_name_and_what_is_no_arm():
 
     with pytest.raises(ValueError, match="is a built-in arm"):
         register_arm(Arm("VCD (greedy)", lambda p: [], {}, "baseline (greedy)"))
+    with pytest.raises(ValueError, match="named like one: 'vcd-greedy'"):  # one slug: one --arms pick, one folder
+        register_arm(Arm("VCD greedy", lambda p: [], {}, "baseline (greedy)"))
     with pytest.raises(TypeError, match="takes an Arm"):
         register_arm({"name": "x"})
     with pytest.raises(ValueError, match="build must be callable"):
@@ -324,5 +326,7 @@ def test_register_arm_refuses_a_built_in_name_and_what_is_no_arm():
         first = register_arm(Arm("mine", lambda p: [], {}, "baseline (greedy)"))
         again = register_arm(Arm("mine", lambda p: [], {}, "baseline (greedy)"))  # a notebook cell run twice
         assert [a for a in optional_arms() if a.name == "mine"] == [again] and again is not first
+        with pytest.raises(ValueError, match="named like the registered arm 'mine'"):
+            register_arm(Arm("Mine", lambda p: [], {}, "baseline (greedy)"))
     finally:
         USER_ARMS.pop("mine", None)

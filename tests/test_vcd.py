@@ -1122,6 +1122,13 @@ def test_register_refuses_what_the_command_line_could_not_use_and_takes_a_rerun_
 
     with pytest.raises(TypeError, match="must be a @dataclass"):
         register(Plain)
+
+    class Undecorated(VCD):  # a dataclass's subclass without @dataclass: its gamma would be no setting
+        gamma: float = 0.5
+        name = "undecorated_test_vcd"
+
+    with pytest.raises(TypeError, match="must be a @dataclass"):
+        register(Undecorated)
     with pytest.raises(TypeError, match="takes a Mitigation subclass"):
         register(int)
 

@@ -90,8 +90,15 @@ def register_arm(arm: Arm) -> Arm:
         raise ValueError(f"an arm needs a name, got {arm.name!r}")
     if not callable(arm.build):
         raise ValueError(f"arm {arm.name!r}: build must be callable, build(processor) -> [mitigations]")
-    if any(a.name == arm.name for a in default_arms() + _builtin_optional_arms()):
-        raise ValueError(f"arm {arm.name!r} is a built-in arm; give yours another name")
+    from .main import slug  # --arms picks, and output folders are named, by slug
+
+    if any(slug(a.name) == slug(arm.name) for a in default_arms() + _builtin_optional_arms()):
+        raise ValueError(f"arm {arm.name!r} is a built-in arm (or named like one: {slug(arm.name)!r}); give yours "
+                         "another name")
+    twin = next((a for a in USER_ARMS.values() if a.name != arm.name and slug(a.name) == slug(arm.name)), None)
+    if twin is not None:
+        raise ValueError(f"arm {arm.name!r} is named like the registered arm {twin.name!r} ({slug(arm.name)!r}: "
+                         "--arms and the output folders tell arms apart by it)")
     USER_ARMS[arm.name] = arm
     return arm
 
