@@ -28,6 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from .spans import _loose  # case-folded, whitespace-free text and where each character came from
+
 __all__ = ["TurnMarkers", "assistant_token_ranges", "turn_markers"]
 
 _SENTINELS = ("QQUSERQQ", "QQASSISTANTQQ", "QQNEXTQQ")
@@ -75,16 +77,6 @@ def turn_markers(tokenizer: Any, template: Any = None) -> TurnMarkers | None:
             if opening.strip() and closing.strip() and not printed:
                 return TurnMarkers(opening, closing)
     return None
-
-
-def _loose(text: str) -> tuple[str, list[int]]:
-    chars, where = [], []
-    for i, ch in enumerate(text):
-        if not ch.isspace():
-            low = ch.casefold()
-            chars.append(low)
-            where += [i] * len(low)
-    return "".join(chars), where
 
 
 def assistant_token_ranges(ids: Sequence[int], offsets: Sequence[tuple[int, int]], text: str, tokenizer: Any,
