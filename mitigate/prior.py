@@ -202,9 +202,9 @@ class PriorSuppression(Mitigation):
                     # does a turn's edge, and the model's own earlier answers are not searched
                     cuts = [offsets[i][0] for i in image[row].nonzero().flatten().tolist()]
                     answered = self._assistant_turns(ids, offsets, text)
-                    cuts += [c for a, b in answered for c in a]
+                    cuts += [c for turn in answered for c in turn]
                     spans = [s for s in find_prior_spans_between(text, cuts)
-                             if not any(s.start < end and start < s.end for (start, end), _ in answered)]
+                             if not any(s.start < end and start < s.end for start, end in answered)]
                 else:
                     given = source_row[row]
                     spans = user_spans(text, self.spans[given], None if self.span_texts is None else self.span_texts[given],
@@ -221,18 +221,15 @@ class PriorSuppression(Mitigation):
             self.token_spans.append(list(runs))
         return mask
 
-    def _assistant_turns(self, ids: list[int], offsets: list[tuple[int, int]], text: str) -> list:
-        """Per assistant turn of the prompt (:mod:`mitigate.turns`), its ``(start, end)``
-        characters in ``text`` and its token range; none without a readable chat template."""
+    def _assistant_turns(self, ids: list[int], offsets: list[tuple[int, int]], text: str) -> list[tuple[int, int]]:
+        """The ``(start, end)`` characters in ``text`` of each assistant turn of the prompt
+        (:mod:`mitigate.turns`); none without a readable chat template."""
         if "_turn_markers" not in vars(self):  # read once: the template does not change
             self._turn_markers = turn_markers(self.tokenizer, self.chat_template)
         if self._turn_markers is None:
             return []
-        out = []
-        for begin, end in assistant_token_ranges(ids, offsets, text, self.tokenizer, self._turn_markers):
-            start = min(offsets[j][0] for j in range(begin, end))
-            out.append(((start, max(offsets[j][1] for j in range(begin, end))), (begin, end)))
-        return out
+        return [(min(offsets[j][0] for j in range(begin, end)), max(offsets[j][1] for j in range(begin, end)))
+                for begin, end in assistant_token_ranges(ids, offsets, text, self.tokenizer, self._turn_markers)]
 
     def attach_hooks(self, points: ModelPoints, group: HookGroup) -> None:
         if not self.uses_context or self.strength == 0:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -79,6 +80,11 @@ def default_arms() -> list[Arm]:
 USER_ARMS: dict[str, Arm] = {}
 
 
+def slug(name: str) -> str:
+    """An arm's name as ``--arms`` accepts it and its output folder is named: ``"VCD (greedy)"`` -> ``vcd-greedy``."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
 def register_arm(arm: Arm) -> Arm:
     """Add ``arm`` for ``vlm-report --arms`` to name (after ``--include`` imported the module
     that registers it). Its ``baseline`` / ``control`` name arms it is compared with -- a
@@ -90,8 +96,6 @@ def register_arm(arm: Arm) -> Arm:
         raise ValueError(f"an arm needs a name, got {arm.name!r}")
     if not callable(arm.build):
         raise ValueError(f"arm {arm.name!r}: build must be callable, build(processor) -> [mitigations]")
-    from .main import slug  # --arms picks, and output folders are named, by slug
-
     if any(slug(a.name) == slug(arm.name) for a in default_arms() + _builtin_optional_arms()):
         raise ValueError(f"arm {arm.name!r} is a built-in arm (or named like one: {slug(arm.name)!r}); give yours "
                          "another name")

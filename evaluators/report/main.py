@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import time
 from pathlib import Path
 
 from ..benchmarks.suites import SCALES, build_queries
+from .attribution import slug
 
 
 def _organism_card(model: str) -> dict | None:
@@ -34,10 +34,6 @@ def _organism_card(model: str) -> dict | None:
     measured = json.loads(path.read_text())
     return {"checks": measured.get("checks", {}), "measured": {k: measured[k] for k in measured.get("checks", {})},
             "card": str(ORGANISM_DIR / "README.md")}
-
-
-def slug(name: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
 
 def with_references(chosen: list, known: list) -> list:

@@ -92,7 +92,7 @@ def _check_pair(value, argument: str) -> None:
 
 
 def _check_prob(p: float, argument: str) -> None:
-    if isinstance(p, bool) or not (isinstance(p, (int, float, np.integer, np.floating)) and 0.0 <= p <= 1.0):
+    if not (_is_number(p) and 0.0 <= p <= 1.0):
         raise ValueError(f"{argument}: probability must be in [0, 1], got {p!r}")
 
 

@@ -57,6 +57,7 @@ def _text_layers(model: nn.Module, language_model: str | None) -> str | None:
     text_config = getattr(config, "text_config", None) or config
     expected = getattr(text_config, "num_hidden_layers", None)
     base = model.get_submodule(language_model)
+
     def under(name: str) -> str:  # "" is the model itself (get_decoder() returned it)
         return f"{language_model}.{name}" if language_model else name
 
