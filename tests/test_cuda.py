@@ -260,3 +260,58 @@ def test_the_organism_answers_on_the_device_as_on_the_cpu(organism_pair, eval_mo
     for m, answers in half.items():
         same = sum(x == y for x, y in zip(answers, on_cpu[m]))
         assert same >= 0.75 * len(queries), f"{m}: bf16 gives {same} of {len(queries)} of fp32's answers"
+
+
+@pytest.mark.parametrize("name", ["vcd", "context", "crop_verify"])
+def test_threads_generating_at_once_on_the_device_get_their_sequential_answers(organism_pair, queries, name):
+    """A server's threads calling generate() at once on an attached model on the device: each
+    gets the answer it gets alone there (the calls run one at a time, ``OneCallAtATime``),
+    and that answer is the CPU's."""
+    import threading
+
+    (cpu, processor), (dev, _) = organism_pair
+    batch = _single(queries)[:4]
+    make = {"vcd": lambda: VCD(seed=0), "context": lambda: PriorSuppression(processor.tokenizer),
+            "crop_verify": lambda: CropVerify(processor, gate=1.0, tau=0.0)}[name]
+
+    def ask(model, device, i):
+        with torch.no_grad():
+            return model.generate(**_encode(processor, [batch[i]], device), max_new_tokens=NEW, do_sample=False).cpu()
+
+    with attach(cpu, make()):
+        on_cpu = [ask(cpu, "cpu", i) for i in range(len(batch))]
+    got, errors = {}, []
+
+    def work(i):
+        try:
+            got[i] = ask(dev, DEVICE, i)
+        except Exception as err:  # noqa: BLE001 - reported below
+            errors.append(f"{type(err).__name__}: {err}")
+
+    with attach(dev, make()):
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(len(batch))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert not errors, errors[0]
+    assert [torch.equal(got[i], on_cpu[i]) for i in range(len(batch))] == [True] * len(batch)
+
+
+def test_crop_and_verify_gates_on_the_models_own_scores_under_near_greedy_sampling_on_the_device(organism_pair,
+                                                                                                 queries):
+    """Under a shipped near-greedy sampling config (Qwen2-VL-Instruct's top_k=1, top_p=0.001,
+    temperature=0.01) the gate reads the model's first-step distribution, not generate()'s
+    processed scores: on the device it verifies what greedy decoding verifies on the CPU."""
+    (cpu, processor), (dev, _) = organism_pair
+    batch = _single(queries)
+    images, prompts = [q.load_images()[0] for q in batch], [q.prompt for q in batch]
+    greedy = CropVerify(processor, gate=0.9, tau=0.5)
+    ref = greedy.answer(cpu, images, prompts, max_new_tokens=NEW)
+    sampled = CropVerify(processor, gate=0.9, tau=0.5)
+    torch.manual_seed(0)
+    got = sampled.answer(dev, images, prompts, max_new_tokens=NEW, do_sample=True, top_k=1, top_p=0.001,
+                         temperature=0.01)
+    assert greedy.stats["verified"] > 0, "the comparison must reach the views"
+    moved = _records_agree(ref, got, "near-greedy sampling on the device")
+    assert moved <= greedy.stats["verified"] // 4
