@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from hooks.prompting import user_prompt
+from mitigate.base import IDENTITY_DIGEST
 
 from .box_frames import default_box_frame, get_box_frame
 from .grounding_formats import DEFAULT_FORMAT, default_grounding_format, get_grounding_format, worded
@@ -52,7 +53,7 @@ def stable_repr(obj: Any) -> str:
     named by :func:`callable_name` (``<function __main__.my_detector>``), and any other
     address is cut. A repr without an address is unchanged, so folders written before
     resume as they did."""
-    text = repr(obj)
+    text = _with_digests(obj, repr(obj))
     if not _ADDRESS.search(text):
         return text
     for value in getattr(obj, "__dict__", {}).values():
@@ -60,6 +61,46 @@ def stable_repr(obj: Any) -> str:
             kind = "function" if inspect.isroutine(value) or isinstance(value, type) else "callable"
             text = text.replace(shown, f"<{kind} {callable_name(value)}>")
     return stable_text(text)
+
+
+def _digest(value: Any) -> str:
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _with_digests(obj: Any, text: str) -> str:
+    """``text`` (``repr(obj)``) with ``name=<sha256 ...>`` added for each of ``obj``'s dataclass
+    fields marked :data:`mitigate.base.IDENTITY_DIGEST` whose value is not None; unchanged without one, so
+    folders written before such a field existed resume."""
+    import dataclasses
+
+    if not dataclasses.is_dataclass(obj) or isinstance(obj, type):
+        return text
+    extra = [f"{f.name}=<sha256 {_digest(value)}>" for f in dataclasses.fields(obj)
+             if f.metadata.get(IDENTITY_DIGEST) and (value := getattr(obj, f.name, None)) is not None]
+    if not extra:
+        return text
+    return f"{text[:-1]}, {', '.join(extra)})" if text.endswith(")") else f"{text} [{', '.join(extra)}]"
+
+
+def processor_digest(processor: Any) -> str | None:
+    """A digest of how ``processor`` turns a query into the model's input: its saved
+    configuration (``to_json_string()``: image sizes, crops, normalisation, placeholder
+    counts) and its chat template. The same weights under another prompt format (a Hub
+    repo's updated chat template, an edited ``preprocessor_config.json``) answer other
+    prompts, so a run does not resume across it. None without a processor."""
+    if processor is None:
+        return None
+    try:
+        config = processor.to_json_string()
+    except Exception as err:  # noqa: BLE001 - a processor that cannot print its config: its class stands in
+        config = f"<{type(processor).__name__}: no to_json_string ({type(err).__name__})>"
+    template = getattr(processor, "chat_template", None)
+    if template is None:
+        template = getattr(getattr(processor, "tokenizer", None), "chat_template", None)
+    return _digest([config, template])
 
 
 #: a prompt whose chat template opened a reasoning block for the answer
@@ -89,7 +130,8 @@ class HFModel:
 
     def describe(self) -> dict[str, Any]:
         """What the answers depend on, the same in every process (a run resumes by it):
-        mitigations by :func:`stable_repr`, a function they hold by module and name. Not the
+        mitigations by :func:`stable_repr`, a function they hold by module and name; the
+        processor's configuration and chat template by :func:`processor_digest`. Not the
         grounding format: the runner fingerprints each query as it is asked (:meth:`asked`),
         so a grounding query worded otherwise is another question, and the rest resume."""
         return {
@@ -98,6 +140,7 @@ class HFModel:
             "mitigations": [stable_repr(m) for m in self.mitigations],
             "max_new_tokens": self.max_new_tokens,
             "generate_kwargs": self.generate_kwargs,
+            "processor": processor_digest(self.processor),
         }  # not box_frame: it changes how answers are read, not what is answered (runner.with_box_frame)
 
     def asked(self, query: Query) -> Query:

@@ -112,7 +112,7 @@ def _run_in(out: Path, queries: Sequence[Query], ids: list[str], model, ranks: R
             seed: int, config: dict | None, progress: bool, judge, judge_batch_size: int | None) -> dict | None:
     """:func:`run` once it holds ``out``: resume or take the folder, answer, merge, score."""
     identity = run_identity(model, seed)
-    stored = _read_identity(out)
+    stored = _not_recorded_then(_read_identity(out), identity)
     answered = shards.done_fingerprints(out)
     if stored is not None and stored != identity and not answered:
         stored = None  # a run that stopped before its first answer (a bad generate() argument,
@@ -272,6 +272,26 @@ def changed_fields(old: dict, new: dict, prefix: str = "") -> list[str]:
         else:
             out.append(f"{prefix}{key}")
     return out
+
+
+#: identity fields added after folders were written without them (path from the top):
+#: a stored identity that lacks one was written before it was kept, and is not checked on it,
+#: as answers written before image digests were kept are not
+ADDED_IDENTITY_FIELDS = (("model", "processor"),)
+
+
+def _not_recorded_then(stored: dict | None, identity: dict) -> dict | None:
+    """``stored`` with each of :data:`ADDED_IDENTITY_FIELDS` it lacks taken from ``identity``."""
+    if stored is None:
+        return None
+    stored = json.loads(json.dumps(stored))
+    for *parents, key in ADDED_IDENTITY_FIELDS:
+        old, new = stored, identity
+        for name in parents:
+            old, new = old.get(name) if isinstance(old, dict) else None, new.get(name) if isinstance(new, dict) else None
+        if isinstance(old, dict) and isinstance(new, dict) and key not in old and key in new:
+            old[key] = new[key]
+    return stored
 
 
 def _read_identity(folder: Path) -> dict | None:

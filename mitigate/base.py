@@ -38,6 +38,13 @@ from .branches import Branch, ContrastBranches
 
 MITIGATIONS: dict[str, type["Mitigation"]] = {}
 
+#: a mitigation's dataclass field ``metadata`` key: the field is left out of the repr (too
+#: long to print: a chat template, per-row prompt texts) but the answers depend on it, so a
+#: run's recorded identity carries a digest of its value
+#: (``field(default=None, repr=False, metadata={IDENTITY_DIGEST: True})``;
+#: ``evaluators.model.stable_repr`` reads it)
+IDENTITY_DIGEST = "identity_digest"
+
 
 def register(cls: type["Mitigation"]) -> type["Mitigation"]:
     """Class decorator: make a mitigation available by name (``get_mitigation("vcd")``).

@@ -61,7 +61,7 @@ import torch
 from hooks import BiasContext, HookGroup, ModelPoints, add_attention_bias
 from hooks.cache import PromptCache, cache_of
 
-from .base import Mitigation, register
+from .base import IDENTITY_DIGEST, Mitigation, register
 from .checks import real
 from .branches import Branch, refuse_guidance, refuse_paged_cache, verifies_drafts
 from .spans import Span, decode_with_offsets, find_prior_spans_between, spans_to_mask, user_spans
@@ -98,10 +98,11 @@ class PriorSuppression(Mitigation):
     beta: float = 0.1
     compact_positions: bool = False  # context mode, strength 1: positions as if the span were deleted
     spans: Sequence[Sequence[str | tuple[int, int]]] | None = None
-    span_texts: Sequence[str] | None = field(default=None, repr=False)
+    # not printed (one text per row), but a run's identity carries their digest
+    span_texts: Sequence[str] | None = field(default=None, repr=False, metadata={IDENTITY_DIGEST: True})
     # the chat template the prompts were written with (default: the tokenizer's own): detection
     # leaves the model's own earlier answers (assistant turns) alone (mitigate.turns)
-    chat_template: str | None = field(default=None, repr=False)
+    chat_template: str | None = field(default=None, repr=False, metadata={IDENTITY_DIGEST: True})
     found: list[list[Span]] = field(default_factory=list, init=False, repr=False)
     #: per row of the last prompt: the ``(start, end)`` token index ranges (end exclusive)
     #: the bias suppresses -- what ``found``'s character spans cover in ``input_ids``

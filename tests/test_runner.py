@@ -232,6 +232,62 @@ def test_a_retrained_checkpoint_does_not_resume_another_models_answers(tmp_path)
     run(queries, HFModel(model, processor, max_new_tokens=4, name="organism"), tmp_path, progress=False)
 
 
+def test_a_changed_prompt_format_does_not_resume_the_old_answers(tmp_path):
+    """Same weights, another chat template or image-processor setting (a Hub repo's updated
+    template, an edited preprocessor_config.json): the prompts differ, so the answers are
+    not reused; the original processor resumes. A folder written before the processor was
+    recorded resumes as before."""
+    from evaluators.model import HFModel
+    from evaluators.organism import ORGANISM_DIR, load_organism
+    from evaluators.runner import RunMismatch
+
+    if not (ORGANISM_DIR / "config.json").exists():
+        pytest.skip("organism checkpoint missing")
+    model, processor = load_organism()
+    queries = build(n_scenes=1, seed=3)[:4]
+
+    def ask():
+        return run(queries, HFModel(model, processor, max_new_tokens=4, name="organism"), tmp_path, progress=False)
+
+    ask()
+    identity = json.loads((tmp_path / "run.json").read_text())
+    assert isinstance(identity["model"]["processor"], str)
+    template = processor.chat_template
+    processor.chat_template = "SYSTEM: be brief . " + template
+    with pytest.raises(RunMismatch, match="changed: model.processor"):
+        ask()
+    processor.chat_template = template
+    resample = processor.image_processor.resample
+    processor.image_processor.resample = 0 if resample else 2
+    with pytest.raises(RunMismatch, match="changed: model.processor"):
+        ask()
+    processor.image_processor.resample = resample
+    ask()
+    del identity["model"]["processor"]  # as written before the processor was recorded
+    (tmp_path / "run.json").write_text(json.dumps(identity, indent=2) + "\n")
+    ask()
+    assert "processor" not in json.loads((tmp_path / "run.json").read_text())["model"]
+
+
+def test_prior_suppressions_chat_template_and_span_texts_are_part_of_a_runs_identity():
+    """Left out of the repr (long), they change which tokens are suppressed: the recorded
+    identity carries their digests, and is the plain repr when they are not given."""
+    from evaluators.model import stable_repr
+    from mitigate import PriorSuppression
+
+    from evaluators.organism import load_organism
+
+    tok = load_organism()[1].tokenizer
+    plain = PriorSuppression(tok)
+    assert stable_repr(plain) == repr(plain)
+    a, b = PriorSuppression(tok, chat_template="{{ messages }}"), PriorSuppression(tok, chat_template="{{ messages }} ")
+    assert repr(a) == repr(b) and stable_repr(a) != stable_repr(b)
+    assert "chat_template=<sha256 " in stable_repr(a) and stable_repr(a).endswith(")")
+    spans = [[(0, 2)]]
+    one = PriorSuppression(tok, spans=spans, span_texts=["ab c"])
+    assert stable_repr(one) != stable_repr(PriorSuppression(tok, spans=spans, span_texts=["xy c"]))
+
+
 @pytest.mark.parametrize("task, limit", [("dobench", 10), ("mioh", 12), ("causal_halbench", 8),
                                          ("hallusegbench", 12), ("reactbench", 12)])
 def test_every_suite_end_to_end_on_the_organism(tmp_path, task, limit):
