@@ -37,6 +37,7 @@ from hooks.errors import unknown
 from .branches import Branch, ContrastBranches
 
 MITIGATIONS: dict[str, type["Mitigation"]] = {}
+_MISSING = object()
 
 #: a mitigation's dataclass field ``metadata`` key: the field is left out of the repr (too
 #: long to print: a chat template, per-row prompt texts) but the answers depend on it, so a
@@ -105,6 +106,20 @@ class Mitigation:
     def validate(self, points: ModelPoints) -> None:
         """Raise a clear error if this mitigation cannot run on this model."""
 
+    def conflict(self, other: "Mitigation") -> str | None:
+        """Why this mitigation cannot run beside ``other`` on one model (attached by the same
+        attach() or another one), or None. attach() asks both ways and refuses with the reason."""
+        return None
+
+
+#: the model's instance attribute listing the handles attached to it (shared by every attach())
+_ATTACHED = "_mitigation_handles"
+
+
+def attached(model: nn.Module) -> list["Mitigation"]:
+    """The mitigations attached to ``model`` now, every handle's, in the order attached."""
+    return [m for handle in vars(model).get(_ATTACHED, ()) for m in handle.mitigations]
+
 
 class _RefuseContinuousBatching:
     """The instance's ``init_continuous_batching`` while mitigations that cannot run under
@@ -112,8 +127,38 @@ class _RefuseContinuousBatching:
     "paged")``, ``generate_batch()``, ``continuous_batching_context_manager()``) starts here,
     in the caller's thread."""
 
-    def __init__(self, names: Sequence[str]) -> None:
-        self.names = list(names)
+    def __init__(self, previous: Any) -> None:
+        self.previous = previous  # the instance's own attribute before the first holder, or _MISSING
+        self.holders: list[list[str]] = []  # per attach() holding it: the names of its refusing mitigations
+
+    @property
+    def names(self) -> list[str]:
+        return list(dict.fromkeys(n for held in self.holders for n in held))
+
+    @classmethod
+    def hold(cls, model: nn.Module, names: Sequence[str], group: HookGroup) -> None:
+        """Refuse continuous batching on ``model`` until ``group`` is removed. Every attach()
+        holding the refusal shares one, so the handles detach in any order: the last one out
+        restores the model's own ``init_continuous_batching``."""
+        current = vars(model).get("init_continuous_batching", _MISSING)
+        refusal = current if isinstance(current, cls) else cls(current)
+        held = list(names)
+        refusal.holders.append(held)
+        model.init_continuous_batching = refusal
+
+        def release() -> None:
+            refusal.holders.remove(held)
+            if refusal.holders:
+                return
+            if vars(model).get("init_continuous_batching") is not refusal:
+                raise RuntimeError(f"{type(model).__name__}.init_continuous_batching was replaced after attach(); "
+                                   "remove the later patch first")
+            if refusal.previous is _MISSING:
+                del model.init_continuous_batching
+            else:
+                model.init_continuous_batching = refusal.previous
+
+        group.on_remove(release)
 
     def __call__(self, *args: Any, **kwargs: Any) -> None:
         raise ValueError(
@@ -155,6 +200,31 @@ class OneCallAtATime:
 class MitigationHandle:
     """What :func:`attach` returns; ``detach()`` (or leaving the ``with``) removes everything."""
 
+    def _check_conflicts(self) -> None:
+        """Refuse a mitigation that cannot run beside another one on this model (either way)."""
+        before = attached(self.model)
+        for i, m in enumerate(self.mitigations):
+            for other in [*before, *self.mitigations[:i]]:
+                why = m.conflict(other) or other.conflict(m)
+                if why:
+                    raise ValueError(f"{m.name} cannot be attached beside {other.name}: {why}")
+
+    def _register(self) -> None:
+        """List this handle on the model (:func:`attached`) until it is detached; the last one
+        out removes the list."""
+        handles = vars(self.model).get(_ATTACHED)
+        if handles is None:
+            handles = []
+            vars(self.model)[_ATTACHED] = handles  # not nn.Module.__setattr__: a plain list
+        handles.append(self)
+
+        def release() -> None:
+            handles.remove(self)
+            if not handles and vars(self.model).get(_ATTACHED) is handles:
+                del vars(self.model)[_ATTACHED]
+
+        self.group.on_remove(release)
+
     def __init__(self, model: nn.Module, mitigations: Sequence[Mitigation], points: ModelPoints) -> None:
         self.model = model
         self.mitigations = tuple(mitigations)
@@ -166,13 +236,15 @@ class MitigationHandle:
         try:
             for m in self.mitigations:
                 m.validate(self.points)
+            self._check_conflicts()
+            self._register()
             # generate() compiles its steps by itself for a static cache on a GPU, and a
             # compiled graph would not see these hooks (hooks.compiled)
             self.group.keep_generate_uncompiled(self.model)
             declared = [(m, m.branches(self.points)) for m in self.mitigations]
             refusing = [m.name for m, bs in declared if bs or not m.continuous_batching]
             if refusing and callable(getattr(self.model, "init_continuous_batching", None)):
-                self.group.patch_attribute(self.model, "init_continuous_batching", _RefuseContinuousBatching(refusing))
+                _RefuseContinuousBatching.hold(self.model, refusing, self.group)
             if callable(getattr(self.model, "generate", None)) and not isinstance(vars(self.model).get("generate"),
                                                                                   OneCallAtATime):
                 # before attach_hooks: a mitigation that wraps generate() itself (crop-and-verify)

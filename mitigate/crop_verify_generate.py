@@ -66,7 +66,7 @@ import torch
 from PIL import Image
 
 from hooks import HookGroup, ModelPoints
-from hooks.cache import drop_output_cache, output_cache
+from hooks.cache import CACHE_NAMES, drop_output_cache, output_cache
 
 from .answer_kinds import answer_kind
 from .crop_verify import ask_by_limit, emitted_probability, view_image
@@ -452,6 +452,44 @@ def _replay(streamer, sequences: torch.Tensor, start: int) -> None:
     streamer.end()
 
 
+def _by_name(model, args: tuple, kwargs: dict) -> dict:
+    """A ``generate()`` call's arguments, every one by name: its positional arguments bound to
+    the model's ``generate`` parameters (``generate(ids, GenerationConfig(...),
+    logits_processor)``), as the model's own ``generate()`` would read them; a call it would
+    refuse raises its ``TypeError``."""
+    if not args:
+        return dict(kwargs)
+    import inspect
+
+    bound = inspect.signature(type(model).generate).bind(model, *args, **kwargs).arguments
+    bound.pop(next(iter(bound)))  # self
+    out = {}
+    for name, value in bound.items():
+        if name == "kwargs" and isinstance(value, dict):
+            out.update(value)
+        else:
+            out[name] = value
+    return out
+
+
+def _with_settings(kwargs: dict, **settings: Any) -> dict:
+    """``kwargs`` with generation ``settings``: in a copy of the call's ``generation_config``
+    where it passes one (transformers warns about a config and generation keywords in one
+    call), else as keywords; a None setting is left out of the keywords (unset)."""
+    config = kwargs.get("generation_config")
+    if config is None:
+        out = {**kwargs, **{k: v for k, v in settings.items() if v is not None}}
+        for name in (k for k, v in settings.items() if v is None):
+            out.pop(name, None)
+        return out
+    import copy
+
+    config = copy.deepcopy(config)
+    for name, value in settings.items():
+        setattr(config, name, value)
+    return {**{k: v for k, v in kwargs.items() if k not in settings}, "generation_config": config}
+
+
 def _call_setting(kwargs: dict, model, name: str) -> Any:
     """A generation setting as this ``generate()`` call sees it: its keyword, else its
     ``generation_config``'s, else the model's."""
@@ -517,16 +555,17 @@ class VerifiedGenerate:
         self.model = points.model
 
     def __call__(self, *args: Any, **kwargs: Any):
-        if args:  # generate(inputs, ...): the first positional argument is the input ids
-            kwargs = {"input_ids": args[0], **kwargs}
-            args = ()
+        kwargs = _by_name(self.model, args, kwargs)
+        args = ()
         if kwargs.get("inputs") is not None and kwargs.get("input_ids") is None:  # generate(inputs=ids), by name
             kwargs["input_ids"] = kwargs.pop("inputs")
         cv = self.cv
         ids, pixels = kwargs.get("input_ids"), pixel_input(kwargs, image_pixel_names(self.points))
-        config = kwargs.get("generation_config") or self.model.generation_config
-        beams = kwargs.get("num_beams", getattr(config, "num_beams", 1)) or 1
-        returned = kwargs.get("num_return_sequences", getattr(config, "num_return_sequences", 1)) or 1
+        # as generate() reads them: the keyword, else the call's generation_config, else the
+        # model's (a GenerationConfig leaves what it does not set to None, and generate() then
+        # takes the model's: its num_beams=3 from generation_config.json applies)
+        beams = _call_setting(kwargs, self.model, "num_beams") or 1
+        returned = _call_setting(kwargs, self.model, "num_return_sequences") or 1
         if cv.tau >= 1.0:  # no view can reach the threshold: exactly the unmitigated generate()
             if ids is not None:  # counted as answer() counts them
                 cv.stats["queries"] += ids.shape[0]
@@ -542,7 +581,7 @@ class VerifiedGenerate:
             raise ValueError(f"crop-and-verify verifies one answer per row; {asked} is not supported while it is "
                              "attached (detach it, or generate with one beam and one sequence)")
         streamer = kwargs.pop("streamer", None)
-        want_dict = kwargs.get("return_dict_in_generate", getattr(config, "return_dict_in_generate", False))
+        want_dict = bool(_call_setting(kwargs, self.model, "return_dict_in_generate"))
         tok = cv.processor.tokenizer
         images, settings = one_setting(self.originals.find_originals(pixels))
         if images is not None:  # as answer() does: refuse images too small for views before any pass
@@ -550,7 +589,7 @@ class VerifiedGenerate:
         # the gate and tau read the model's own first-step distribution (output_logits), not the
         # scores after the call's temperature / top-k / top-p: a sampling config (Qwen2-VL's
         # shipped top_k=1) would make every confidence 1 and verify nothing, silently
-        first = {**kwargs, "output_logits": True, "return_dict_in_generate": True}
+        first = _with_settings(kwargs, output_logits=True, return_dict_in_generate=True)
         captured, objects = {"maps": None}, None
         prompts = [tok.decode(row, skip_special_tokens=True) for row in ids]
         if cv.localizer is None:
@@ -663,14 +702,19 @@ class VerifiedGenerate:
             views = groups[limit]
             if cv.strip_priors:
                 views = _without_prior_tokens(views, self.points, tok)
-            passthrough = {key: v for key, v in kwargs.items() if key not in views and key not in per_image}
-            if limit is not None:
-                passthrough["max_new_tokens"] = limit
-                passthrough.pop("max_length", None)  # the limit says it; both would warn
+            # not the caller's cache object: the first pass filled it with the caller's rows
+            passthrough = {key: v for key, v in kwargs.items()
+                           if key not in views and key not in per_image and key not in CACHE_NAMES}
+            allowed = passthrough.get("prefix_allowed_tokens_fn")
+            if allowed is not None:  # the caller's per-row constraint, by the caller's row of each view
+                owners = [gated[j] for j in queries for _ in range(k)]
+                passthrough["prefix_allowed_tokens_fn"] = lambda row, ids: allowed(owners[row], ids)
+            settings = {"output_logits": True, "return_dict_in_generate": True}
+            if limit is not None:  # the limit says it; max_length beside it would warn
+                settings.update(max_new_tokens=limit, max_length=None)
             if floor:
-                passthrough.pop("min_length", None)
-                passthrough["min_new_tokens"] = floor if limit is None else min(floor, limit)
-            vout = self.generate(**{**passthrough, **views, "output_logits": True, "return_dict_in_generate": True})
+                settings.update(min_new_tokens=floor if limit is None else min(floor, limit), min_length=None)
+            vout = self.generate(**_with_settings({**passthrough, **views}, **settings))
             answers = vout.sequences[:, views["input_ids"].shape[1]:]
             vtexts = [t.strip() for t in tok.batch_decode(answers, skip_special_tokens=True)]
             vprobs = torch.softmax(vout.logits[0].float(), dim=-1)

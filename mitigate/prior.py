@@ -140,6 +140,15 @@ class PriorSuppression(Mitigation):
         if self.mode in ("context", "both") and self.tokenizer is None:
             raise ValueError("tokenizer is needed in context mode (to find the prior spans in the prompt)")
 
+    def conflict(self, other: Mitigation) -> str | None:
+        # crop-and-verify re-asks its views and localises in batches of its own (other rows, a
+        # generic prompt), where spans naming the caller's rows and texts do not apply
+        if self.spans is not None and self.uses_context and self.strength and other.name == "crop_verify":
+            return ("PriorSuppression(spans=...) names rows and texts of the caller's batch, and crop-and-verify "
+                    "re-asks its views and localises in batches of its own; use spans=None (the spans are then "
+                    "found in each prompt, views included)")
+        return None
+
     @property
     def uses_context(self) -> bool:
         return self.mode in ("context", "both")

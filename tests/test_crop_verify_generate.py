@@ -912,3 +912,128 @@ def test_the_views_frame_follows_the_callers_own_preprocessing_settings():
     plain = view_image(image, crop_box(box, *image.size, cv.margin))  # no framing: the call showed everything
     expected = tiny_preprocess("video_llava", [plain], image_processor, **square)[name][0]
     torch.testing.assert_close(seen[-1][0], expected, atol=1e-5, rtol=0)
+
+
+def _two_questions(processor):
+    """Two full-view DO-Bench questions whose first answers are "no" (so the views run),
+    preprocessed by ``processor`` (call it while crop-and-verify is attached: it records the
+    originals the views are cut from)."""
+    queries = _full_view_queries(6, 5)
+    images, prompts = [q.images[0] for q in queries[:2]], [q.prompt for q in queries[:2]]
+    return processor(text=_templated(processor, prompts), images=images, return_tensors="pt", padding=True)
+
+
+def test_beams_and_sequences_from_the_models_generation_config_are_refused_whatever_config_the_call_passes(organism):
+    """A GenerationConfig leaves what it does not set to None and generate() takes the model's
+    (a checkpoint's generation_config.json with num_beams / num_return_sequences): crop-and-
+    verify read only the call's config, let 2 sequences per prompt through and verified the
+    wrong rows (prompt 1's question on prompt 0's second sequence), silently. Positional
+    arguments after the ids (generation_config, logits_processor) were dropped."""
+    from transformers import GenerationConfig
+
+    model, processor = organism
+    saved = model.generation_config.num_return_sequences, model.generation_config.num_beams
+    try:
+        with attach(model, CropVerify(processor, gate=1.0, tau=0.0)), torch.no_grad():
+            enc = _two_questions(processor)
+            model.generation_config.num_return_sequences, model.generation_config.num_beams = 2, 2
+            with pytest.raises(ValueError, match="num_beams=2 and num_return_sequences=2 is not supported"):
+                model.generate(**enc, generation_config=GenerationConfig(max_new_tokens=3))
+            model.generation_config.num_return_sequences, model.generation_config.num_beams = saved
+            ids = enc["input_ids"]
+            rest = {k: v for k, v in enc.items() if k != "input_ids"}
+            with pytest.raises(ValueError, match="num_beams=3"):
+                model.generate(ids, GenerationConfig(max_new_tokens=3, num_beams=3), **rest)
+            positional = model.generate(ids, GenerationConfig(max_new_tokens=3, do_sample=False), **rest)
+            keyword = model.generate(**enc, max_new_tokens=3, do_sample=False)
+    finally:
+        model.generation_config.num_return_sequences, model.generation_config.num_beams = saved
+    assert torch.equal(positional, keyword)
+
+
+def test_a_call_with_a_generation_config_answers_as_one_with_keywords_and_returns_what_it_asks(organism, caplog):
+    """The views' token limit and the gate's output_logits go into a copy of the call's
+    generation_config (transformers warns about a config beside generation keywords), and
+    return_dict_in_generate from the model's config gives generate()'s output object, as
+    plain generate() does (a bare tensor came back)."""
+    import logging
+
+    from transformers import GenerationConfig
+
+    model, processor = organism
+    keyword_cv, config_cv = CropVerify(processor, gate=1.0, tau=0.0), CropVerify(processor, gate=1.0, tau=0.0)
+    with attach(model, keyword_cv), torch.no_grad():
+        enc = _two_questions(processor)
+        keyword = model.generate(**enc, max_new_tokens=4, do_sample=False)
+    saved = model.generation_config.return_dict_in_generate
+    try:
+        model.generation_config.return_dict_in_generate = True
+        with attach(model, config_cv), torch.no_grad(), caplog.at_level(logging.WARNING):
+            enc = _two_questions(processor)
+            out = model.generate(**enc, generation_config=GenerationConfig(max_new_tokens=4, do_sample=False))
+    finally:
+        model.generation_config.return_dict_in_generate = saved
+    assert keyword_cv.stats["verified"] == 2 and config_cv.stats == keyword_cv.stats
+    assert torch.equal(out.sequences, keyword)
+    assert not [r for r in caplog.records if "together with generation-related" in r.getMessage()]
+
+
+def test_each_view_is_decoded_under_its_own_rows_prefix_allowed_tokens_fn(organism):
+    """The views' generate() numbered its rows by the views' batch: row 1's view was decoded
+    under row 0's constraint (and with more rows verified, the function got ids the caller
+    never had)."""
+    model, processor = organism
+    tok = processor.tokenizer
+    yes, no = tok.convert_tokens_to_ids("yes"), tok.convert_tokens_to_ids("no")
+    allowed = {0: [yes, tok.eos_token_id], 1: [no, tok.eos_token_id]}
+    seen = []
+
+    def constraint(row, ids):
+        seen.append(row)
+        return allowed[row]
+
+    cv = CropVerify(processor, gate=1.0, tau=0.0)  # verify every "no", take any view's "yes"
+    with attach(model, cv), torch.no_grad():
+        enc = _two_questions(processor)
+        out = model.generate(**enc, max_new_tokens=3, do_sample=False, prefix_allowed_tokens_fn=constraint)
+    assert cv.stats["verified"] == 1  # row 1's "no" (row 0 must say "yes")
+    assert _decode(processor, out, enc) == ["yes", "no"]
+    assert set(seen) == {0, 1}
+
+
+def test_a_cache_object_the_caller_passes_is_not_handed_to_the_views(organism):
+    """The views' generate() got the caller's cache, already filled by the first pass:
+    'Image features and image tokens do not match'."""
+    from transformers import DynamicCache
+
+    model, processor = organism
+    answers = []
+    for cache in (None, DynamicCache(config=model.config)):
+        cv = CropVerify(processor, gate=1.0, tau=0.0)
+        with attach(model, cv), torch.no_grad():
+            enc = _two_questions(processor)
+            extra = {} if cache is None else {"cache": cache}
+            answers.append(model.generate(**enc, max_new_tokens=3, do_sample=False, **extra))
+        assert cv.stats["verified"] == 2
+    assert torch.equal(answers[0], answers[1])
+
+
+def test_prior_suppression_with_the_callers_spans_is_refused_beside_crop_and_verify(organism):
+    """Spans naming the caller's rows and texts cannot apply to crop-and-verify's own batches
+    (views, the generic prompt): every order, one attach() or two, is refused naming both;
+    detection (spans=None) composes."""
+    from mitigate import PriorSuppression
+
+    model, processor = organism
+    spans = [["i think"], ["i think"]]
+    with pytest.raises(ValueError, match="crop_verify cannot be attached beside prior_suppression"):
+        attach(model, PriorSuppression(processor.tokenizer, spans=spans), CropVerify(processor))
+    with attach(model, CropVerify(processor)):
+        with pytest.raises(ValueError, match="spans=None"):
+            attach(model, PriorSuppression(processor.tokenizer, spans=spans))
+    with attach(model, PriorSuppression(processor.tokenizer, spans=spans)):
+        with pytest.raises(ValueError, match="names rows and texts of the caller's batch"):
+            attach(model, CropVerify(processor))
+    with attach(model, PriorSuppression(processor.tokenizer), CropVerify(processor)):
+        pass
+    assert "_mitigation_handles" not in vars(model)

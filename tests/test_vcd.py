@@ -1153,3 +1153,27 @@ def test_register_refuses_what_the_command_line_could_not_use_and_takes_a_rerun_
         MITIGATIONS.pop("rerun_test_mitigation", None)
     with pytest.raises(TypeError, match=r"got the class VCD, pass VCD\(\)"):
         attach(build_tiny_model("llava"), VCD)
+
+
+def test_two_handles_refusing_continuous_batching_detach_in_any_order(llava):
+    """Each handle with a contrast branch patched init_continuous_batching again, so detaching
+    the first one raised and left its patch on the model: the refusal is shared, holds while
+    any handle is attached, and the last one out restores the model."""
+    from hooks import hook_state
+    from hooks.testing import WordIds
+    from mitigate import PriorSuppression
+    from mitigate.base import attached
+
+    inputs = tiny_inputs(llava, batch_size=1, seed=2)
+    with torch.no_grad():
+        llava.generate(**inputs, max_new_tokens=2, do_sample=False)
+    before = hook_state(llava)
+    first = attach(llava, VCD())
+    second = attach(llava, PriorSuppression(WordIds()))  # context mode: no branch, no continuous batching
+    assert attached(llava) == [*first.mitigations, *second.mitigations]
+    first.detach()
+    with pytest.raises(ValueError, match="prior_suppression need"):
+        llava.init_continuous_batching()
+    second.detach()
+    assert hook_state(llava) == before and "init_continuous_batching" not in vars(llava)
+    assert attached(llava) == []
