@@ -45,9 +45,42 @@ def test_mcnemar_exact():
 def test_verdict_needs_the_interval_to_exclude_zero():
     assert verdict(-1.0, 5.0, True) == "no detectable effect"
     assert verdict(0.5, 5.0, None) == "no detectable effect"
-    assert verdict(math.nan, 1.0, True) == "no detectable effect"
     with pytest.raises(ValueError, match="low end 5.0 is above its high end -1.0"):  # was "fixes"
         verdict(5.0, -1.0, True)
+
+
+def test_no_interval_is_not_measured_and_a_floating_point_residue_is_zero():
+    """A NaN interval (no resample defined the metric: DO-Bench without Cluster / Crop views)
+    read "-", no detectable effect at this size, though nothing was measured; an end that is
+    0 up to the last bits ([+6.9e-15, +100], a statistics review's repro) read BREAKS."""
+    from evaluators.report.attribution import cell_verdicts
+
+    assert verdict(math.nan, 1.0, True) == verdict(math.nan, math.nan, None) == "not measured"
+    assert verdict(6.9e-15, 100.0, False) == verdict(-1e-13, 100.0, True) == "no detectable effect"
+    assert verdict(1e-6, 100.0, True) == "fixes"
+    rows = [{"mechanism": "perception", "verdict": "not measured"},
+            {"mechanism": "language_prior", "verdict": "not measured"},
+            {"mechanism": "language_prior", "verdict": "no detectable effect"}]
+    cells = cell_verdicts(rows)
+    assert cells["perception"] == "not measured" and cells["language_prior"] == "no detectable effect"
+
+
+def test_a_unit_whose_swap_moves_the_metric_only_in_its_last_bits_has_not_changed():
+    """changed() compared metric values with ==: a mean over the same scores in another order
+    differs by 1e-14, and such units counted towards MIN_SUPPORT."""
+    from evaluators.report.stats import changed
+
+    def mean(records):  # a per-unit-mean metric whose float sum depends on the order
+        return sum(r["score"] for r in records) / len(records)
+
+    base = [[{"id": "a", "score": 0.1}], [{"id": "b", "score": 0.2}], [{"id": "c", "score": 0.3}]]
+    # the same scores, moved between units: each swap reorders the sum
+    moved = [[{"id": "a", "score": 0.1}], [{"id": "b", "score": 0.2}], [{"id": "c", "score": 0.3}]]
+    assert changed(base, moved, mean) == 0
+    shifted = [[{"id": "a", "score": 0.1 + 1e-15}], [{"id": "b", "score": 0.2}], [{"id": "c", "score": 0.3}]]
+    assert changed(base, shifted, mean) == 0
+    real = [[{"id": "a", "score": 0.5}], [{"id": "b", "score": 0.2}], [{"id": "c", "score": 0.3}]]
+    assert changed(base, real, mean) == 1
     rows = [{"id": i, "correct": i % 2 == 0} for i in range(10)]
     for bad in (0, -5, 2.5, True):  # 0 or fewer gave NaN intervals without a word
         with pytest.raises(ValueError, match="n_resamples must be a positive int"):

@@ -11,9 +11,9 @@ the opposite case, *mixed* when both happen, else *no detectable effect*.
 
 Controls the contrastive-decoding literature demands (arXiv 2504.10020): VCD is run under
 greedy and under sampling, the plausibility constraint alone is its own arm, and the
-yes-ratio is reported beside every yes/no benchmark. A VCD gain under sampling that the
-plausibility-only arm matches (their paired interval includes 0) is flagged as
-*explained by the plausibility constraint*.
+yes-ratio is reported beside every yes/no benchmark. A VCD gain under sampling that is not
+shown beyond the plausibility-only arm (their paired interval includes 0) is flagged: the
+constraint alone may explain it (an undetected difference, not a shown equivalence).
 """
 
 from __future__ import annotations
@@ -210,10 +210,11 @@ def compare(base: dict[str, list], arm: dict[str, list], *, n_resamples: int = 1
 
 
 def cell_verdicts(rows: Sequence[dict]) -> dict[str, str]:
-    """Mechanism -> fixes / breaks / mixed / no detectable effect."""
+    """Mechanism -> fixes / breaks / mixed / no detectable effect / not measured (no metric
+    of the mechanism has an interval: none computed, or NaN in every resample)."""
     by: dict[str, list[str]] = defaultdict(list)
     for r in rows:
-        if r.get("mechanism") and "verdict" in r:
+        if r.get("mechanism") and r.get("verdict") not in (None, "not measured"):  # NaN: no interval
             by[r["mechanism"]].append(r["verdict"])
     out = {}
     for mechanism in MECHANISMS:
@@ -232,7 +233,8 @@ def cell_verdicts(rows: Sequence[dict]) -> dict[str, str]:
 
 
 def explained_by_control(arm_rows: Sequence[dict], versus_control: Sequence[dict]) -> list[str]:
-    """Metrics the arm 'fixes' against its baseline but not against its control."""
+    """Metrics the arm 'fixes' against its baseline but not against its control: the gain is
+    not shown beyond the control's (absence of a detected difference, not equivalence)."""
     beaten = {r["metric"] for r in versus_control if r.get("verdict") == "fixes"}
     return sorted(r["metric"] for r in arm_rows if r.get("verdict") == "fixes" and r["metric"] not in beaten)
 

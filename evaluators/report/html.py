@@ -185,7 +185,7 @@ def write_html(result: dict, queries, records, path: Path) -> None:
                 f"<code>{html.escape(result['model_card']['card'])}</code>); where a target is not met, the "
                 "mechanism is weak or absent in this model and its row cannot show a fix:</p>"
                 f"<ul>{items}</ul>")
-    flags = "".join(f"<li>{html.escape(a)}: the gain on {html.escape(', '.join(m))} is matched by its control</li>"
+    flags = "".join(f"<li>{html.escape(a)}: the gain on {html.escape(', '.join(m))} is not shown beyond its control</li>"
                     for a, m in result["explained_by_control"].items() if m)
     flags += _judged(result)
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>Hallucination mechanism report</title>

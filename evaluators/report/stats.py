@@ -178,8 +178,16 @@ def _same_records(a: list, b: list, skip: frozenset = frozenset()) -> bool:
                                     for ra, rb in zip(a, b))
 
 
+#: Metric values closer than this are the same value: a mean of per-unit scores recomputed
+#: over another order of the same records differs in its last bits (a denial moved from
+#: level 1 to level 2 of PriorRobust left it 1e-14 off and counted as a changed unit), and an
+#: interval end that is exactly 0 comes out as +-1e-14 (read as "excludes 0": a BREAKS from
+#: [+6.9e-15, +100]). Metrics are percentages or IoUs, so 1e-9 is far below any real change.
+TOLERANCE = 1e-9
+
+
 def _same_value(a: float, b: float) -> bool:
-    return (math.isnan(a) and math.isnan(b)) or a == b
+    return (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=0.0, abs_tol=TOLERANCE)
 
 
 def changed(baseline: Sequence[list], mitigated: Sequence[list], metric: Callable[[list[Record]], float],
@@ -246,7 +254,7 @@ def support(units: Sequence[list], metric: Callable[[list[Record]], float], enou
             if i in read:
                 continue
             rest = _value(metric, [r for j, u in enumerate(arm) if j != i for r in u])
-            if not ((math.isnan(rest) and math.isnan(full)) or rest == full):
+            if not _same_value(rest, full):
                 read.add(i)
                 if len(read) >= enough:
                     return len(read)
@@ -268,16 +276,21 @@ def verdict(low: float, high: float, higher_is_better: bool | None, support: int
     """*fixes* when the whole interval lies on the good side of 0, *breaks* when on the bad
     side, otherwise *no detectable effect* (also for metrics without a direction, and for a
     metric that rests on fewer than :data:`MIN_SUPPORT` units, whatever its interval:
-    ``support`` is the fewer of the units it reads and the units that changed)."""
+    ``support`` is the fewer of the units it reads and the units that changed); *not
+    measured* when there is no interval (NaN: no resample defined the metric)."""
     if not (math.isnan(low) or math.isnan(high)) and low > high:
         raise ValueError(f"verdict: the interval's low end {low} is above its high end {high}")
-    if higher_is_better is None or math.isnan(low) or math.isnan(high):
+    if math.isnan(low) or math.isnan(high):
+        # no resample defined it (DO-Bench data without Cluster / Crop views: PerceptionAbility):
+        # nothing was measured, which "-" (no detectable effect at this size) would misstate
+        return "not measured"
+    if higher_is_better is None:
         return "no detectable effect"
     if support is not None and support < MIN_SUPPORT:
         return "no detectable effect"
     good_low, good_high = (low, high) if higher_is_better else (-high, -low)
-    if good_low > 0:
+    if good_low > TOLERANCE:  # an end within TOLERANCE of 0 is 0 (see TOLERANCE)
         return "fixes"
-    if good_high < 0:
+    if good_high < -TOLERANCE:
         return "breaks"
     return "no detectable effect"

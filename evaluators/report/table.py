@@ -93,14 +93,15 @@ def text_table(result: dict) -> str:
     width = max(len(label) for label, _ in rows) + gap
     cols = [max(len(cells[i]) for _, cells in rows) + gap for i in range(len(arms))]
     lines = [(label.ljust(width) + "".join(c.ljust(w) for c, w in zip(cells, cols))).rstrip() for label, cells in rows]
-    flags = [f"{a}: gain on {', '.join(m)} is matched by its control" for a, m in result["explained_by_control"].items() if m]
+    flags = [f"{a}: gain on {', '.join(m)} not shown beyond its control" for a, m in result["explained_by_control"].items()
+             if m]
     return "\n".join(lines + (["", *flags] if flags else []))
 
 
 #: the Markdown table's row names (the mechanisms' long names)
 MECHANISM_NAMES = {"language_prior": "language prior", "cooccurrence": "co-occurrence",
-                   "perception": "weak perception", "vision_grounding": "vision-driven grounding (lower is better)",
-                   "label_grounding": "label grounding (lower is better)", "multi_image": "multi-image"}
+                   "perception": "weak perception", "vision_grounding": "vision-driven grounding",
+                   "label_grounding": "label grounding", "multi_image": "multi-image"}
 
 
 def _md_number(text: str) -> str:
