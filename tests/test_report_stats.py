@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 
 from evaluators.report import MIN_SUPPORT, mcnemar_exact, paired_bootstrap, support, verdict
@@ -363,3 +364,18 @@ def test_register_arm_refuses_a_built_in_name_and_what_is_no_arm():
             register_arm(Arm("Mine", lambda p: [], {}, "baseline (greedy)"))
     finally:
         USER_ARMS.pop("mine", None)
+
+
+def test_the_null_check_reads_its_simulated_answers_as_meant_and_counts_false_cells():
+    """evaluators.report.null_check: on the real small suite every simulated right / wrong
+    answer is scored so by the reader, and a null comparison's decided cells are counted."""
+    from evaluators.report import null_check
+
+    world = null_check.NullWorld("small", 0)
+    assert world.misread == [] and world.n_units > 20
+    base, same = world.draw(np.random.default_rng(0), keep=1.0)
+    assert (base == same).all()  # keep=1: the arms are identical
+    result = null_check.run(2, keep=1.0, n_resamples=100, log=None)
+    assert result["columns_with_a_decided_cell"] == 0  # identical arms decide nothing
+    assert set(result["cell_rates"]) == {"language_prior", "cooccurrence", "perception", "vision_grounding",
+                                         "label_grounding", "multi_image"}
