@@ -6,7 +6,10 @@
   DO-Bench scene, a HalluSegBench pair), so within-group structure is kept; a unit drawn
   several times enters as that many distinct units (:func:`resampled`).
 * :func:`mcnemar_exact` -- the exact McNemar test for binary outcomes on the same samples:
-  under H0 the discordant pairs split 50/50, two-sided binomial p-value.
+  under H0 the discordant pairs split 50/50, two-sided binomial p-value. It treats every
+  query as independent, which a DO-Bench scene's questions are not: with effects whose
+  direction varies by scene it rejects far more often than 5% (a clustered McNemar test,
+  Obuchowski 1998, would not). It is reported beside the intervals; no verdict reads it.
 * :func:`verdict` -- *fixes* / *breaks* / *no detectable effect* from the interval and the
   metric's direction, never from the point estimate alone, and never from fewer than
   :data:`MIN_SUPPORT` units (:func:`support`).
