@@ -379,3 +379,47 @@ def test_the_null_check_reads_its_simulated_answers_as_meant_and_counts_false_ce
     assert result["columns_with_a_decided_cell"] == 0  # identical arms decide nothing
     assert set(result["cell_rates"]) == {"language_prior", "cooccurrence", "perception", "vision_grounding",
                                          "label_grounding", "multi_image"}
+
+
+def test_holm_steps_down_and_stops_at_the_first_it_keeps():
+    from evaluators.report.stats import holm
+
+    # m = 4: 0.01 <= 0.05/4 rejected; 0.03 > 0.05/3 stops, so 0.04 is kept though < 0.05
+    assert holm([0.01, 0.04, 0.03, 0.2]) == [True, False, False, False]
+    assert holm([0.01, 0.02]) == [True, True]  # 0.01 <= 0.025, 0.02 <= 0.05
+    assert holm([0.03, 0.04]) == [False, False]
+    assert holm([math.nan, 0.001]) == [False, True]
+    assert holm([]) == []
+
+
+def test_the_bootstrap_p_value_goes_with_the_percentile_interval():
+    from evaluators.report.stats import bootstrap_p
+
+    rng = np.random.default_rng(0)
+    for shift in (0.0, 1.0, 2.0, 3.0, 4.0):
+        deltas = rng.normal(shift, 1.0, 1000)
+        low, high = np.percentile(deltas, [2.5, 97.5])
+        assert (low > 0 or high < 0) == (bootstrap_p(deltas) < 0.05) or abs(bootstrap_p(deltas) - 0.05) < 0.01
+    assert bootstrap_p([0.0] * 100) == 1.0  # nothing moved: ties count against an effect
+    assert math.isnan(bootstrap_p([]))
+
+
+def test_a_mechanisms_metrics_are_corrected_together():
+    """A cell is decided by any of its metrics: each metric's 95% interval alone decided cells
+    of several metrics by chance more often than 5%. Holm within the mechanism keeps a
+    verdict only where the family rejects; the interval's own verdict stays beside it."""
+    from evaluators.report.attribution import adjusted, cell_verdicts
+
+    def row(metric, mechanism, p, verdict, support=10, changed=10, higher=True):
+        return {"metric": metric, "mechanism": mechanism, "p_value": p, "verdict": verdict, "support": support,
+                "changed": changed, "higher_is_better": higher}
+
+    rows = adjusted([row("a", "cooccurrence", 0.03, "fixes"), row("b", "cooccurrence", 0.04, "fixes"),
+                     row("c", "language_prior", 0.001, "fixes"), row("d", "language_prior", 0.04, "breaks"),
+                     row("e", "language_prior", 0.001, "no detectable effect", changed=3),  # not in the family
+                     {"metric": "x.mcnemar(correct)", "mechanism": None, "p_value": 0.001}])
+    assert [r.get("verdict") for r in rows] == ["no detectable effect", "no detectable effect", "fixes", "breaks",
+                                                "no detectable effect", None]
+    assert [r.get("verdict_unadjusted") for r in rows[:2]] == ["fixes", "fixes"]
+    cells = cell_verdicts(rows)
+    assert cells["cooccurrence"] == "no detectable effect" and cells["language_prior"] == "mixed"

@@ -7,7 +7,9 @@ benchmark's units, :data:`UNITS`: DO-Bench scenes, Causal-HalBench pairs, HalluS
 image pairs, ReactBench items, MIOH image sets; a user's own questions where no group is known),
 and :func:`~evaluators.report.stats.verdict` reads the interval. A (mitigation, mechanism)
 cell is *fixes* when some metric of that mechanism improves and none worsens, *breaks* in
-the opposite case, *mixed* when both happen, else *no detectable effect*.
+the opposite case, *mixed* when both happen, else *no detectable effect*; the metrics of one
+mechanism are corrected together (Holm's procedure on their bootstrap p-values,
+:func:`adjusted`), so a cell with several metrics is not decided more easily than one.
 
 Controls the contrastive-decoding literature demands (arXiv 2504.10020): VCD is run under
 greedy and under sampling, the plausibility constraint alone is its own arm, and the
@@ -27,7 +29,7 @@ from typing import Any, Callable, Sequence
 
 from ..metrics import MECHANISMS, metrics_for
 from ..query import unit_key
-from .stats import MIN_RESAMPLES, UnpairedSamples, mcnemar_exact, paired_bootstrap, verdict
+from .stats import MIN_RESAMPLES, MIN_SUPPORT, UnpairedSamples, holm, mcnemar_exact, paired_bootstrap, verdict
 
 SAMPLING = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
 
@@ -206,6 +208,34 @@ def compare(base: dict[str, list], arm: dict[str, list], *, n_resamples: int = 1
         if shared:
             test = mcnemar_exact([correct_a[i] for i in shared], [correct_b[i] for i in shared])
             rows.append({"benchmark": bench, "metric": f"{bench}.mcnemar(correct)", "mechanism": None, **test})
+    return adjusted(rows)
+
+
+def adjusted(rows: list[dict], alpha: float = 0.05) -> list[dict]:
+    """``rows`` with each mechanism's metrics corrected together (Holm 1979, :func:`holm`).
+
+    A cell is decided by *any* of its mechanism's metrics (:func:`cell_verdicts`), and each
+    metric's 95% interval alone would let a cell with four metrics read FIXES or BREAKS by
+    chance more often than 5% (`python -m evaluators.report.null_check` measures it). Per mechanism, the metrics that can reach a
+    verdict (a direction, a p-value, at least :data:`MIN_SUPPORT` units read and changed) are
+    one family: a metric keeps its interval's verdict only where Holm's procedure rejects its
+    bootstrap p-value at ``alpha``; the others read *no detectable effect*
+    (``verdict_unadjusted`` keeps what the interval alone said). The family is the metrics of
+    one comparison (arm and baseline): the report's 8 arms x 6 cells are not corrected
+    together (README, "No correction across cells").
+    """
+    families: dict[str, list[dict]] = defaultdict(list)
+    for r in rows:
+        if "verdict" in r:
+            r["verdict_unadjusted"] = r["verdict"]
+            if r.get("mechanism") and r.get("higher_is_better") is not None and r["verdict"] != "not measured" \
+                    and min(r.get("support", 0), r.get("changed", 0)) >= MIN_SUPPORT \
+                    and not math.isnan(r.get("p_value", math.nan)):
+                families[r["mechanism"]].append(r)
+    for family in families.values():
+        for r, rejected in zip(family, holm([r["p_value"] for r in family], alpha)):
+            if not rejected and r["verdict"] in ("fixes", "breaks"):
+                r["verdict"] = "no detectable effect"
     return rows
 
 
