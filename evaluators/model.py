@@ -67,7 +67,9 @@ def _digest(value: Any) -> str:
     import hashlib
     import json
 
-    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    # a value JSON cannot write (an object) by its repr without memory addresses, the same in every process
+    text = json.dumps(value, sort_keys=True, default=lambda v: stable_text(repr(v)))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _with_digests(obj: Any, text: str) -> str:
@@ -82,7 +84,9 @@ def _with_digests(obj: Any, text: str) -> str:
              if f.metadata.get(IDENTITY_DIGEST) and (value := getattr(obj, f.name, None)) is not None]
     if not extra:
         return text
-    return f"{text[:-1]}, {', '.join(extra)})" if text.endswith(")") else f"{text} [{', '.join(extra)}]"
+    if not text.endswith(")"):
+        return f"{text} [{', '.join(extra)}]"
+    return f"{text[:-1]}{'' if text.endswith('()') else ', '}{', '.join(extra)})"
 
 
 def processor_digest(processor: Any) -> str | None:

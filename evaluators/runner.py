@@ -112,7 +112,8 @@ def _run_in(out: Path, queries: Sequence[Query], ids: list[str], model, ranks: R
             seed: int, config: dict | None, progress: bool, judge, judge_batch_size: int | None) -> dict | None:
     """:func:`run` once it holds ``out``: resume or take the folder, answer, merge, score."""
     identity = run_identity(model, seed)
-    stored = _not_recorded_then(_read_identity(out), identity)
+    recorded = _read_identity(out)
+    stored = _not_recorded_then(recorded, identity)
     answered = shards.done_fingerprints(out)
     if stored is not None and stored != identity and not answered:
         stored = None  # a run that stopped before its first answer (a bad generate() argument,
@@ -158,7 +159,8 @@ def _run_in(out: Path, queries: Sequence[Query], ids: list[str], model, ranks: R
             f"(e.g. {first}: {', '.join(names)}); their answers are to the old images -- choose another "
             "output_dir or delete that one")
     ranks.barrier()  # every rank has read the files before any rank cuts a torn tail or appends
-    if stored is None and ranks.is_main:
+    # a folder written before a field was kept takes it now, so a later run is checked on it
+    if (stored is None or stored != recorded) and ranks.is_main:
         shards.write_atomically(out / RUN_IDENTITY, [json.dumps(identity, indent=2) + "\n"])
     own = shards.own_file(out, ranks.rank, ranks.world_size)
     shards.drop_torn_tail(own)

@@ -38,6 +38,9 @@ from .branches import Branch, ContrastBranches
 
 MITIGATIONS: dict[str, type["Mitigation"]] = {}
 _MISSING = object()
+#: guards the per-model registry of handles and the shared continuous-batching refusal
+#: against attach() / detach() from several threads at once
+_REGISTRY_LOCK = threading.RLock()
 
 #: a mitigation's dataclass field ``metadata`` key: the field is left out of the repr (too
 #: long to print: a chat template, per-row prompt texts) but the answers depend on it, so a
@@ -118,7 +121,18 @@ _ATTACHED = "_mitigation_handles"
 
 def attached(model: nn.Module) -> list["Mitigation"]:
     """The mitigations attached to ``model`` now, every handle's, in the order attached."""
-    return [m for handle in vars(model).get(_ATTACHED, ()) for m in handle.mitigations]
+    return [m for handle in list(vars(model).get(_ATTACHED, ())) for m in handle.mitigations]
+
+
+def check_conflicts(mitigations: Sequence["Mitigation"], present: Sequence["Mitigation"] = ()) -> None:
+    """A ``ValueError`` naming the first of ``mitigations`` that cannot run beside one of
+    ``present`` or one before it (:meth:`Mitigation.conflict`, asked both ways). attach()
+    checks it, and so does a mitigation that runs the model itself (``CropVerify.answer``)."""
+    for i, m in enumerate(mitigations):
+        for other in [*present, *mitigations[:i]]:
+            why = m.conflict(other) or other.conflict(m)
+            if why:
+                raise ValueError(f"{m.name} cannot run beside {other.name}: {why}")
 
 
 class _RefuseContinuousBatching:
@@ -140,23 +154,28 @@ class _RefuseContinuousBatching:
         """Refuse continuous batching on ``model`` until ``group`` is removed. Every attach()
         holding the refusal shares one, so the handles detach in any order: the last one out
         restores the model's own ``init_continuous_batching``."""
-        current = vars(model).get("init_continuous_batching", _MISSING)
-        refusal = current if isinstance(current, cls) else cls(current)
-        held = list(names)
-        refusal.holders.append(held)
-        model.init_continuous_batching = refusal
+        with _REGISTRY_LOCK:
+            current = vars(model).get("init_continuous_batching", _MISSING)
+            refusal = current if isinstance(current, cls) else cls(current)
+            held = list(names)
+            refusal.holders.append(held)
+            model.init_continuous_batching = refusal
 
-        def release() -> None:
-            refusal.holders.remove(held)
-            if refusal.holders:
-                return
-            if vars(model).get("init_continuous_batching") is not refusal:
-                raise RuntimeError(f"{type(model).__name__}.init_continuous_batching was replaced after attach(); "
-                                   "remove the later patch first")
-            if refusal.previous is _MISSING:
-                del model.init_continuous_batching
-            else:
-                model.init_continuous_batching = refusal.previous
+        def release() -> None:  # idempotent, and changes nothing when it refuses (a detach may be retried)
+            with _REGISTRY_LOCK:
+                if not any(h is held for h in refusal.holders):
+                    return
+                last = len(refusal.holders) == 1
+                if last and vars(model).get("init_continuous_batching") is not refusal:
+                    raise RuntimeError(f"{type(model).__name__}.init_continuous_batching was replaced after attach(); "
+                                       "remove the later patch first")
+                refusal.holders[:] = [h for h in refusal.holders if h is not held]
+                if not last:
+                    return
+                if refusal.previous is _MISSING:
+                    del model.init_continuous_batching
+                else:
+                    model.init_continuous_batching = refusal.previous
 
         group.on_remove(release)
 
@@ -202,26 +221,24 @@ class MitigationHandle:
 
     def _check_conflicts(self) -> None:
         """Refuse a mitigation that cannot run beside another one on this model (either way)."""
-        before = attached(self.model)
-        for i, m in enumerate(self.mitigations):
-            for other in [*before, *self.mitigations[:i]]:
-                why = m.conflict(other) or other.conflict(m)
-                if why:
-                    raise ValueError(f"{m.name} cannot be attached beside {other.name}: {why}")
+        check_conflicts(self.mitigations, attached(self.model))
 
     def _register(self) -> None:
         """List this handle on the model (:func:`attached`) until it is detached; the last one
         out removes the list."""
-        handles = vars(self.model).get(_ATTACHED)
-        if handles is None:
-            handles = []
-            vars(self.model)[_ATTACHED] = handles  # not nn.Module.__setattr__: a plain list
-        handles.append(self)
+        with _REGISTRY_LOCK:
+            handles = vars(self.model).get(_ATTACHED)
+            if handles is None:
+                handles = []
+                vars(self.model)[_ATTACHED] = handles  # not nn.Module.__setattr__: a plain list
+            handles.append(self)
 
         def release() -> None:
-            handles.remove(self)
-            if not handles and vars(self.model).get(_ATTACHED) is handles:
-                del vars(self.model)[_ATTACHED]
+            with _REGISTRY_LOCK:
+                if self in handles:
+                    handles.remove(self)
+                if not handles and vars(self.model).get(_ATTACHED) is handles:
+                    del vars(self.model)[_ATTACHED]
 
         self.group.on_remove(release)
 

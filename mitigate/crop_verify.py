@@ -101,7 +101,7 @@ from hooks.cache import output_cache
 from hooks.prompting import user_prompt
 
 from .answer_kinds import answer_kind, count_value
-from .base import Mitigation, register
+from .base import Mitigation, attached, check_conflicts, register
 from .checks import real
 from .localize import (
     GENERIC_PROMPT, HEADS, QUERIES, attention_boxes, boxes_from_maps, capture_first_pass, generic_queries,
@@ -350,6 +350,11 @@ class CropVerify(Mitigation):
         if self.localizer is not None and self.locate != "attention":
             raise ValueError(f"localizer and locate={self.locate!r} both say where to cut the views: give one")
 
+    def conflict(self, other: Mitigation) -> str | None:
+        if other.name == self.name and other is not self:  # both would wrap generate() and capture attention
+            return "one crop-and-verify per model: each wraps generate() and captures attention; detach the other"
+        return None
+
     # -- attach(): plain generate() and pipelines ---------------------------------------------
     def validate(self, points) -> None:
         if "pair" in self.views:
@@ -480,6 +485,7 @@ class CropVerify(Mitigation):
         The questions this class writes itself (:meth:`verify_caption`,
         :meth:`answer_which_image`) pass their objects leniently: a name in words the
         tokenizer does not know is counted, as one read from the question is."""
+        check_conflicts([self], attached(model))  # as attach() would: it runs the model itself
         for name, value in (("images", images), ("prompts", prompts)):
             if isinstance(value, (str, Image.Image)) or not isinstance(value, Sequence):
                 # a lone prompt was read character by character ("differ in number: 1 vs 49")
@@ -577,6 +583,7 @@ class CropVerify(Mitigation):
         :meth:`answer` record of each image) and, where the answer changed, ``chosen`` (the
         image's 0-based index, or ``"none"``).
         """
+        check_conflicts([self], attached(model))
         for name, value in (("image_sets", image_sets), ("prompts", prompts)):
             if isinstance(value, str) or not isinstance(value, Sequence):
                 raise ValueError(f"{name} must be a list (one entry per question), got a {type(value).__name__}")

@@ -461,11 +461,17 @@ def _by_name(model, args: tuple, kwargs: dict) -> dict:
         return dict(kwargs)
     import inspect
 
-    bound = inspect.signature(type(model).generate).bind(model, *args, **kwargs).arguments
-    bound.pop(next(iter(bound)))  # self
+    from transformers import GenerationMixin
+
+    signature = inspect.signature(type(model).generate)
+    if any(p.kind is p.VAR_POSITIONAL for p in signature.parameters.values()):
+        # a wrapper's generate(self, *args, **kwargs) names nothing: read the arguments as the
+        # generate() it passes them to does
+        signature = inspect.signature(GenerationMixin.generate)
+    bound = signature.bind(model, *args, **kwargs)
     out = {}
-    for name, value in bound.items():
-        if name == "kwargs" and isinstance(value, dict):
+    for name, value in list(bound.arguments.items())[1:]:  # not self
+        if signature.parameters[name].kind is inspect.Parameter.VAR_KEYWORD:  # **kwargs, **generate_kwargs
             out.update(value)
         else:
             out[name] = value

@@ -1026,7 +1026,7 @@ def test_prior_suppression_with_the_callers_spans_is_refused_beside_crop_and_ver
 
     model, processor = organism
     spans = [["i think"], ["i think"]]
-    with pytest.raises(ValueError, match="crop_verify cannot be attached beside prior_suppression"):
+    with pytest.raises(ValueError, match="crop_verify cannot run beside prior_suppression"):
         attach(model, PriorSuppression(processor.tokenizer, spans=spans), CropVerify(processor))
     with attach(model, CropVerify(processor)):
         with pytest.raises(ValueError, match="spans=None"):
@@ -1036,4 +1036,57 @@ def test_prior_suppression_with_the_callers_spans_is_refused_beside_crop_and_ver
             attach(model, CropVerify(processor))
     with attach(model, PriorSuppression(processor.tokenizer), CropVerify(processor)):
         pass
+    assert "_mitigation_handles" not in vars(model)
+
+
+@pytest.mark.parametrize("wrapper", ["star_args", "named_generate_kwargs"])
+def test_positional_arguments_reach_a_wrapped_generate(organism, wrapper):
+    """A model class whose generate() wraps the library's (PEFT-style generate(self, *args,
+    **kwargs); BLIP-2's **generate_kwargs): its positional ids are read as generate() reads
+    them (binding to the wrapper's own signature lost them)."""
+    model, processor = organism
+    base = type(model)
+
+    class StarArgs(base):
+        def generate(self, *args, **kwargs):
+            return super().generate(*args, **kwargs)
+
+    class NamedKwargs(base):
+        def generate(self, input_ids=None, pixel_values=None, **generate_kwargs):
+            return super().generate(input_ids=input_ids, pixel_values=pixel_values, **generate_kwargs)
+
+    cls = {"star_args": StarArgs, "named_generate_kwargs": NamedKwargs}[wrapper]
+    plain = None
+    try:
+        for kind in (base, cls):
+            model.__class__ = kind
+            cv = CropVerify(processor, gate=1.0, tau=0.0)
+            with attach(model, cv), torch.no_grad():
+                enc = _two_questions(processor)
+                rest = {k: v for k, v in enc.items() if k not in ("input_ids", "pixel_values")}
+                out = model.generate(enc["input_ids"], enc["pixel_values"], **rest, max_new_tokens=3, do_sample=False) \
+                    if kind is NamedKwargs else \
+                    model.generate(enc["input_ids"], pixel_values=enc["pixel_values"], **rest, max_new_tokens=3,
+                                   do_sample=False)
+            assert cv.stats["verified"] == 2
+            plain = out if plain is None else plain
+    finally:
+        model.__class__ = base
+    assert torch.equal(out, plain)
+
+
+def test_crop_and_verifys_own_answer_refuses_what_attach_refuses(organism):
+    """answer() runs the model itself, beside what is attached: PriorSuppression with the
+    caller's spans failed there with a prompt the user never wrote, and a second
+    crop-and-verify broke generate() and its detach."""
+    from mitigate import PriorSuppression
+
+    model, processor = organism
+    images = [q.images[0] for q in _full_view_queries(6, 5)[:1]]
+    with attach(model, PriorSuppression(processor.tokenizer, spans=[["i think"]])):
+        with pytest.raises(ValueError, match="crop_verify cannot run beside prior_suppression"):
+            CropVerify(processor).answer(model, images, ["is there a dog in the image ? answer yes or no ."])
+    with attach(model, CropVerify(processor)):
+        with pytest.raises(ValueError, match="one crop-and-verify per model"):
+            attach(model, CropVerify(processor))
     assert "_mitigation_handles" not in vars(model)

@@ -251,7 +251,8 @@ def test_a_changed_prompt_format_does_not_resume_the_old_answers(tmp_path):
 
     ask()
     identity = json.loads((tmp_path / "run.json").read_text())
-    assert isinstance(identity["model"]["processor"], str)
+    identity_processor = identity["model"]["processor"]
+    assert isinstance(identity_processor, str)
     template = processor.chat_template
     processor.chat_template = "SYSTEM: be brief . " + template
     with pytest.raises(RunMismatch, match="changed: model.processor"):
@@ -265,8 +266,14 @@ def test_a_changed_prompt_format_does_not_resume_the_old_answers(tmp_path):
     ask()
     del identity["model"]["processor"]  # as written before the processor was recorded
     (tmp_path / "run.json").write_text(json.dumps(identity, indent=2) + "\n")
-    ask()
-    assert "processor" not in json.loads((tmp_path / "run.json").read_text())["model"]
+    ask()  # resumes, and records the processor from now on
+    assert json.loads((tmp_path / "run.json").read_text())["model"]["processor"] == identity_processor
+    processor.chat_template = "SYSTEM: be brief . " + template
+    try:
+        with pytest.raises(RunMismatch, match="changed: model.processor"):
+            ask()
+    finally:
+        processor.chat_template = template
 
 
 def test_prior_suppressions_chat_template_and_span_texts_are_part_of_a_runs_identity():

@@ -1177,3 +1177,19 @@ def test_two_handles_refusing_continuous_batching_detach_in_any_order(llava):
     second.detach()
     assert hook_state(llava) == before and "init_continuous_batching" not in vars(llava)
     assert attached(llava) == []
+
+
+def test_a_detach_refused_for_a_later_patch_can_be_retried_once_it_is_undone(llava):
+    """The shared continuous-batching refusal dropped its holder before checking that the
+    attribute was still its own: the retried detach failed on list.remove and the refusal
+    stayed on the model for good (a review)."""
+    from mitigate.base import attached
+
+    handle = attach(llava, VCD())
+    mine = llava.init_continuous_batching
+    llava.init_continuous_batching = lambda *a, **k: "a user's patch"
+    with pytest.raises(RuntimeError, match="init_continuous_batching was replaced after attach"):
+        handle.detach()
+    llava.init_continuous_batching = mine
+    handle.detach()
+    assert "init_continuous_batching" not in vars(llava) and not handle.attached and attached(llava) == []
