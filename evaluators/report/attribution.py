@@ -216,9 +216,9 @@ def adjusted(rows: list[dict], alpha: float = 0.05) -> list[dict]:
 
     A cell is decided by *any* of its mechanism's metrics (:func:`cell_verdicts`), and each
     metric's 95% interval alone would let a cell with four metrics read FIXES or BREAKS by
-    chance more often than 5% (`python -m evaluators.report.null_check` measures it). Per mechanism, the metrics that can reach a
-    verdict (a direction, a p-value, at least :data:`MIN_SUPPORT` units read and changed) are
-    one family: a metric keeps its interval's verdict only where Holm's procedure rejects its
+    chance more often than 5% (``python -m evaluators.report.null_check`` measures it). Per
+    mechanism, the metrics that can reach a verdict (a direction, a p-value, at least
+    :data:`MIN_SUPPORT` units read and changed) are one family: a metric keeps its interval's verdict only where Holm's procedure rejects its
     bootstrap p-value at ``alpha``; the others read *no detectable effect*
     (``verdict_unadjusted`` keeps what the interval alone said). The family is the metrics of
     one comparison (arm and baseline): the report's 8 arms x 6 cells are not corrected
