@@ -121,7 +121,7 @@ _ATTACHED = "_mitigation_handles"
 
 def attached(model: nn.Module) -> list["Mitigation"]:
     """The mitigations attached to ``model`` now, every handle's, in the order attached."""
-    return [m for handle in list(vars(model).get(_ATTACHED, ())) for m in handle.mitigations]
+    return [m for handle in list(getattr(model, "__dict__", {}).get(_ATTACHED, ())) for m in handle.mitigations]
 
 
 def check_conflicts(mitigations: Sequence["Mitigation"], present: Sequence["Mitigation"] = ()) -> None:
