@@ -423,3 +423,31 @@ def test_a_mechanisms_metrics_are_corrected_together():
     assert [r.get("verdict_unadjusted") for r in rows[:2]] == ["fixes", "fixes"]
     cells = cell_verdicts(rows)
     assert cells["cooccurrence"] == "no detectable effect" and cells["language_prior"] == "mixed"
+
+
+def test_the_expanded_percentile_interval_widens_on_few_units_and_its_p_value_goes_with_it():
+    """Hesterberg's expanded percentile interval (opt-in, ``--interval expanded``): the tails
+    it leaves out at level 0.95, by hand from Phi(-sqrt(n/(n-1)) t_{n-1,0.975}); and a
+    verdict from it agrees with its p-value, as the percentile one's does."""
+    from evaluators.report.stats import _expanded_p, expanded_tail
+
+    assert expanded_tail(0.95, 12) == pytest.approx(0.01075, abs=2e-5)
+    assert expanded_tail(0.95, 40) == pytest.approx(0.0202, abs=1e-4)
+    assert expanded_tail(0.95, 100_000) == pytest.approx(0.025, abs=1e-4)
+    assert expanded_tail(0.95, 1) == pytest.approx(0.025)
+    tail = expanded_tail(0.95, 12)
+    assert _expanded_p(tail, 12) == pytest.approx(0.05, abs=1e-6)  # at the interval's own tail: p = alpha
+    assert _expanded_p(0.0, 12) == 0.0 and _expanded_p(0.5, 12) == pytest.approx(1.0)
+    rng = np.random.default_rng(1)
+    baseline = [{"id": f"q{i}", "correct": bool(rng.random() < 0.5)} for i in range(12)]
+    mitigated = [{"id": r["id"], "correct": r["correct"] or bool(rng.random() < 0.5)} for r in baseline]
+
+    def accuracy(records):
+        return 100 * sum(r["correct"] for r in records) / len(records)
+
+    plain = paired_bootstrap(baseline, mitigated, accuracy, seed=3)
+    wide = paired_bootstrap(baseline, mitigated, accuracy, seed=3, interval="expanded")
+    assert wide["low"] <= plain["low"] and wide["high"] >= plain["high"] and wide["delta"] == plain["delta"]
+    assert wide["p_value"] >= plain["p_value"] and wide["interval"] == "expanded"
+    with pytest.raises(ValueError, match="interval must be one of"):
+        paired_bootstrap(baseline, mitigated, accuracy, interval="bca")

@@ -176,10 +176,12 @@ def _unit(bench: str) -> Callable[[dict], Any]:
     return UNITS.get(bench) or functools.partial(unit_key, bench)
 
 
-def compare(base: dict[str, list], arm: dict[str, list], *, n_resamples: int = 1000, seed: int = 0) -> list[dict]:
+def compare(base: dict[str, list], arm: dict[str, list], *, n_resamples: int = 1000, seed: int = 0,
+            interval: str = "percentile") -> list[dict]:
     """Per benchmark and mechanism-tagged metric: the paired delta, interval and verdict;
     a ``ValueError`` for fewer than :data:`~evaluators.report.stats.MIN_RESAMPLES` resamples
-    (no 95% interval, yet verdicts)."""
+    (no 95% interval, yet verdicts). ``interval``: ``"percentile"`` or ``"expanded"``
+    (:func:`~evaluators.report.stats.expanded_tail`)."""
     if n_resamples < MIN_RESAMPLES:
         raise ValueError(f"n_resamples must be at least {MIN_RESAMPLES} for a 95% interval, got {n_resamples}")
     rows = []
@@ -190,7 +192,7 @@ def compare(base: dict[str, list], arm: dict[str, list], *, n_resamples: int = 1
                 continue
             try:
                 stats = paired_bootstrap(base[bench], arm[bench], spec.fn, unit=_unit(bench),
-                                         n_resamples=n_resamples, seed=seed)
+                                         n_resamples=n_resamples, seed=seed, interval=interval)
             except UnpairedSamples:
                 raise  # the arms were not run on the same samples: no verdict may rest on them
             except KeyError:
@@ -218,8 +220,9 @@ def adjusted(rows: list[dict], alpha: float = 0.05) -> list[dict]:
     metric's 95% interval alone would let a cell with four metrics read FIXES or BREAKS by
     chance more often than 5% (``python -m evaluators.report.null_check`` measures it). Per
     mechanism, the metrics that can reach a verdict (a direction, a p-value, at least
-    :data:`MIN_SUPPORT` units read and changed) are one family: a metric keeps its interval's verdict only where Holm's procedure rejects its
-    bootstrap p-value at ``alpha``; the others read *no detectable effect*
+    :data:`MIN_SUPPORT` units read and changed) are one family: a metric keeps its interval's
+    verdict only where Holm's procedure rejects its bootstrap p-value at ``alpha``; the
+    others read *no detectable effect*
     (``verdict_unadjusted`` keeps what the interval alone said). The family is the metrics of
     one comparison (arm and baseline): the report's 8 arms x 6 cells are not corrected
     together (README, "No correction across cells").

@@ -107,7 +107,7 @@ class NullWorld:
 
 
 def run(n: int, scale: str = "small", seed: int = 0, keep: float = 0.6, n_resamples: int = 1000,
-        arms_per_table: int = 8, log=print) -> dict:
+        arms_per_table: int = 8, log=print, interval: str = "percentile") -> dict:
     """``n`` null comparisons; the share of arm columns with a decided cell, per cell, and
     what that makes for a table of ``arms_per_table`` arms if the columns were independent
     (they share a baseline in the report, so this is an estimate)."""
@@ -121,7 +121,8 @@ def run(n: int, scale: str = "small", seed: int = 0, keep: float = 0.6, n_resamp
     columns_decided, start = 0, time.time()
     for i in range(n):
         base, mitigated = world.draw(rng, keep)
-        verdicts = cell_verdicts(compare(world.arm(base), world.arm(mitigated), n_resamples=n_resamples, seed=i))
+        verdicts = cell_verdicts(compare(world.arm(base), world.arm(mitigated), n_resamples=n_resamples, seed=i,
+                                         interval=interval))
         columns_decided += any(v in DECIDED for v in verdicts.values())
         for mechanism, v in verdicts.items():
             cells[mechanism][v] += 1
@@ -129,6 +130,7 @@ def run(n: int, scale: str = "small", seed: int = 0, keep: float = 0.6, n_resamp
             log(f"{i + 1}/{n} comparisons, {time.time() - start:.0f}s")
     column = columns_decided / n
     return {"comparisons": n, "scale": scale, "seed": seed, "keep": keep, "n_resamples": n_resamples,
+            "interval": interval,
             "columns_with_a_decided_cell": columns_decided, "column_rate": column,
             f"table_rate_{arms_per_table}_arms_if_independent": 1 - (1 - column) ** arms_per_table,
             "cells": {m: dict(c) for m, c in cells.items()},
@@ -142,12 +144,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--keep", type=float, default=0.6, help="share of answers the null arm keeps")
     parser.add_argument("--resamples", type=int, default=1000)
+    parser.add_argument("--interval", choices=("percentile", "expanded"), default="percentile")
     parser.add_argument("--out", default=None, help="write the figures as JSON here")
     args = parser.parse_args(argv)
     if args.n < 1 or not 0 <= args.keep <= 1:
         parser.error("-n must be >= 1 and --keep in [0, 1]")
     result = run(args.n, args.scale, args.seed, args.keep, args.resamples,
-                 log=lambda m: print(m, file=sys.stderr, flush=True))
+                 log=lambda m: print(m, file=sys.stderr, flush=True), interval=args.interval)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)
