@@ -69,8 +69,6 @@ from .turns import assistant_token_ranges, turn_markers
 from .vcd import _check_beta, cut_implausible, refuse_length_penalty
 
 MODES = ("context", "output", "both")
-#: Instance attribute marking a model with context-mode suppression attached (one at a time).
-_CONTEXT_MARK = "_prior_suppression_context"
 #: Zero-bias columns kept after the prompt's row for generated tokens (grown when exceeded).
 GENERATED_ROOM = 256
 
@@ -141,9 +139,14 @@ class PriorSuppression(Mitigation):
             raise ValueError("tokenizer is needed in context mode (to find the prior spans in the prompt)")
 
     def conflict(self, other: Mitigation) -> str | None:
+        suppressing = self.uses_context and self.strength
+        if suppressing and other.name == self.name and other is not self and other.uses_context and other.strength:
+            # two biases would add: strength 1 - (1 - s)^2
+            return ("prior suppression (context mode) is already attached to this model by another attach(); "
+                    "detach it first (two would suppress the spans twice over)")
         # crop-and-verify re-asks its views and localises in batches of its own (other rows, a
         # generic prompt), where spans naming the caller's rows and texts do not apply
-        if self.spans is not None and self.uses_context and self.strength and other.name == "crop_verify":
+        if self.spans is not None and suppressing and other.name == "crop_verify":
             return ("PriorSuppression(spans=...) names rows and texts of the caller's batch, and crop-and-verify "
                     "re-asks its views and localises in batches of its own; use spans=None (the spans are then "
                     "found in each prompt, views included)")
@@ -244,11 +247,6 @@ class PriorSuppression(Mitigation):
     def attach_hooks(self, points: ModelPoints, group: HookGroup) -> None:
         if not self.uses_context or self.strength == 0:
             return
-        model = points.model
-        if vars(model).get(_CONTEXT_MARK) is not None:  # two biases would add: strength 1 - (1 - s)^2
-            raise ValueError("prior suppression (context mode) is already attached to this model by another attach(); "
-                             "detach it first (two would suppress the spans twice over)")
-        group.patch_attribute(model, _CONTEXT_MARK, self)
         value = -math.inf if self.strength >= 1.0 else math.log1p(-self.strength)
         state: dict[str, Any] = {}
         prompt_cache = PromptCache()
