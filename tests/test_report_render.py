@@ -209,6 +209,11 @@ def test_markdown_table_of_one_run_and_of_two_seeds(tmp_path, monkeypatch, capsy
 
     with pytest.raises(ValueError, match="different arms"):
         markdown_table([runs[0], runs[2]])
+    assert runs[0]["interval"] == "expanded" and runs[0]["family"] == "arm"  # vlm-report's defaults, recorded
+    with pytest.raises(ValueError, match="read their intervals differently"):  # verdicts of two corrections
+        markdown_table([runs[0], {**runs[1], "family": "mechanism"}])
+    with pytest.raises(ValueError, match="read their intervals differently"):  # a file from before they were recorded
+        markdown_table([runs[0], {k: v for k, v in runs[1].items() if k not in ("interval", "family")}])
     paths = [str(tmp_path / s / "results.json") for s in ("0", "1")]
     assert table_main(paths) == 0 and capsys.readouterr().out.splitlines() == two
     assert table_main([str(tmp_path / "missing.json")]) == 2

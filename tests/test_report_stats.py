@@ -417,12 +417,35 @@ def test_a_mechanisms_metrics_are_corrected_together():
     rows = adjusted([row("a", "cooccurrence", 0.03, "fixes"), row("b", "cooccurrence", 0.04, "fixes"),
                      row("c", "language_prior", 0.001, "fixes"), row("d", "language_prior", 0.04, "breaks"),
                      row("e", "language_prior", 0.001, "no detectable effect", changed=3),  # not in the family
-                     {"metric": "x.mcnemar(correct)", "mechanism": None, "p_value": 0.001}])
+                     {"metric": "x.mcnemar(correct)", "mechanism": None, "p_value": 0.001}], family="mechanism")
     assert [r.get("verdict") for r in rows] == ["no detectable effect", "no detectable effect", "fixes", "breaks",
                                                 "no detectable effect", None]
     assert [r.get("verdict_unadjusted") for r in rows[:2]] == ["fixes", "fixes"]
     cells = cell_verdicts(rows)
     assert cells["cooccurrence"] == "no detectable effect" and cells["language_prior"] == "mixed"
+
+
+def test_family_arm_corrects_every_mechanism_of_a_comparison_together():
+    """``family="arm"``: Holm over all the comparison's mechanism-tagged metrics, so a column
+    of 6 cells is not decided by chance more often than 5%. The same rows that keep two
+    cells under the per-mechanism family keep one here; an unknown family is refused."""
+    from evaluators.report.attribution import adjusted, cell_verdicts, compare
+
+    def rows():
+        def row(metric, mechanism, p):
+            return {"metric": metric, "mechanism": mechanism, "p_value": p, "verdict": "fixes", "support": 10,
+                    "changed": 10, "higher_is_better": True}
+        return [row("a", "cooccurrence", 0.04), row("b", "language_prior", 0.001), row("c", "perception", 0.03)]
+
+    per_cell = cell_verdicts(adjusted(rows(), family="mechanism"))
+    assert [per_cell[m] for m in ("cooccurrence", "language_prior", "perception")] == ["fixes"] * 3
+    whole = adjusted(rows())  # the default; 0.001 <= 0.05/3; 0.03 > 0.05/2 stops it
+    assert [r["verdict"] for r in whole] == ["no detectable effect", "fixes", "no detectable effect"]
+    assert {r["family"] for r in whole} == {"arm"} and [r["verdict_unadjusted"] for r in whole] == ["fixes"] * 3
+    with pytest.raises(ValueError, match="family"):
+        adjusted(rows(), family="table")
+    with pytest.raises(ValueError, match="family"):
+        compare({}, {}, family="cell")
 
 
 def test_the_expanded_percentile_interval_widens_on_few_units_and_its_p_value_goes_with_it():

@@ -7,9 +7,11 @@ benchmark's units, :data:`UNITS`: DO-Bench scenes, Causal-HalBench pairs, HalluS
 image pairs, ReactBench items, MIOH image sets; a user's own questions where no group is known),
 and :func:`~evaluators.report.stats.verdict` reads the interval. A (mitigation, mechanism)
 cell is *fixes* when some metric of that mechanism improves and none worsens, *breaks* in
-the opposite case, *mixed* when both happen, else *no detectable effect*; the metrics of one
-mechanism are corrected together (Holm's procedure on their bootstrap p-values,
-:func:`adjusted`), so a cell with several metrics is not decided more easily than one.
+the opposite case, *mixed* when both happen, else *no detectable effect*. By default every
+interval is Hesterberg's expanded percentile interval (the suites have 12-40 units, where the
+plain percentile interval runs narrow) and all of an arm's metrics are corrected together
+(Holm's procedure on their bootstrap p-values, :func:`adjusted`, :data:`FAMILIES`), so a
+column of 6 cells is not decided by chance more often than 5% (``null_check`` measures it).
 
 Controls the contrastive-decoding literature demands (arXiv 2504.10020): VCD is run under
 greedy and under sampling, the plausibility constraint alone is its own arm, and the
@@ -177,13 +179,16 @@ def _unit(bench: str) -> Callable[[dict], Any]:
 
 
 def compare(base: dict[str, list], arm: dict[str, list], *, n_resamples: int = 1000, seed: int = 0,
-            interval: str = "percentile") -> list[dict]:
+            interval: str = "expanded", family: str = "arm") -> list[dict]:
     """Per benchmark and mechanism-tagged metric: the paired delta, interval and verdict;
     a ``ValueError`` for fewer than :data:`~evaluators.report.stats.MIN_RESAMPLES` resamples
     (no 95% interval, yet verdicts). ``interval``: ``"percentile"`` or ``"expanded"``
-    (:func:`~evaluators.report.stats.expanded_tail`)."""
+    (:func:`~evaluators.report.stats.expanded_tail`); ``family``: which metrics Holm's
+    procedure corrects together (:data:`FAMILIES`, :func:`adjusted`)."""
     if n_resamples < MIN_RESAMPLES:
         raise ValueError(f"n_resamples must be at least {MIN_RESAMPLES} for a 95% interval, got {n_resamples}")
+    if family not in FAMILIES:
+        raise ValueError(f"family must be one of {', '.join(FAMILIES)}, got {family!r}")
     rows = []
     for bench in sorted(set(base) & set(arm)):
         _check_units(bench, base[bench], arm[bench])
@@ -210,31 +215,42 @@ def compare(base: dict[str, list], arm: dict[str, list], *, n_resamples: int = 1
         if shared:
             test = mcnemar_exact([correct_a[i] for i in shared], [correct_b[i] for i in shared])
             rows.append({"benchmark": bench, "metric": f"{bench}.mcnemar(correct)", "mechanism": None, **test})
-    return adjusted(rows)
+    return adjusted(rows, family=family)
 
 
-def adjusted(rows: list[dict], alpha: float = 0.05) -> list[dict]:
-    """``rows`` with each mechanism's metrics corrected together (Holm 1979, :func:`holm`).
+#: what :func:`adjusted` corrects together: ``"mechanism"``, the metrics of one cell (a cell
+#: is not decided more easily for having several metrics, but a column of 6 cells is decided
+#: by chance in up to 1 - 0.95^6 = 26% of comparisons); ``"arm"``, every mechanism-tagged
+#: metric of the comparison (the family-wise error of the whole column, all its cells, held
+#: at 5%: a false cell anywhere in an arm's column is what a reader acts on)
+FAMILIES = ("mechanism", "arm")
+
+
+def adjusted(rows: list[dict], alpha: float = 0.05, family: str = "arm") -> list[dict]:
+    """``rows`` with the metrics of each family corrected together (Holm 1979, :func:`holm`).
 
     A cell is decided by *any* of its mechanism's metrics (:func:`cell_verdicts`), and each
     metric's 95% interval alone would let a cell with four metrics read FIXES or BREAKS by
-    chance more often than 5% (``python -m evaluators.report.null_check`` measures it). Per
-    mechanism, the metrics that can reach a verdict (a direction, a p-value, at least
-    :data:`MIN_SUPPORT` units read and changed) are one family: a metric keeps its interval's
-    verdict only where Holm's procedure rejects its bootstrap p-value at ``alpha``; the
-    others read *no detectable effect*
-    (``verdict_unadjusted`` keeps what the interval alone said). The family is the metrics of
-    one comparison (arm and baseline): the report's 8 arms x 6 cells are not corrected
-    together (README, "No correction across cells").
+    chance more often than 5% (``python -m evaluators.report.null_check`` measures it). The
+    metrics that can reach a verdict (a direction, a p-value, at least :data:`MIN_SUPPORT`
+    units read and changed) are grouped by ``family`` (:data:`FAMILIES`): per mechanism, or
+    all of the comparison (arm and baseline) together. A metric keeps its interval's verdict
+    only where Holm's procedure rejects its bootstrap p-value at ``alpha``; the others read
+    *no detectable effect* (``verdict_unadjusted`` keeps what the interval alone said, and
+    ``family`` which correction was made). Arms are not corrected together: each column is
+    its own question (README, "Multiplicity").
     """
+    if family not in FAMILIES:
+        raise ValueError(f"family must be one of {', '.join(FAMILIES)}, got {family!r}")
     families: dict[str, list[dict]] = defaultdict(list)
     for r in rows:
         if "verdict" in r:
             r["verdict_unadjusted"] = r["verdict"]
+            r["family"] = family
             if r.get("mechanism") and r.get("higher_is_better") is not None and r["verdict"] != "not measured" \
                     and min(r.get("support", 0), r.get("changed", 0)) >= MIN_SUPPORT \
                     and not math.isnan(r.get("p_value", math.nan)):
-                families[r["mechanism"]].append(r)
+                families[r["mechanism"] if family == "mechanism" else "arm"].append(r)
     for family in families.values():
         for r, rejected in zip(family, holm([r["p_value"] for r in family], alpha)):
             if not rejected and r["verdict"] in ("fixes", "breaks"):

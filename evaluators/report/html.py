@@ -126,6 +126,15 @@ def _examples(queries, records, arms) -> str:
     return "".join(cells)
 
 
+def _interval_words(result: dict) -> str:
+    """How the run read its intervals and corrected them, in words (``--interval``, ``--family``)."""
+    interval = {"expanded": "Hesterberg's expanded percentile interval",
+                "percentile": "percentile interval"}[result.get("interval", "percentile")]
+    family = {"arm": "Holm over all of an arm's metrics",
+              "mechanism": "Holm within each mechanism"}[result.get("family", "mechanism")]
+    return f"{interval}, {family}"
+
+
 def _judged(result: dict) -> str:
     """List items saying which answers an LLM judge graded (``vlm-report --judge``), per arm:
     how many, how many replies held no verdict, and how often the judge agreed with the rules."""
@@ -195,7 +204,8 @@ vertical-align:top;width:280px;margin:8px}}.ex table td{{font-size:11px}}svg{{ma
 <h1>Which failure mechanism each mitigation fixes</h1>
 <p>Model: <code>{html.escape(result['model'])}</code>; suites: {html.escape(', '.join(result['tasks']))} (scale {result['scale']},
 seed {result['seed']}). Every arm answered the same queries as its baseline; cells read the 95% paired-bootstrap
-interval of each mechanism's metrics ({result['resamples']} resamples): FIXES / BREAKS only when the interval excludes 0.</p>
+interval of each mechanism's metrics ({result['resamples']} resamples, {html.escape(_interval_words(result))}): FIXES / BREAKS
+only when the interval excludes 0 and Holm's procedure keeps the metric.</p>
 <table><tr><th>mechanism</th>{head}</tr>{body}</table><ul>{flags}</ul>{card}
 <h2>Curves</h2>{''.join(plots)}
 <h2>Effects per metric</h2>{bars}

@@ -2,11 +2,11 @@
 
     python -m evaluators.report.null_check -n 80 [--scale small] [--seed 0] [--out null.json]
 
-The report reads each metric's 95% interval on its own, and a cell is decided when *any* of
-its metrics is (``attribution.cell_verdicts``); no correction is made for the several
-metrics of a cell, nor for the 6 cells of each of the 8 arms. This measures what that costs:
-on the real built-in suites (every benchmark), through the real answer reader, metrics,
-bootstrap and verdicts, it draws pairs of simulated answer sets in which the "mitigated"
+A cell is decided when *any* of its metrics is (``attribution.cell_verdicts``), and each
+arm's column has 6 cells. This measures how often that happens by chance under the report's
+correction (``--interval``, ``--family``, the report's defaults unless given): on the real
+built-in suites (every benchmark), through the real answer reader, metrics, bootstrap,
+correction and verdicts, it draws pairs of simulated answer sets in which the "mitigated"
 answers come from the same distribution as the baseline's (an exchangeable null), and counts
 the decided cells, all of them false by construction.
 
@@ -107,7 +107,7 @@ class NullWorld:
 
 
 def run(n: int, scale: str = "small", seed: int = 0, keep: float = 0.6, n_resamples: int = 1000,
-        arms_per_table: int = 8, log=print, interval: str = "percentile") -> dict:
+        arms_per_table: int = 8, log=print, interval: str = "expanded", family: str = "arm") -> dict:
     """``n`` null comparisons; the share of arm columns with a decided cell, per cell, and
     what that makes for a table of ``arms_per_table`` arms if the columns were independent
     (they share a baseline in the report, so this is an estimate)."""
@@ -122,7 +122,7 @@ def run(n: int, scale: str = "small", seed: int = 0, keep: float = 0.6, n_resamp
     for i in range(n):
         base, mitigated = world.draw(rng, keep)
         verdicts = cell_verdicts(compare(world.arm(base), world.arm(mitigated), n_resamples=n_resamples, seed=i,
-                                         interval=interval))
+                                         interval=interval, family=family))
         columns_decided += any(v in DECIDED for v in verdicts.values())
         for mechanism, v in verdicts.items():
             cells[mechanism][v] += 1
@@ -130,7 +130,7 @@ def run(n: int, scale: str = "small", seed: int = 0, keep: float = 0.6, n_resamp
             log(f"{i + 1}/{n} comparisons, {time.time() - start:.0f}s")
     column = columns_decided / n
     return {"comparisons": n, "scale": scale, "seed": seed, "keep": keep, "n_resamples": n_resamples,
-            "interval": interval,
+            "interval": interval, "family": family,
             "columns_with_a_decided_cell": columns_decided, "column_rate": column,
             f"table_rate_{arms_per_table}_arms_if_independent": 1 - (1 - column) ** arms_per_table,
             "cells": {m: dict(c) for m, c in cells.items()},
@@ -138,19 +138,24 @@ def run(n: int, scale: str = "small", seed: int = 0, keep: float = 0.6, n_resamp
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .attribution import FAMILIES
+    from .stats import INTERVALS
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-n", type=int, default=80, help="null comparisons (one arm against its baseline each)")
     parser.add_argument("--scale", default="small")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--keep", type=float, default=0.6, help="share of answers the null arm keeps")
     parser.add_argument("--resamples", type=int, default=1000)
-    parser.add_argument("--interval", choices=("percentile", "expanded"), default="percentile")
+    parser.add_argument("--interval", choices=INTERVALS, default="expanded")
+    parser.add_argument("--family", choices=FAMILIES, default="arm",
+                        help="which metrics Holm's procedure corrects together (attribution.FAMILIES)")
     parser.add_argument("--out", default=None, help="write the figures as JSON here")
     args = parser.parse_args(argv)
     if args.n < 1 or not 0 <= args.keep <= 1:
         parser.error("-n must be >= 1 and --keep in [0, 1]")
     result = run(args.n, args.scale, args.seed, args.keep, args.resamples,
-                 log=lambda m: print(m, file=sys.stderr, flush=True), interval=args.interval)
+                 log=lambda m: print(m, file=sys.stderr, flush=True), interval=args.interval, family=args.family)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)

@@ -122,6 +122,13 @@ def _md_cell(result: dict, arm: str, mechanism: str, interval: bool) -> str:
     return f"{verdict} {_md_number(delta)} [{_md_number(low)}, {_md_number(high)}]"
 
 
+def reading(result: dict) -> tuple[str, str]:
+    """(interval, correction family) a results.json's verdicts were read with; a file written
+    before vlm-report recorded them used the percentile interval and no family wider than a
+    mechanism's metrics."""
+    return result.get("interval", "percentile"), result.get("family", "mechanism")
+
+
 def markdown_table(results: list[dict]) -> str:
     """The table in Markdown. One result: each cell is verdict, delta and its interval, with
     the yes-ratio and cost rows. Several (e.g. ``--seed 0`` and ``--seed 1`` of one scale):
@@ -133,6 +140,10 @@ def markdown_table(results: list[dict]) -> str:
     for r in results[1:]:
         if [a["name"] for a in r["arms"] if a["baseline"]] != arms:
             raise ValueError("results: the runs have different arms; compare runs of the same arms")
+    readings = {reading(r) for r in results}
+    if len(readings) > 1:
+        raise ValueError(f"results: the runs read their intervals differently ({', '.join(sorted(map(str, readings)))}"
+                         "; --interval, --family); side by side their verdicts are not comparable")
     one = len(results) == 1
     seeds = " / ".join(f"seed {r.get('seed')}" for r in results)
     label = "mechanism" if one else f"mechanism ({seeds})"
