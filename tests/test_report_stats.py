@@ -377,6 +377,10 @@ def test_the_null_check_reads_its_simulated_answers_as_meant_and_counts_false_ce
     assert (base == same).all()  # keep=1: the arms are identical
     result = null_check.run(2, keep=1.0, n_resamples=100, log=None)
     assert result["columns_with_a_decided_cell"] == 0  # identical arms decide nothing
+    assert result["decided_by_metric"] == {}
+    gain = null_check.run(2, keep=0.0, effect=6.0, n_resamples=100, log=None)  # a large real gain everywhere
+    assert gain["effect"] == 6.0 and gain["columns_with_a_decided_cell"] == 2
+    assert sum(gain["decided_by_metric"].values()) >= 2 and gain["cells"]["language_prior"].get("fixes", 0) >= 1
     assert set(result["cell_rates"]) == {"language_prior", "cooccurrence", "perception", "vision_grounding",
                                          "label_grounding", "multi_image"}
 

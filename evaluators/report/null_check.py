@@ -97,17 +97,22 @@ class NullWorld:
             by.setdefault(q.benchmark, []).append(self.records[(i, bool(correct[i]))])
         return {bench: metric_records(bench, rows) for bench, rows in by.items()}
 
-    def draw(self, rng: np.random.Generator, keep: float = 0.6) -> tuple[np.ndarray, np.ndarray]:
-        """(baseline, mitigated) right/wrong per query under the exchangeable null."""
+    def draw(self, rng: np.random.Generator, keep: float = 0.6, effect: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+        """(baseline, mitigated) right/wrong per query: under the exchangeable null with
+        ``effect`` 0; otherwise the mitigated arm's new draws are right with probability
+        ``expit(logit + effect)``, a real effect on every query (to see what a correction
+        costs in power)."""
         logit = 0.5 + rng.normal(0, 1, self.n_units)[self.unit_index] + rng.normal(0, 1, len(self.queries))
         p = 1 / (1 + np.exp(-logit))
         base = rng.random(len(p)) < p
-        mitigated = np.where(rng.random(len(p)) >= keep, rng.random(len(p)) < p, base)
+        p_mitigated = 1 / (1 + np.exp(-(logit + effect)))
+        mitigated = np.where(rng.random(len(p)) >= keep, rng.random(len(p)) < p_mitigated, base)
         return base, mitigated
 
 
 def run(n: int, scale: str = "small", seed: int = 0, keep: float = 0.6, n_resamples: int = 1000,
-        arms_per_table: int = 8, log=print, interval: str = "expanded", family: str = "arm") -> dict:
+        arms_per_table: int = 8, log=print, interval: str = "expanded", family: str = "arm",
+        effect: float = 0.0) -> dict:
     """``n`` null comparisons; the share of arm columns with a decided cell, per cell, and
     what that makes for a table of ``arms_per_table`` arms if the columns were independent
     (they share a baseline in the report, so this is an estimate)."""
@@ -118,11 +123,16 @@ def run(n: int, scale: str = "small", seed: int = 0, keep: float = 0.6, n_resamp
         raise RuntimeError(f"the reader does not score the simulated answers as meant: {world.misread[:5]}")
     rng = np.random.default_rng([seed, 2024])
     cells: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    metrics: collections.Counter = collections.Counter()  # which metrics decided, to find a narrow one
     columns_decided, start = 0, time.time()
     for i in range(n):
-        base, mitigated = world.draw(rng, keep)
-        verdicts = cell_verdicts(compare(world.arm(base), world.arm(mitigated), n_resamples=n_resamples, seed=i,
-                                         interval=interval, family=family))
+        base, mitigated = world.draw(rng, keep, effect)
+        rows = compare(world.arm(base), world.arm(mitigated), n_resamples=n_resamples, seed=i,
+                       interval=interval, family=family)
+        verdicts = cell_verdicts(rows)
+        for r in rows:
+            if r.get("mechanism") and r.get("verdict") in ("fixes", "breaks"):
+                metrics[r["metric"]] += 1
         columns_decided += any(v in DECIDED for v in verdicts.values())
         for mechanism, v in verdicts.items():
             cells[mechanism][v] += 1
@@ -130,11 +140,12 @@ def run(n: int, scale: str = "small", seed: int = 0, keep: float = 0.6, n_resamp
             log(f"{i + 1}/{n} comparisons, {time.time() - start:.0f}s")
     column = columns_decided / n
     return {"comparisons": n, "scale": scale, "seed": seed, "keep": keep, "n_resamples": n_resamples,
-            "interval": interval, "family": family,
+            "interval": interval, "family": family, "effect": effect,
             "columns_with_a_decided_cell": columns_decided, "column_rate": column,
             f"table_rate_{arms_per_table}_arms_if_independent": 1 - (1 - column) ** arms_per_table,
             "cells": {m: dict(c) for m, c in cells.items()},
-            "cell_rates": {m: sum(c[v] for v in DECIDED) / n for m, c in cells.items()}}
+            "cell_rates": {m: sum(c[v] for v in DECIDED) / n for m, c in cells.items()},
+            "decided_by_metric": dict(metrics.most_common())}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -146,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale", default="small")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--keep", type=float, default=0.6, help="share of answers the null arm keeps")
+    parser.add_argument("--effect", type=float, default=0.0,
+                        help="logit shift of the mitigated arm's new answers: 0 (default) is the null; a positive "
+                             "one is a real gain on every query, and the rates become the correction's power")
     parser.add_argument("--resamples", type=int, default=1000)
     parser.add_argument("--interval", choices=INTERVALS, default="expanded")
     parser.add_argument("--family", choices=FAMILIES, default="arm",
@@ -155,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.n < 1 or not 0 <= args.keep <= 1:
         parser.error("-n must be >= 1 and --keep in [0, 1]")
     result = run(args.n, args.scale, args.seed, args.keep, args.resamples,
-                 log=lambda m: print(m, file=sys.stderr, flush=True), interval=args.interval, family=args.family)
+                 log=lambda m: print(m, file=sys.stderr, flush=True), interval=args.interval, family=args.family, effect=args.effect)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)
