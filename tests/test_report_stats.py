@@ -238,8 +238,31 @@ def test_a_verdict_needs_six_units_that_changed_not_only_six_read(fixed, expecte
     base = [{"id": i, "correct": i >= 50} for i in range(100)]
     mitigated = [{"id": i, "correct": i >= 50 or i < fixed} for i in range(100)]
     stats = paired_bootstrap(base, mitigated, acc, n_resamples=1000, seed=0)
-    assert stats["low"] > 0 and stats["support"] == 100 and stats["changed"] == min(fixed, 6)
+    assert stats["low"] > 0 and stats["support"] == 100 and stats["changed"] == fixed  # counted up to 20
     assert verdict(stats["low"], stats["high"], True, min(stats["support"], stats["changed"])) == expected
+
+
+def test_a_p_value_is_never_below_what_the_units_that_changed_allow():
+    """Every resample on one side gives a bootstrap p of 0, which Holm keeps at any threshold;
+    on k changed units no paired test can give less than the sign test's 2 * 0.5**k. 7 fixed
+    answers: p = 2/128, kept alone at 5% but not first in a family of 4 (0.0125), so Holm
+    drops its verdict there; 25 fixed: the floor is out of the way."""
+    from evaluators.report.attribution import adjusted
+    from evaluators.report.stats import FLOOR_UNITS, p_floor
+
+    acc = lambda rs: 100.0 * sum(r["correct"] for r in rs) / len(rs)  # noqa: E731
+    base = [{"id": i, "correct": i >= 50} for i in range(100)]
+    for fixed, floor in ((7, 2 / 128), (25, p_floor(FLOOR_UNITS))):
+        mitigated = [{"id": i, "correct": i >= 50 or i < fixed} for i in range(100)]
+        for interval in ("percentile", "expanded"):
+            stats = paired_bootstrap(base, mitigated, acc, n_resamples=1000, seed=0, interval=interval)
+            assert stats["low"] > 0 and stats["p_value"] == pytest.approx(floor)
+    assert p_floor(0) == 1.0 and p_floor(6) == pytest.approx(0.03125)
+    row = {"mechanism": "cooccurrence", "higher_is_better": True, "verdict": "fixes", "support": 100, "changed": 7,
+           "p_value": 2 / 128}
+    alone = adjusted([dict(row, metric="a")])
+    four = adjusted([dict(row, metric=m) for m in "abcd"])
+    assert alone[0]["verdict"] == "fixes" and {r["verdict"] for r in four} == {"no detectable effect"}
 
 
 # -- a unit drawn several times is that many units ------------------------------------------
@@ -453,7 +476,7 @@ def test_family_arm_corrects_every_mechanism_of_a_comparison_together():
 
 
 def test_the_expanded_percentile_interval_widens_on_few_units_and_its_p_value_goes_with_it():
-    """Hesterberg's expanded percentile interval (opt-in, ``--interval expanded``): the tails
+    """Hesterberg's expanded percentile interval (the report's default, ``--interval``): the tails
     it leaves out at level 0.95, by hand from Phi(-sqrt(n/(n-1)) t_{n-1,0.975}); and a
     verdict from it agrees with its p-value, as the percentile one's does."""
     from evaluators.report.stats import _expanded_p, expanded_tail

@@ -11,7 +11,7 @@ the opposite case, *mixed* when both happen, else *no detectable effect*. By def
 interval is Hesterberg's expanded percentile interval (the suites have 12-40 units, where the
 plain percentile interval runs narrow) and all of an arm's metrics are corrected together
 (Holm's procedure on their bootstrap p-values, :func:`adjusted`, :data:`FAMILIES`), so a
-column of 6 cells is not decided by chance more often than 5% (``null_check`` measures it).
+column of 6 cells is decided by chance in about 5% of comparisons (``null_check`` measures it).
 
 Controls the contrastive-decoding literature demands (arXiv 2504.10020): VCD is run under
 greedy and under sampling, the plausibility constraint alone is its own arm, and the
@@ -220,7 +220,8 @@ def compare(base: dict[str, list], arm: dict[str, list], *, n_resamples: int = 1
 
 #: what :func:`adjusted` corrects together: ``"mechanism"``, the metrics of one cell (a cell
 #: is not decided more easily for having several metrics, but a column of 6 cells is decided
-#: by chance in up to 1 - 0.95^6 = 26% of comparisons); ``"arm"``, every mechanism-tagged
+#: by chance in 1 - 0.95^6 = 26% of comparisons if its cells were independent, up to 30% if
+#: not); ``"arm"``, every mechanism-tagged
 #: metric of the comparison (the family-wise error of the whole column, all its cells, held
 #: at 5%: a false cell anywhere in an arm's column is what a reader acts on)
 FAMILIES = ("mechanism", "arm")
@@ -237,7 +238,7 @@ def adjusted(rows: list[dict], alpha: float = 0.05, family: str = "arm") -> list
     all of the comparison (arm and baseline) together. A metric keeps its interval's verdict
     only where Holm's procedure rejects its bootstrap p-value at ``alpha``; the others read
     *no detectable effect* (``verdict_unadjusted`` keeps what the interval alone said, and
-    ``family`` which correction was made). Arms are not corrected together: each column is
+    ``family`` on the corrected metrics which correction was made). Arms are not corrected together: each column is
     its own question (README, "Multiplicity").
     """
     if family not in FAMILIES:
@@ -246,13 +247,13 @@ def adjusted(rows: list[dict], alpha: float = 0.05, family: str = "arm") -> list
     for r in rows:
         if "verdict" in r:
             r["verdict_unadjusted"] = r["verdict"]
-            r["family"] = family
             if r.get("mechanism") and r.get("higher_is_better") is not None and r["verdict"] != "not measured" \
                     and min(r.get("support", 0), r.get("changed", 0)) >= MIN_SUPPORT \
                     and not math.isnan(r.get("p_value", math.nan)):
+                r["family"] = family
                 families[r["mechanism"] if family == "mechanism" else "arm"].append(r)
-    for family in families.values():
-        for r, rejected in zip(family, holm([r["p_value"] for r in family], alpha)):
+    for members in families.values():
+        for r, rejected in zip(members, holm([r["p_value"] for r in members], alpha)):
             if not rejected and r["verdict"] in ("fixes", "breaks"):
                 r["verdict"] = "no detectable effect"
     return rows

@@ -14,7 +14,8 @@ The simulated model: each query is answered right with probability
 ``expit(0.5 + u + e)``, ``u ~ N(0, 1)`` per unit (a DO-Bench scene, a Causal-HalBench pair:
 answers within a unit are correlated) and ``e ~ N(0, 1)`` per query; the mitigated arm keeps
 the baseline's answer with probability ``keep`` and otherwise draws anew from the same
-probability. A right answer is the query's truth; a wrong one is another valid answer
+probability (with ``--effect``, from ``expit(logit + effect)``: a real gain, and the rates
+become the correction's power; the table rate then means nothing). A right answer is the query's truth; a wrong one is another valid answer
 (:func:`answer`), so nothing is unreadable. The report's small scale has few units per
 benchmark, so most metrics fall below ``MIN_SUPPORT`` and the rate depends on the scale.
 """
@@ -113,7 +114,7 @@ class NullWorld:
 def run(n: int, scale: str = "small", seed: int = 0, keep: float = 0.6, n_resamples: int = 1000,
         arms_per_table: int = 8, log=print, interval: str = "expanded", family: str = "arm",
         effect: float = 0.0) -> dict:
-    """``n`` null comparisons; the share of arm columns with a decided cell, per cell, and
+    """``n`` comparisons (null ones unless ``effect``); the share of arm columns with a decided cell, per cell, and
     what that makes for a table of ``arms_per_table`` arms if the columns were independent
     (they share a baseline in the report, so this is an estimate)."""
     from .attribution import cell_verdicts, compare

@@ -41,6 +41,22 @@ Record = Mapping[str, Any]
 #: (no benchmark paper addresses it).
 MIN_SUPPORT = 6
 
+#: How far :func:`changed` counts for a bootstrap p-value's floor: a p-value is never given
+#: below the sign test's smallest on the units that changed, ``2 * 0.5**changed``
+#: (:func:`p_floor`). The same bound as :data:`MIN_SUPPORT`, carried to Holm's stricter
+#: thresholds: at 0.05/17 (an arm's family at ``--scale full``) 6 changed units give 0.031,
+#: not the 0 the bootstrap reads when every resample lands on one side (under sign flips of
+#: 7 changed units among 40 the bootstrap's p fell below 0.0025 six times as often as it
+#: should). 20 units take the floor below 2e-6, under any threshold Holm meets here.
+FLOOR_UNITS = 20
+
+
+def p_floor(changed_units: int) -> float:
+    """The smallest p-value a paired two-sided test can give on ``changed_units`` discordant
+    units (the exact sign test's, ``2 * 0.5**k``, capped at 1). Our choice; no benchmark
+    paper addresses it (see :data:`FLOOR_UNITS`)."""
+    return min(1.0, 2 * 0.5 ** changed_units)
+
 
 #: The fewest resamples a 95% percentile interval is read from (``vlm-report --resamples``).
 #: Its ends are the 2.5% and 97.5% quantiles of the resampled deltas. Under 39 resamples
@@ -117,7 +133,9 @@ def paired_bootstrap(
     Both arms must hold the same units (the comparison is on identical samples); a
     resample whose metric is NaN in either arm is dropped and counted in ``dropped``.
     ``support`` is how many of the ``n_units`` the metric reads (:func:`support`),
-    ``changed`` in how many the arms differ as the metric sees it (:func:`changed`).
+    ``changed`` in how many the arms differ as the metric sees it (:func:`changed`, counted
+    up to :data:`FLOOR_UNITS`); ``p_value`` the two-sided p-value that goes with the interval,
+    never below :func:`p_floor` of ``changed``.
 
     A unit drawn several times into a resample enters as that many distinct units, its
     repeats' id and unit fields relabelled (:func:`resampled`), so a metric that pairs
@@ -204,12 +222,14 @@ def _paired_bootstrap(groups_a: dict, groups_b: dict, metric: Callable[[list[Rec
     p_value = bootstrap_p(deltas)
     if expanded and not math.isnan(p_value):
         p_value = _expanded_p(p_value / 2, len(units))
+    moved = changed([groups_a[u] for u in units], [groups_b[u] for u in units], metric, enough=FLOOR_UNITS)
+    if not math.isnan(p_value):
+        p_value = max(p_value, p_floor(moved))
     return {"baseline": base_value, "mitigated": mit_value, "delta": mit_value - base_value,
             "low": float(low), "high": float(high), "p_value": p_value, "interval": interval,
             "n_units": len(units),
             "support": support([groups_a[u] for u in units], metric, other=[groups_b[u] for u in units]),
-            "changed": changed([groups_a[u] for u in units], [groups_b[u] for u in units], metric),
-            "dropped": dropped}
+            "changed": moved, "dropped": dropped}
 
 
 def bootstrap_p(deltas: Sequence[float]) -> float:
@@ -218,7 +238,8 @@ def bootstrap_p(deltas: Sequence[float]) -> float:
     count against the effect), capped at 1 -- the smallest alpha at which the (1 - alpha)
     percentile interval excludes 0, up to its interpolation (Efron & Tibshirani 1993, Sec.
     16.4, the bootstrap's achieved significance level). NaN without resamples. It lets
-    :func:`holm` correct the several metrics of one mechanism together."""
+    :func:`holm` correct a family of metrics together (:func:`paired_bootstrap` raises it to
+    :func:`p_floor` of the units that changed)."""
     if not len(deltas):
         return math.nan
     d = np.asarray(deltas, dtype=float)
