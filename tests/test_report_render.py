@@ -214,6 +214,13 @@ def test_markdown_table_of_one_run_and_of_two_seeds(tmp_path, monkeypatch, capsy
         markdown_table([runs[0], {**runs[1], "family": "mechanism"}])
     with pytest.raises(ValueError, match="read their intervals differently"):  # a file from before they were recorded
         markdown_table([runs[0], {k: v for k, v in runs[1].items() if k not in ("interval", "family")}])
+    from evaluators.report.table import reading
+
+    older = {k: v for k, v in runs[1].items() if k not in ("interval", "family")}
+    assert reading(older) == ("percentile", "mechanism")  # Holm per mechanism: its rows carry verdict_unadjusted
+    uncorrected = {**older, "comparisons": {a: [{k: v for k, v in r.items() if k != "verdict_unadjusted"} for r in rows]
+                                            for a, rows in older["comparisons"].items()}}
+    assert reading(uncorrected) == ("percentile", "none")
     paths = [str(tmp_path / s / "results.json") for s in ("0", "1")]
     assert table_main(paths) == 0 and capsys.readouterr().out.splitlines() == two
     assert table_main([str(tmp_path / "missing.json")]) == 2

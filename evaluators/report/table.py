@@ -123,10 +123,14 @@ def _md_cell(result: dict, arm: str, mechanism: str, interval: bool) -> str:
 
 
 def reading(result: dict) -> tuple[str, str]:
-    """(interval, correction family) a results.json's verdicts were read with; a file written
-    before vlm-report recorded them used the percentile interval and no family wider than a
-    mechanism's metrics."""
-    return result.get("interval", "percentile"), result.get("family", "mechanism")
+    """(interval, correction family) a results.json's verdicts were read with. A file written
+    before vlm-report recorded them used the percentile interval and Holm per mechanism, or,
+    older still (no ``verdict_unadjusted`` on any row), no correction at all ("none")."""
+    if "family" in result:
+        return result.get("interval", "percentile"), result["family"]
+    rows = (r for rows in result.get("comparisons", {}).values() for r in rows)
+    corrected = any("verdict_unadjusted" in r for r in rows)
+    return result.get("interval", "percentile"), "mechanism" if corrected else "none"
 
 
 def markdown_table(results: list[dict]) -> str:
