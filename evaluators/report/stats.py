@@ -174,7 +174,7 @@ def expanded_tail(level: float, n_units: int) -> float:
     ``Phi(-sqrt(n / (n - 1)) * t_{n-1, 1 - (1 - level) / 2})`` (Hesterberg 2015, "What
     teachers should know about the bootstrap", Am. Stat. 69:371, Sec. 5.2). The percentile
     interval is too narrow on few units (it ignores the t distribution's wider tails and the
-    n/(n-1) variance bias); at level 0.95 this leaves 1.07% per tail at 12 units and 2.02% at
+    n/(n-1) variance bias); at level 0.95 this leaves 1.08% per tail at 12 units and 2.03% at
     40, tending to 2.5%. Fewer than 2 units: the plain percentile tail."""
     from scipy.stats import norm, t
 

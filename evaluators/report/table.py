@@ -31,7 +31,10 @@ def headline(rows: list[dict], mechanism: str) -> str:
     if not cands:
         return ""
     decided = [r for r in cands if r.get("verdict") in ("fixes", "breaks")]
-    best = max(decided or cands, key=lambda r: abs(number(r["delta"])))
+    # |delta| to 1e-9 (two metrics of one size differ in float noise: MIOH LC-I's -4.166...64,
+    # one unit changed, headed a cell over PriorRobust's +4.166...25 with 14), then the
+    # metric resting on more changed units
+    best = max(decided or cands, key=lambda r: (round(abs(number(r["delta"])), 9), r.get("changed") or 0))
     return f"{_signed(best['delta'])} [{_signed(best.get('low'))},{_signed(best.get('high'))}]"
 
 
