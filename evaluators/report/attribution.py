@@ -187,8 +187,7 @@ def compare(base: dict[str, list], arm: dict[str, list], *, n_resamples: int = 1
     procedure corrects together (:data:`FAMILIES`, :func:`adjusted`)."""
     if n_resamples < MIN_RESAMPLES:
         raise ValueError(f"n_resamples must be at least {MIN_RESAMPLES} for a 95% interval, got {n_resamples}")
-    if family not in FAMILIES:
-        raise ValueError(f"family must be one of {', '.join(FAMILIES)}, got {family!r}")
+    _check_family(family)  # before the bootstraps, not after them in adjusted()
     rows = []
     for bench in sorted(set(base) & set(arm)):
         _check_units(bench, base[bench], arm[bench])
@@ -227,6 +226,11 @@ def compare(base: dict[str, list], arm: dict[str, list], *, n_resamples: int = 1
 FAMILIES = ("mechanism", "arm")
 
 
+def _check_family(family: str) -> None:
+    if family not in FAMILIES:
+        raise ValueError(f"family must be one of {', '.join(FAMILIES)}, got {family!r}")
+
+
 def adjusted(rows: list[dict], alpha: float = 0.05, family: str = "arm") -> list[dict]:
     """``rows`` with the metrics of each family corrected together (Holm 1979, :func:`holm`).
 
@@ -241,8 +245,7 @@ def adjusted(rows: list[dict], alpha: float = 0.05, family: str = "arm") -> list
     ``family`` on the corrected metrics which correction was made). Arms are not corrected together: each column is
     its own question (README, "Multiplicity").
     """
-    if family not in FAMILIES:
-        raise ValueError(f"family must be one of {', '.join(FAMILIES)}, got {family!r}")
+    _check_family(family)
     families: dict[str, list[dict]] = defaultdict(list)
     for r in rows:
         if "verdict" in r:

@@ -11,7 +11,7 @@ from pathlib import Path
 from PIL import ImageDraw
 
 from ..metrics import MECHANISMS
-from .table import SHORT, YES_RATIO_NAMES, headline, ratio_text, yes_ratio_benchmarks, yes_ratio_of
+from .table import SHORT, YES_RATIO_NAMES, headline, ratio_text, reading, yes_ratio_benchmarks, yes_ratio_of
 
 COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#17becf"]
 VERDICT_BG = {"fixes": "#c9f2c7", "breaks": "#f7c6c5", "mixed": "#f9e7b4"}
@@ -127,12 +127,13 @@ def _examples(queries, records, arms) -> str:
 
 
 def _interval_words(result: dict) -> str:
-    """How the run read its intervals and corrected them, in words (``--interval``, ``--family``)."""
-    interval = {"expanded": "Hesterberg's expanded percentile interval",
-                "percentile": "percentile interval"}[result.get("interval", "percentile")]
-    family = {"arm": "Holm over all of an arm's metrics",
-              "mechanism": "Holm within each mechanism"}[result.get("family", "mechanism")]
-    return f"{interval}, {family}"
+    """How the run read its intervals and corrected them, in words (``--interval``,
+    ``--family``; :func:`~evaluators.report.table.reading`)."""
+    interval, family = reading(result)
+    return ", ".join([{"expanded": "Hesterberg's expanded percentile interval",
+                       "percentile": "percentile interval"}[interval],
+                      {"arm": "Holm over all of an arm's metrics", "mechanism": "Holm within each mechanism",
+                       "none": "no correction"}[family]])
 
 
 def _judged(result: dict) -> str:

@@ -170,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.n < 1 or not 0 <= args.keep <= 1:
         parser.error("-n must be >= 1 and --keep in [0, 1]")
     result = run(args.n, args.scale, args.seed, args.keep, args.resamples,
-                 log=lambda m: print(m, file=sys.stderr, flush=True), interval=args.interval, family=args.family, effect=args.effect)
+                 log=lambda m: print(m, file=sys.stderr, flush=True), interval=args.interval, family=args.family,
+                 effect=args.effect)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)

@@ -222,14 +222,13 @@ def _paired_bootstrap(groups_a: dict, groups_b: dict, metric: Callable[[list[Rec
     p_value = bootstrap_p(deltas)
     if expanded and not math.isnan(p_value):
         p_value = _expanded_p(p_value / 2, len(units))
-    moved = changed([groups_a[u] for u in units], [groups_b[u] for u in units], metric, enough=FLOOR_UNITS)
+    moved = changed(in_a, in_b, metric, enough=FLOOR_UNITS)
     if not math.isnan(p_value):
         p_value = max(p_value, p_floor(moved))
     return {"baseline": base_value, "mitigated": mit_value, "delta": mit_value - base_value,
             "low": float(low), "high": float(high), "p_value": p_value, "interval": interval,
-            "n_units": len(units),
-            "support": support([groups_a[u] for u in units], metric, other=[groups_b[u] for u in units]),
-            "changed": moved, "dropped": dropped}
+            "n_units": len(units), "support": support(in_a, metric, other=in_b), "changed": moved,
+            "dropped": dropped}
 
 
 def bootstrap_p(deltas: Sequence[float]) -> float:
